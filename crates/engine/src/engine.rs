@@ -1,0 +1,653 @@
+//! The [`Engine`]: runs flows of provider steps under per-flow limits, with
+//! parallel stages, failover, a journal and recovery.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use futures::FutureExt;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info_span, warn, Instrument};
+
+use crate::config::{ConfigError, ValidFlow, WorkflowConfig};
+use crate::error::{
+    chain, EngineError, Message, RollbackError, StepError, StepErrorKind, StepFailure,
+};
+use crate::flow::{Flow, FlowContext, FlowKind};
+use crate::journal::{FlowId, FlowStart, FlowState, Journal, NoopJournal, StepEvent};
+use crate::limiter::{Limiter, LimiterSnapshot};
+use crate::observer::{FlowObserver, NoopObserver, Outcome};
+use crate::spec::SandboxId;
+
+/// Tunables of the engine that are not per flow.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// How long a rollback (or a recovery run) may take before it is abandoned
+    /// and left for the garbage collector.
+    pub rollback_timeout: Duration,
+    /// Rollbacks that may run at once. They wait for a slot rather than being
+    /// rejected, and do not count against the `destroy` limit, so user traffic
+    /// can neither reject nor starve them.
+    pub rollback_concurrency: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self { rollback_timeout: Duration::from_secs(120), rollback_concurrency: 16 }
+    }
+}
+
+/// Builds an [`Engine`] from named providers and a workflow configuration.
+pub struct EngineBuilder {
+    providers: BTreeMap<String, Arc<dyn Flow>>,
+    journal: Arc<dyn Journal>,
+    observer: Arc<dyn FlowObserver>,
+    options: EngineOptions,
+}
+
+impl fmt::Debug for EngineBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineBuilder")
+            .field("providers", &self.providers.keys().collect::<Vec<_>>())
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for EngineBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EngineBuilder {
+    /// A builder with no providers, no journal and no observer.
+    pub fn new() -> Self {
+        Self {
+            providers: BTreeMap::new(),
+            journal: Arc::new(NoopJournal),
+            observer: Arc::new(NoopObserver),
+            options: EngineOptions::default(),
+        }
+    }
+
+    /// Registers a provider under `name` (the name used in `flows.*.steps`).
+    pub fn provider(mut self, name: impl Into<String>, flow: Arc<dyn Flow>) -> Self {
+        self.providers.insert(name.into(), flow);
+        self
+    }
+
+    /// Uses `journal` for durable flow records.
+    pub fn journal(mut self, journal: Arc<dyn Journal>) -> Self {
+        self.journal = journal;
+        self
+    }
+
+    /// Reports events to `observer`.
+    pub fn observer(mut self, observer: Arc<dyn FlowObserver>) -> Self {
+        self.observer = observer;
+        self
+    }
+
+    /// Sets engine options.
+    pub fn options(mut self, options: EngineOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Validates `config` against the registered providers and builds the engine.
+    pub fn build(self, config: &WorkflowConfig) -> Result<Engine, ConfigError> {
+        let valid = config.validate(self.providers.keys().map(String::as_str))?;
+        let mut flows = HashMap::new();
+        for ValidFlow { kind, concurrent, stages } in valid {
+            let stages = stages
+                .into_iter()
+                .map(|stage| {
+                    stage
+                        .into_iter()
+                        .map(|name| {
+                            // validate() checked every name is registered.
+                            let flow = Arc::clone(&self.providers[&name]);
+                            Step { name: Arc::from(name.as_str()), flow }
+                        })
+                        .collect()
+                })
+                .collect();
+            self.observer.limit_changed(kind, concurrent);
+            flows.insert(kind, FlowPlan { stages, limiter: Limiter::new(concurrent) });
+        }
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                flows,
+                providers: self.providers,
+                journal: self.journal,
+                observer: self.observer,
+                rollback_slots: Semaphore::new(self.options.rollback_concurrency.max(1)),
+                options: self.options,
+                locks: SandboxLocks::default(),
+            }),
+        })
+    }
+}
+
+#[derive(Clone)]
+struct Step {
+    name: Arc<str>,
+    flow: Arc<dyn Flow>,
+}
+
+struct FlowPlan {
+    stages: Vec<Vec<Step>>,
+    limiter: Arc<Limiter>,
+}
+
+struct Inner {
+    flows: HashMap<FlowKind, FlowPlan>,
+    providers: BTreeMap<String, Arc<dyn Flow>>,
+    journal: Arc<dyn Journal>,
+    observer: Arc<dyn FlowObserver>,
+    rollback_slots: Semaphore,
+    options: EngineOptions,
+    locks: SandboxLocks,
+}
+
+/// Runs sandbox flows. Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("providers", &self.inner.providers.keys().collect::<Vec<_>>())
+            .field("limits", &self.limits())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`Engine::recover`] did.
+#[derive(Debug, Default)]
+pub struct RecoveryReport {
+    /// Sandboxes whose open flows were settled, with the teardown that ran.
+    pub settled: Vec<(SandboxId, FlowKind)>,
+    /// Sandboxes whose teardown failed again; their flows stay open.
+    pub failed: Vec<(SandboxId, EngineError)>,
+}
+
+/// Result of running the stages of one flow.
+struct StagesError {
+    failures: Vec<StepFailure>,
+    cancelled: bool,
+}
+
+impl Engine {
+    /// Calls `init` on every registered provider, in name order.
+    pub async fn init(&self) -> Result<(), EngineError> {
+        for (name, flow) in &self.inner.providers {
+            let span = info_span!("init", step = %name);
+            flow.init().instrument(span).await.map_err(|error| EngineError::Init {
+                step: name.clone(),
+                source: StepFailure { step: name.clone(), error },
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Runs a flow for `ctx`'s sandbox.
+    ///
+    /// Returns [`EngineError::Rejected`] at once, without waiting, when the
+    /// flow's limit is reached. Otherwise runs the stages in order and the
+    /// steps of each stage in parallel. The flow runs on its own task: if the
+    /// caller drops this future, the context's token is cancelled and any
+    /// compensation still runs to completion.
+    pub async fn run(&self, kind: FlowKind, ctx: Arc<FlowContext>) -> Result<(), EngineError> {
+        let plan = self.inner.flows.get(&kind).ok_or(EngineError::NotConfigured(kind))?;
+        let Some(permit) = plan.limiter.try_acquire() else {
+            let limit = plan.limiter.limit();
+            self.inner.observer.rejected(kind, limit);
+            return Err(EngineError::Rejected { flow: kind, limit });
+        };
+        let span = info_span!(
+            "flow",
+            flow = %kind,
+            sandbox_id = %ctx.sandbox_id(),
+            pod_uid = %ctx.spec().uid,
+        );
+        let inner = Arc::clone(&self.inner);
+        let cancel_on_drop = ctx.cancel_token().clone().drop_guard();
+        let task_ctx = Arc::clone(&ctx);
+        let task = tokio::spawn(
+            async move {
+                let _permit = permit;
+                inner.run_admitted(kind, &task_ctx).await
+            }
+            .instrument(span),
+        );
+        let result = match task.await {
+            Ok(result) => result,
+            // Steps' panics are caught inside; this is the engine's own bug.
+            Err(join) => Err(EngineError::Failed {
+                flow: kind,
+                sandbox_id: ctx.sandbox_id().clone(),
+                failures: vec![StepFailure {
+                    step: "engine".to_owned(),
+                    error: StepError::internal(Message(format!("flow task died: {join}"))),
+                }],
+                rollback: None,
+            }),
+        };
+        cancel_on_drop.disarm();
+        result
+    }
+
+    /// Changes a flow's limit at run time; `0` means unlimited.
+    pub fn set_limit(&self, kind: FlowKind, limit: usize) -> Result<(), EngineError> {
+        let plan = self.inner.flows.get(&kind).ok_or(EngineError::NotConfigured(kind))?;
+        plan.limiter.set_limit(limit);
+        self.inner.observer.limit_changed(kind, limit);
+        Ok(())
+    }
+
+    /// Limit and counters of every flow.
+    pub fn limits(&self) -> Vec<(FlowKind, LimiterSnapshot)> {
+        FlowKind::ALL
+            .iter()
+            .filter_map(|k| self.inner.flows.get(k).map(|p| (*k, p.limiter.snapshot())))
+            .collect()
+    }
+
+    /// Provider names of each stage of a flow.
+    pub fn stages(&self, kind: FlowKind) -> Vec<Vec<String>> {
+        self.inner.flows.get(&kind).map_or_else(Vec::new, |p| {
+            p.stages.iter().map(|s| s.iter().map(|st| st.name.to_string()).collect()).collect()
+        })
+    }
+
+    /// The journal the engine writes to.
+    pub fn journal(&self) -> &Arc<dyn Journal> {
+        &self.inner.journal
+    }
+
+    /// Settles every open flow in the journal: for an interrupted or failed
+    /// `create` or `destroy` the `destroy` flow runs again, for a `cleanup`
+    /// the `cleanup` flow. One teardown per sandbox, bounded by the rollback
+    /// budget; on success every open flow of the sandbox is marked
+    /// compensated.
+    pub async fn recover(&self) -> Result<RecoveryReport, EngineError> {
+        let open = self.inner.journal.open_flows().map_err(|source| EngineError::Journal {
+            flow: FlowKind::Destroy,
+            sandbox_id: SandboxId::new_unchecked("*"),
+            source,
+        })?;
+        let mut by_sandbox: BTreeMap<SandboxId, Vec<crate::journal::FlowRecord>> = BTreeMap::new();
+        for rec in open {
+            by_sandbox.entry(rec.sandbox_id.clone()).or_default().push(rec);
+        }
+        let inner = &self.inner;
+        let results = futures::stream::iter(by_sandbox)
+            .map(|(id, recs)| async move {
+                let teardown = if recs.iter().any(|r| r.kind == FlowKind::Cleanup) {
+                    FlowKind::Cleanup
+                } else {
+                    FlowKind::Destroy
+                };
+                // The newest record carries the most recent spec.
+                let spec = recs.last().map(|r| r.spec.clone()).unwrap_or_default();
+                let ctx = FlowContext::new(id.clone(), Arc::new(spec));
+                let span = info_span!("recover", sandbox_id = %id, flow = %teardown);
+                let result = inner
+                    .compensate(teardown, recs.last().map(|r| r.id), &ctx)
+                    .instrument(span)
+                    .await;
+                (id, teardown, recs, result)
+            })
+            .buffer_unordered(inner.options.rollback_concurrency.max(1))
+            .collect::<Vec<_>>()
+            .await;
+
+        let mut report = RecoveryReport::default();
+        for (id, teardown, recs, result) in results {
+            match result {
+                Ok(()) => {
+                    for rec in &recs {
+                        if let Err(e) = inner.journal.finish(
+                            rec.id,
+                            FlowState::Compensated,
+                            Some("settled by recovery"),
+                        ) {
+                            warn!(sandbox_id = %id, error = %chain(&e), "journal finish failed");
+                        }
+                    }
+                    report.settled.push((id, teardown));
+                }
+                Err(failure) => {
+                    let err = match failure {
+                        RollbackError::Failed(failures) => EngineError::Failed {
+                            flow: teardown,
+                            sandbox_id: id.clone(),
+                            failures,
+                            rollback: None,
+                        },
+                        other => EngineError::Failed {
+                            flow: teardown,
+                            sandbox_id: id.clone(),
+                            failures: vec![StepFailure {
+                                step: "recover".to_owned(),
+                                error: StepError::new(
+                                    StepErrorKind::DeadlineExceeded,
+                                    Message(other.to_string()),
+                                ),
+                            }],
+                            rollback: None,
+                        },
+                    };
+                    report.failed.push((id, err));
+                }
+            }
+        }
+        Ok(report)
+    }
+}
+
+impl Inner {
+    fn plan(&self, kind: FlowKind) -> Result<&FlowPlan, EngineError> {
+        self.flows.get(&kind).ok_or(EngineError::NotConfigured(kind))
+    }
+
+    /// Runs an admitted flow: per-sandbox lock, journal, stages, failover.
+    async fn run_admitted(&self, kind: FlowKind, ctx: &FlowContext) -> Result<(), EngineError> {
+        let started = Instant::now();
+        self.observer.flow_started(kind);
+        let result = self.run_locked(kind, ctx).await;
+        let outcome = match &result {
+            Ok(()) => Outcome::Ok,
+            Err(EngineError::Cancelled { .. }) => Outcome::Cancelled,
+            Err(_) => Outcome::Error,
+        };
+        self.observer.flow_finished(kind, outcome, started.elapsed());
+        result
+    }
+
+    async fn run_locked(&self, kind: FlowKind, ctx: &FlowContext) -> Result<(), EngineError> {
+        let sandbox_id = ctx.sandbox_id();
+        let _lock = tokio::select! {
+            guard = self.locks.lock(sandbox_id) => guard,
+            () = ctx.cancel_token().cancelled(), if !kind.is_teardown() => {
+                return Err(EngineError::Cancelled {
+                    flow: kind,
+                    sandbox_id: sandbox_id.clone(),
+                    rollback: None,
+                });
+            }
+        };
+        let plan = self.plan(kind)?;
+        let id = self
+            .journal
+            .begin(FlowStart { kind, sandbox_id, spec: ctx.spec(), compensates: None })
+            .map_err(|source| EngineError::Journal {
+                flow: kind,
+                sandbox_id: sandbox_id.clone(),
+                source,
+            })?;
+
+        let outcome = self.run_stages(kind, id, &plan.stages, ctx, ctx.cancel_token()).await;
+        let finish_error = match &outcome {
+            Ok(()) => self.journal.finish(id, FlowState::Succeeded, None).err(),
+            Err(_) => None,
+        };
+        let failure = match (outcome, finish_error) {
+            (Ok(()), None) => return Ok(()),
+            // The sandbox exists but the journal cannot say so: undo it rather
+            // than leave a record that recovery would read as interrupted.
+            (Ok(()), Some(source)) => {
+                error!(error = %chain(&source), "journal finish failed after success");
+                StagesError {
+                    failures: vec![StepFailure {
+                        step: "journal".to_owned(),
+                        error: StepError::internal(source),
+                    }],
+                    cancelled: false,
+                }
+            }
+            (Err(e), _) => e,
+        };
+
+        let rollback = if kind == FlowKind::Create && ctx.failover() {
+            let result = self.compensate(FlowKind::Destroy, Some(id), &ctx.for_rollback()).await;
+            let outcome = match &result {
+                Ok(()) => Outcome::Ok,
+                Err(_) => Outcome::Error,
+            };
+            self.observer.rollback(kind, outcome);
+            Some(Box::new(result.err().unwrap_or(RollbackError::RolledBack)))
+        } else {
+            None
+        };
+        let state = match rollback.as_deref() {
+            Some(RollbackError::RolledBack) => FlowState::Compensated,
+            _ => FlowState::Failed,
+        };
+        let err = if failure.cancelled {
+            EngineError::Cancelled { flow: kind, sandbox_id: sandbox_id.clone(), rollback }
+        } else {
+            EngineError::Failed {
+                flow: kind,
+                sandbox_id: sandbox_id.clone(),
+                failures: failure.failures,
+                rollback,
+            }
+        };
+        let summary = chain(&err);
+        if let Err(e) = self.journal.finish(id, state, Some(&summary)) {
+            error!(error = %chain(&e), "journal finish failed");
+        }
+        Err(err)
+    }
+
+    /// Runs a teardown flow as compensation for flow `compensates`: waits for
+    /// a rollback slot (never rejected), ignores the caller's cancellation,
+    /// and gives up after the rollback timeout.
+    async fn compensate(
+        &self,
+        teardown: FlowKind,
+        compensates: Option<FlowId>,
+        ctx: &FlowContext,
+    ) -> Result<(), RollbackError> {
+        // The semaphore is never closed, so acquire cannot fail; if it ever
+        // did, running without a slot is safer than skipping compensation.
+        let _slot = self.rollback_slots.acquire().await.ok();
+        let plan = match self.plan(teardown) {
+            Ok(plan) => plan,
+            Err(e) => {
+                return Err(RollbackError::Failed(vec![StepFailure {
+                    step: "engine".to_owned(),
+                    error: StepError::internal(e),
+                }]))
+            }
+        };
+        let id = match self.journal.begin(FlowStart {
+            kind: teardown,
+            sandbox_id: ctx.sandbox_id(),
+            spec: ctx.spec(),
+            compensates,
+        }) {
+            Ok(id) => id,
+            Err(e) => {
+                // Compensation must still run; history is what is lost.
+                warn!(error = %chain(&e), "journal begin failed for rollback");
+                0
+            }
+        };
+        let started = Instant::now();
+        self.observer.flow_started(teardown);
+        let never = CancellationToken::new();
+        let timeout = self.options.rollback_timeout;
+        let result =
+            tokio::time::timeout(timeout, self.run_stages(teardown, id, &plan.stages, ctx, &never))
+                .await;
+        let (state, result) = match result {
+            Ok(Ok(())) => (FlowState::Succeeded, Ok(())),
+            Ok(Err(e)) => (FlowState::Failed, Err(RollbackError::Failed(e.failures))),
+            Err(_) => (FlowState::Failed, Err(RollbackError::TimedOut(timeout))),
+        };
+        let outcome = if result.is_ok() { Outcome::Ok } else { Outcome::Error };
+        self.observer.flow_finished(teardown, outcome, started.elapsed());
+        let msg = result.as_ref().err().map(ToString::to_string);
+        if let Err(e) = self.journal.finish(id, state, msg.as_deref()) {
+            warn!(error = %chain(&e), "journal finish failed for rollback");
+        }
+        result
+    }
+
+    /// Runs the stages of a flow. Create flows stop at the first failing stage
+    /// (its siblings are cancelled); teardown flows run every step and report
+    /// every failure.
+    async fn run_stages(
+        &self,
+        kind: FlowKind,
+        id: FlowId,
+        stages: &[Vec<Step>],
+        ctx: &FlowContext,
+        cancel: &CancellationToken,
+    ) -> Result<(), StagesError> {
+        let teardown = kind.is_teardown();
+        let mut failures = Vec::new();
+        for (index, stage) in stages.iter().enumerate() {
+            if !teardown && cancel.is_cancelled() {
+                return Err(StagesError { failures, cancelled: true });
+            }
+            let stage_cancel = cancel.child_token();
+            let failed_before = failures.len();
+            if let [step] = stage.as_slice() {
+                if let Err(f) = self.run_step(kind, id, index, step, ctx, &stage_cancel).await {
+                    failures.push(f);
+                }
+            } else {
+                let mut running: FuturesUnordered<_> = stage
+                    .iter()
+                    .map(|step| self.run_step(kind, id, index, step, ctx, &stage_cancel))
+                    .collect();
+                while let Some(result) = running.next().await {
+                    if let Err(f) = result {
+                        if !teardown {
+                            // First failure cancels its siblings; they still
+                            // finish (and are recorded) as cancelled.
+                            stage_cancel.cancel();
+                        }
+                        failures.push(f);
+                    }
+                }
+            }
+            if !teardown && failures.len() > failed_before {
+                // Siblings cancelled by a failure are not failures of their own.
+                let cancelled = cancel.is_cancelled();
+                failures.retain(|f| f.error.kind() != StepErrorKind::Cancelled || cancelled);
+                return Err(StagesError { failures, cancelled });
+            }
+        }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(StagesError { failures, cancelled: false })
+        }
+    }
+
+    /// Runs one step with journal records, metrics, a span, panic capture and
+    /// (for forward flows) cancellation.
+    async fn run_step(
+        &self,
+        kind: FlowKind,
+        id: FlowId,
+        stage: usize,
+        step: &Step,
+        ctx: &FlowContext,
+        cancel: &CancellationToken,
+    ) -> Result<(), StepFailure> {
+        let name: &str = &step.name;
+        if let Err(e) = self.journal.step(id, name, StepEvent::Started { stage }) {
+            warn!(step = name, error = %chain(&e), "journal step record failed");
+        }
+        let started = Instant::now();
+        let call = match kind {
+            FlowKind::Create => step.flow.create(ctx),
+            FlowKind::Destroy => step.flow.destroy(ctx),
+            FlowKind::Cleanup => step.flow.cleanup(ctx),
+        };
+        let guarded = AssertUnwindSafe(call).catch_unwind();
+        let result = if kind.is_teardown() {
+            guarded.await
+        } else {
+            tokio::select! {
+                r = guarded => r,
+                () = cancel.cancelled() => Ok(Err(StepError::new(
+                    StepErrorKind::Cancelled,
+                    Message("cancelled".to_owned()),
+                ))),
+            }
+        };
+        let result = result.unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown payload".to_owned());
+            Err(StepError::internal(Message(format!("step panicked: {what}"))))
+        });
+        let elapsed = started.elapsed();
+        let outcome = match &result {
+            Ok(()) => Outcome::Ok,
+            Err(e) if e.kind() == StepErrorKind::Cancelled => Outcome::Cancelled,
+            Err(_) => Outcome::Error,
+        };
+        self.observer.step_finished(kind, name, outcome, elapsed);
+        let message = result.as_ref().err().map(|e| chain(e));
+        if let Some(msg) = &message {
+            debug!(step = name, error = %msg, "step failed");
+        }
+        let event = StepEvent::Finished { duration: elapsed, error: message.as_deref() };
+        if let Err(e) = self.journal.step(id, name, event) {
+            warn!(step = name, error = %chain(&e), "journal step record failed");
+        }
+        result.map_err(|error| StepFailure { step: name.to_owned(), error })
+    }
+}
+
+/// Per-sandbox async locks, created on demand and dropped when unused, so two
+/// flows never act on one sandbox at once.
+#[derive(Default)]
+struct SandboxLocks {
+    map: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+struct SandboxGuard<'a> {
+    locks: &'a SandboxLocks,
+    id: SandboxId,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl SandboxLocks {
+    async fn lock(&self, id: &SandboxId) -> SandboxGuard<'_> {
+        let mutex = {
+            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(map.entry(id.clone()).or_default())
+        };
+        let guard = mutex.lock_owned().await;
+        SandboxGuard { locks: self, id: id.clone(), guard: Some(guard) }
+    }
+}
+
+impl Drop for SandboxGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut map = self.locks.map.lock().unwrap_or_else(|p| p.into_inner());
+        // Only the map holds it now: nobody waits, so forget it.
+        if map.get(&self.id).is_some_and(|m| Arc::strong_count(m) == 1) {
+            map.remove(&self.id);
+        }
+    }
+}

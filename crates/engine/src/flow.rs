@@ -1,0 +1,222 @@
+//! The [`Flow`] trait that providers implement, and the context a flow runs in.
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::StepError;
+use crate::spec::{SandboxId, SandboxSpec};
+
+/// The three flows every configuration defines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlowKind {
+    /// Builds a sandbox (RunPodSandbox).
+    Create,
+    /// Tears a sandbox down, keeping what `cleanup` removes (StopPodSandbox, rollback).
+    Destroy,
+    /// Removes everything left of a sandbox (RemovePodSandbox, GC).
+    Cleanup,
+}
+
+impl FlowKind {
+    /// All flow kinds, in a stable order.
+    pub const ALL: [FlowKind; 3] = [FlowKind::Create, FlowKind::Destroy, FlowKind::Cleanup];
+
+    /// The flow's name in configuration and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlowKind::Create => "create",
+            FlowKind::Destroy => "destroy",
+            FlowKind::Cleanup => "cleanup",
+        }
+    }
+
+    /// True for flows that tear down: every step runs even if another fails.
+    pub fn is_teardown(self) -> bool {
+        !matches!(self, FlowKind::Create)
+    }
+}
+
+impl fmt::Display for FlowKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for FlowKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "create" => Ok(FlowKind::Create),
+            "destroy" => Ok(FlowKind::Destroy),
+            "cleanup" => Ok(FlowKind::Cleanup),
+            other => Err(format!("unknown flow {other:?} (expected create, destroy or cleanup)")),
+        }
+    }
+}
+
+/// A pluggable step of the sandbox lifecycle (storage, network, sandbox runtime).
+///
+/// `destroy` and `cleanup` must be idempotent: tearing down what was never
+/// created, or was already removed, succeeds. They may be called after a
+/// restart with only the sandbox id and the stored spec, so providers derive
+/// every name they create (paths, links, leases) from the sandbox id.
+#[async_trait]
+pub trait Flow: Send + Sync + 'static {
+    /// Prepares the node once at startup (bridges, pools). Idempotent.
+    async fn init(&self) -> Result<(), StepError> {
+        Ok(())
+    }
+
+    /// Builds this provider's part of the sandbox and publishes its results
+    /// into the context for later stages.
+    async fn create(&self, ctx: &FlowContext) -> Result<(), StepError>;
+
+    /// Stops this provider's part of the sandbox. Idempotent.
+    async fn destroy(&self, ctx: &FlowContext) -> Result<(), StepError>;
+
+    /// Removes everything this provider holds for the sandbox. Idempotent.
+    async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError>;
+}
+
+type OutputMap = HashMap<TypeId, Box<dyn Any + Send + Sync>>;
+
+/// What a flow runs with: the sandbox, its spec, a cancellation token and a
+/// typed place where steps publish results for later stages.
+pub struct FlowContext {
+    sandbox_id: SandboxId,
+    spec: Arc<SandboxSpec>,
+    cancel: CancellationToken,
+    failover: bool,
+    outputs: Arc<Mutex<OutputMap>>,
+}
+
+impl fmt::Debug for FlowContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FlowContext")
+            .field("sandbox_id", &self.sandbox_id)
+            .field("failover", &self.failover)
+            .field("cancelled", &self.cancel.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+impl FlowContext {
+    /// A context for `sandbox_id` with the given spec; failover off, a fresh token.
+    pub fn new(sandbox_id: SandboxId, spec: Arc<SandboxSpec>) -> Self {
+        Self {
+            sandbox_id,
+            spec,
+            cancel: CancellationToken::new(),
+            failover: false,
+            outputs: Arc::default(),
+        }
+    }
+
+    /// Asks the engine to run `destroy` for this sandbox if `create` fails.
+    pub fn with_failover(mut self, failover: bool) -> Self {
+        self.failover = failover;
+        self
+    }
+
+    /// Uses the caller's cancellation token.
+    pub fn with_cancel(mut self, cancel: CancellationToken) -> Self {
+        self.cancel = cancel;
+        self
+    }
+
+    /// The sandbox the flow runs for.
+    pub fn sandbox_id(&self) -> &SandboxId {
+        &self.sandbox_id
+    }
+
+    /// The sandbox's spec.
+    pub fn spec(&self) -> &SandboxSpec {
+        &self.spec
+    }
+
+    /// A shared handle on the spec.
+    pub fn spec_arc(&self) -> Arc<SandboxSpec> {
+        Arc::clone(&self.spec)
+    }
+
+    /// The token that is cancelled when the caller gives up.
+    pub fn cancel_token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Whether failover (rollback on create failure) was requested.
+    pub fn failover(&self) -> bool {
+        self.failover
+    }
+
+    /// Publishes a result for later stages (and for the caller), replacing
+    /// any earlier value of the same type.
+    pub fn publish<T: Any + Send + Sync>(&self, value: T) {
+        self.lock().insert(TypeId::of::<T>(), Box::new(value));
+    }
+
+    /// Reads a published result.
+    pub fn get<T: Any + Send + Sync + Clone>(&self) -> Option<T> {
+        self.lock().get(&TypeId::of::<T>()).and_then(|v| v.downcast_ref::<T>()).cloned()
+    }
+
+    /// Removes and returns a published result.
+    pub fn take<T: Any + Send + Sync>(&self) -> Option<T> {
+        self.lock()
+            .remove(&TypeId::of::<T>())
+            .and_then(|v| v.downcast::<T>().ok())
+            .map(|b| *b)
+    }
+
+    /// A context for compensating this one: same sandbox, spec and published
+    /// results, but a fresh token (compensation runs even when the caller
+    /// gave up).
+    pub(crate) fn for_rollback(&self) -> FlowContext {
+        FlowContext {
+            sandbox_id: self.sandbox_id.clone(),
+            spec: Arc::clone(&self.spec),
+            cancel: CancellationToken::new(),
+            failover: false,
+            outputs: Arc::clone(&self.outputs),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, OutputMap> {
+        // A panic while holding this lock can only come from a step's own
+        // panic inside `publish`'s insert, which leaves the map intact.
+        self.outputs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_are_typed() {
+        let ctx = FlowContext::new(SandboxId::new_unchecked("a"), Arc::default());
+        ctx.publish(5u32);
+        ctx.publish(String::from("x"));
+        assert_eq!(ctx.get::<u32>(), Some(5));
+        assert_eq!(ctx.get::<String>().as_deref(), Some("x"));
+        assert_eq!(ctx.take::<u32>(), Some(5));
+        assert_eq!(ctx.get::<u32>(), None);
+    }
+
+    #[test]
+    fn flow_kind_round_trips() {
+        for k in FlowKind::ALL {
+            assert_eq!(k.as_str().parse::<FlowKind>().unwrap(), k);
+        }
+        assert!("gc".parse::<FlowKind>().unwrap_err().contains("gc"));
+    }
+}

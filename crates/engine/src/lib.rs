@@ -1,0 +1,41 @@
+//! Cubelet's workflow engine.
+//!
+//! Sandbox lifecycle calls become *flows* (`create`, `destroy`, `cleanup`) of
+//! pluggable *steps*: providers implementing [`Flow`], named in a
+//! [`WorkflowConfig`] as ordered stages whose steps run in parallel. The
+//! [`Engine`] admits flows under per-flow limits without waiting (an excess
+//! request is [`EngineError::Rejected`] at once), runs them on their own
+//! tasks, rolls a failed `create` back by running `destroy` (failover),
+//! records every flow in a [`Journal`] so [`Engine::recover`] can settle
+//! whatever a crash interrupted, and reports to a [`FlowObserver`].
+//!
+//! This crate owns the model only. It does no I/O of its own and knows
+//! nothing of CRI, containerd, netlink or the database: providers, the store
+//! and the metrics exporter plug in through the traits defined here.
+
+mod config;
+mod engine;
+mod error;
+mod flow;
+mod journal;
+mod limiter;
+mod observer;
+pub mod spec;
+
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
+
+pub use config::{ConfigError, FlowConfig, ValidFlow, WorkflowConfig};
+pub use engine::{Engine, EngineBuilder, EngineOptions, RecoveryReport};
+pub use error::{
+    chain, BoxError, EngineError, JournalError, Message, RollbackError, StepError,
+    StepErrorKind, StepFailure,
+};
+pub use flow::{Flow, FlowContext, FlowKind};
+pub use journal::{
+    FlowId, FlowRecord, FlowStart, FlowState, Journal, MemJournal, NoopJournal, StepEvent,
+    StepRecord,
+};
+pub use limiter::{Limiter, LimiterSnapshot, Permit};
+pub use observer::{FlowObserver, NoopObserver, Outcome};
+pub use spec::{SandboxId, SandboxSpec};

@@ -1,0 +1,246 @@
+//! The runtime-neutral description of a pod sandbox, and the typed results
+//! that steps publish for later stages.
+//!
+//! These types are the contract between the CRI shim (which converts CRI
+//! requests into a [`SandboxSpec`]) and the flow providers (which read it and
+//! publish [`NetworkStatus`], [`StorageStatus`] and [`SandboxProcess`]). They
+//! carry no wire types, so providers never need to know about CRI.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Identifier of a pod sandbox: 64 lowercase hex characters, like containerd's.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SandboxId(String);
+
+impl SandboxId {
+    /// Wraps an id without checking it. Use [`SandboxId::parse`] for input
+    /// that comes from outside the process.
+    pub fn new_unchecked(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// Parses an id: 1 to 64 characters of `[0-9a-z_-]`, not starting with `-`
+    /// or `_`. Ids end up in file names, link names and mount points, so
+    /// nothing that could walk a path or confuse a tool is accepted.
+    pub fn parse(id: &str) -> Option<Self> {
+        let ok = !id.is_empty()
+            && id.len() <= 64
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase() || b == b'-' || b == b'_')
+            && !id.starts_with(['-', '_']);
+        ok.then(|| Self(id.to_owned()))
+    }
+
+    /// The id as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SandboxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for SandboxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SandboxId({})", self.0)
+    }
+}
+
+/// How a namespace of the sandbox is provided (CRI `NamespaceMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NamespaceMode {
+    /// One namespace shared by every container of the pod.
+    #[default]
+    Pod,
+    /// Each container gets its own namespace.
+    Container,
+    /// The node's (host's) namespace.
+    Node,
+    /// The namespace of another container (`target_id`).
+    Target,
+}
+
+/// Namespace choices of a sandbox (CRI `NamespaceOption`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceOptions {
+    /// Network namespace.
+    pub network: NamespaceMode,
+    /// PID namespace.
+    pub pid: NamespaceMode,
+    /// IPC namespace.
+    pub ipc: NamespaceMode,
+    /// Container whose namespace is joined when a mode is `Target`.
+    pub target_id: Option<String>,
+}
+
+/// DNS configuration for the pod's `resolv.conf` (CRI `DNSConfig`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DnsConfig {
+    /// Name servers.
+    pub servers: Vec<String>,
+    /// Search domains.
+    pub searches: Vec<String>,
+    /// Resolver options (`ndots:5`, ...).
+    pub options: Vec<String>,
+}
+
+/// Transport protocol of a port mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// TCP.
+    #[default]
+    Tcp,
+    /// UDP.
+    Udp,
+    /// SCTP.
+    Sctp,
+}
+
+impl Protocol {
+    /// Lowercase protocol name, as used by nftables and CNI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+}
+
+/// A host port forwarded to a port of the pod (CRI `PortMapping`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PortMapping {
+    /// Protocol.
+    pub protocol: Protocol,
+    /// Port inside the pod.
+    pub container_port: u16,
+    /// Port on the node.
+    pub host_port: u16,
+    /// Node address to bind; `None` means every address.
+    pub host_ip: Option<IpAddr>,
+}
+
+/// Everything the flow providers need to know about a pod sandbox.
+///
+/// Built by the CRI shim from a validated `PodSandboxConfig`; stored with the
+/// sandbox so that destroy and cleanup after a restart see the same input.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// Pod name (metadata).
+    pub name: String,
+    /// Pod namespace (metadata).
+    pub namespace: String,
+    /// Pod UID (metadata).
+    pub uid: String,
+    /// Attempt number (metadata).
+    pub attempt: u32,
+    /// Hostname for the pod; empty means the pod name.
+    pub hostname: String,
+    /// Absolute directory for container logs, if kubelet asked for one.
+    pub log_directory: Option<PathBuf>,
+    /// DNS settings; `None` means "use the node's resolv.conf".
+    pub dns: Option<DnsConfig>,
+    /// Host ports to forward into the pod.
+    pub port_mappings: Vec<PortMapping>,
+    /// Namespace options.
+    pub namespaces: NamespaceOptions,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// Cgroup parent for the pod, as given by kubelet.
+    pub cgroup_parent: Option<String>,
+    /// Runtime handler (RuntimeClass) name; empty means the default.
+    pub runtime_handler: String,
+    /// Namespaced sysctls for the pod.
+    pub sysctls: BTreeMap<String, String>,
+    /// Whether the sandbox runs privileged.
+    pub privileged: bool,
+}
+
+impl SandboxSpec {
+    /// True when the pod uses the node's network namespace.
+    pub fn host_network(&self) -> bool {
+        self.namespaces.network == NamespaceMode::Node
+    }
+
+    /// The hostname to give the pod: the requested one, else the pod name.
+    pub fn effective_hostname(&self) -> &str {
+        if self.hostname.is_empty() {
+            &self.name
+        } else {
+            &self.hostname
+        }
+    }
+}
+
+/// Published by the network step: where the pod's network lives.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkStatus {
+    /// Path of the pinned network namespace; `None` for host-network pods.
+    pub netns_path: Option<PathBuf>,
+    /// Addresses of the pod, primary first.
+    pub ips: Vec<IpAddr>,
+    /// Name of the pod's interface inside the namespace.
+    pub interface: Option<String>,
+}
+
+/// Published by the storage step: the per-sandbox files and mounts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StorageStatus {
+    /// The sandbox's own directory.
+    pub sandbox_dir: PathBuf,
+    /// File to mount at `/etc/hostname`.
+    pub hostname_path: PathBuf,
+    /// File to mount at `/etc/hosts`.
+    pub hosts_path: PathBuf,
+    /// File to mount at `/etc/resolv.conf`.
+    pub resolv_conf_path: PathBuf,
+    /// Directory to mount at `/dev/shm`; `None` when IPC is the node's.
+    pub shm_path: Option<PathBuf>,
+    /// Mounted scratch space, when the pod asked for one.
+    pub scratch_path: Option<PathBuf>,
+}
+
+/// Published by the sandbox step: the pod infra process, if there is one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxProcess {
+    /// Host PID of the infra process.
+    pub pid: u32,
+    /// Runtime handler that runs it.
+    pub runtime_handler: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_id_rejects_paths_and_junk() {
+        assert!(SandboxId::parse("abc123").is_some());
+        assert!(SandboxId::parse(&"a".repeat(64)).is_some());
+        for bad in ["", "../x", "a/b", "A", "-x", "_x", "a b", &"a".repeat(65)] {
+            assert!(SandboxId::parse(bad).is_none(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn effective_hostname_falls_back_to_name() {
+        let mut s = SandboxSpec { name: "web".into(), ..Default::default() };
+        assert_eq!(s.effective_hostname(), "web");
+        s.hostname = "h".into();
+        assert_eq!(s.effective_hostname(), "h");
+    }
+}
