@@ -1,0 +1,109 @@
+//! The runtime crate's error type.
+
+use cubelet_engine::{StepError, StepErrorKind};
+
+/// Errors of the containerd runtime.
+///
+/// Append new variants at the end; several modules share this enum.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// Could not connect to containerd.
+    #[error("connect to containerd at {address}")]
+    Connect {
+        /// Socket path.
+        address: String,
+        /// Why.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// A containerd call failed.
+    #[error("containerd {op} failed: {status}", status = .source.message())]
+    Containerd {
+        /// Which call (e.g. `containers.create`).
+        op: &'static str,
+        /// gRPC status from containerd.
+        #[source]
+        source: tonic::Status,
+    },
+    /// An object does not exist.
+    #[error("{kind} {id} not found")]
+    NotFound {
+        /// Kind of object (image, container, ...).
+        kind: &'static str,
+        /// Its id or reference.
+        id: String,
+    },
+    /// An object already exists.
+    #[error("{kind} {id} already exists")]
+    AlreadyExists {
+        /// Kind of object.
+        kind: &'static str,
+        /// Its id or reference.
+        id: String,
+    },
+    /// A request value is not acceptable.
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument {
+        /// Field name as the caller knows it.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The object is not in a state that allows the operation.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// Local I/O failed.
+    #[error("{op} {path}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// Path involved.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl RuntimeError {
+    /// Wraps a containerd status, turning `NotFound`/`AlreadyExists` codes into
+    /// the typed variants when `kind`/`id` are known by the caller.
+    pub fn containerd(op: &'static str, source: tonic::Status) -> Self {
+        RuntimeError::Containerd { op, source }
+    }
+
+    /// True if containerd said the object does not exist.
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            RuntimeError::NotFound { .. } => true,
+            RuntimeError::Containerd { source, .. } => source.code() == tonic::Code::NotFound,
+            _ => false,
+        }
+    }
+
+    /// The engine's error kind for this error.
+    pub fn kind(&self) -> StepErrorKind {
+        match self {
+            RuntimeError::NotFound { .. } => StepErrorKind::NotFound,
+            RuntimeError::AlreadyExists { .. } => StepErrorKind::AlreadyExists,
+            RuntimeError::InvalidArgument { .. } => StepErrorKind::InvalidArgument,
+            RuntimeError::FailedPrecondition(_) => StepErrorKind::FailedPrecondition,
+            RuntimeError::Containerd { source, .. } => match source.code() {
+                tonic::Code::NotFound => StepErrorKind::NotFound,
+                tonic::Code::AlreadyExists => StepErrorKind::AlreadyExists,
+                tonic::Code::InvalidArgument => StepErrorKind::InvalidArgument,
+                tonic::Code::FailedPrecondition => StepErrorKind::FailedPrecondition,
+                tonic::Code::DeadlineExceeded => StepErrorKind::DeadlineExceeded,
+                tonic::Code::ResourceExhausted => StepErrorKind::ResourceExhausted,
+                _ => StepErrorKind::Internal,
+            },
+            _ => StepErrorKind::Internal,
+        }
+    }
+}
+
+impl From<RuntimeError> for StepError {
+    fn from(e: RuntimeError) -> Self {
+        StepError::new(e.kind(), e)
+    }
+}

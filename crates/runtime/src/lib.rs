@@ -1,0 +1,15 @@
+//! Cubelet's runtime on containerd.
+//!
+//! Owns everything that talks to containerd over its gRPC API, in Cubelet's
+//! own containerd namespace: image pull and unpack, the pod infra (pause)
+//! image, containers and tasks, stdio FIFOs and CRI log files, exit events,
+//! and the `sandbox` flow provider. Containerd's protobuf types stay inside
+//! this crate (converted in `convert.rs`-style helpers); it knows nothing of
+//! CRI wire types, of the store or of the other providers.
+
+pub mod client;
+pub mod error;
+pub mod types;
+
+pub use client::Containerd;
+pub use error::RuntimeError;
