@@ -1,0 +1,186 @@
+//! Mounting, unmounting and reading the mount table.
+//!
+//! Mounts belong to a mount namespace, and a namespace can be per thread,
+//! so the table is read from `/proc/thread-self/mountinfo` (the calling
+//! thread's view) rather than `/proc/self/mountinfo` (the main thread's).
+//! In the daemon both are the same; in tests that unshare a thread they
+//! are not.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+
+use crate::error::StorageError;
+
+/// One line of the mount table, the fields this crate uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    /// Where it is mounted (octal escapes decoded).
+    pub mount_point: PathBuf,
+    /// Filesystem type (`tmpfs`, `ext4`, ...).
+    pub fstype: String,
+    /// Mount source (`shm`, `/dev/loop3`, ...).
+    pub source: String,
+    /// Per-superblock options (`size=65536k,mode=1777`, ...).
+    pub super_options: String,
+}
+
+/// Decodes the `\ooo` octal escapes the kernel uses for space, tab, newline
+/// and backslash in mountinfo paths.
+fn unescape(field: &str) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() {
+            let oct = &bytes[i + 1..i + 4];
+            if oct.iter().all(|b| (b'0'..=b'7').contains(b)) {
+                let v = oct
+                    .iter()
+                    .fold(0u32, |acc, b| acc * 8 + u32::from(b - b'0'));
+                if let Ok(b) = u8::try_from(v) {
+                    out.push(b);
+                    i += 4;
+                    continue;
+                }
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
+}
+
+/// Parses the text of a `mountinfo` file; malformed lines are skipped.
+pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
+    text.lines()
+        .filter_map(|line| {
+            // id parent major:minor root mount_point options [optional...] - fstype source super_options
+            let (pre, post) = line.split_once(" - ")?;
+            let mount_point = pre.split(' ').nth(4)?;
+            let mut post = post.split(' ');
+            let fstype = post.next()?;
+            let source = post.next()?;
+            let super_options = post.next().unwrap_or("");
+            Some(MountEntry {
+                mount_point: unescape(mount_point),
+                fstype: fstype.to_owned(),
+                source: source.to_owned(),
+                super_options: super_options.to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// The calling thread's mount table.
+pub fn mount_table() -> Result<Vec<MountEntry>, StorageError> {
+    let path = Path::new("/proc/thread-self/mountinfo");
+    let text = match fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| StorageError::io("read", "/proc/self/mountinfo", e))?,
+        Err(e) => return Err(StorageError::io("read", path, e)),
+    };
+    Ok(parse_mountinfo(&text))
+}
+
+/// The path as the mount table spells it: symlinks in the parents resolved.
+/// A path whose parent does not exist is returned unchanged.
+pub(crate) fn table_path(path: &Path) -> PathBuf {
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => match fs::canonicalize(parent) {
+            Ok(p) => p.join(name),
+            Err(_) => path.to_path_buf(),
+        },
+        _ => path.to_path_buf(),
+    }
+}
+
+/// True when something is mounted at `path` in the calling thread's namespace.
+pub fn is_mounted(path: &Path) -> Result<bool, StorageError> {
+    let want = table_path(path);
+    Ok(mount_table()?.iter().any(|m| m.mount_point == want))
+}
+
+/// Mounts a tmpfs for `/dev/shm` at `target`: `size` bytes, mode 1777,
+/// nosuid, nodev, noexec.
+pub(crate) fn mount_shm(target: &Path, size: u64) -> Result<(), StorageError> {
+    let data = format!("mode=1777,size={size}");
+    mount(
+        Some("shm"),
+        target,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(data.as_str()),
+    )
+    .map_err(|source| StorageError::Mount {
+        fstype: "tmpfs",
+        target: target.into(),
+        source,
+    })
+}
+
+/// Unmounts everything stacked at `target` (detaching lazily, never
+/// following a symlink). Returns how many mounts were removed; "not
+/// mounted" (`EINVAL`) and "absent" (`ENOENT`) end the loop successfully.
+pub fn unmount_all(target: &Path) -> Result<usize, StorageError> {
+    // A bound on stacked mounts, so a kernel that keeps answering success
+    // cannot loop us forever.
+    const MAX_STACKED: usize = 64;
+    let mut removed = 0;
+    while removed < MAX_STACKED {
+        match umount2(target, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
+            Ok(()) => removed += 1,
+            Err(Errno::EINVAL | Errno::ENOENT) => return Ok(removed),
+            Err(source) => {
+                return Err(StorageError::Unmount {
+                    target: target.into(),
+                    source,
+                })
+            }
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+25 24 0:23 / /dev/shm rw,relatime shared:3 - tmpfs tmpfs rw,size=24683656k
+99 27 0:50 / /var/lib/cubelet/sandboxes/abc/shm rw,nosuid,nodev,noexec,relatime - tmpfs shm rw,size=65536k,mode=1777
+100 27 7:3 / /tmp/with\\040space/scratch rw,relatime - ext4 /dev/loop3 rw
+bogus line
+";
+
+    #[test]
+    fn parses_mountinfo() {
+        let t = parse_mountinfo(SAMPLE);
+        assert_eq!(t.len(), 4);
+        assert_eq!(t[1].mount_point, Path::new("/dev/shm"));
+        assert_eq!(t[2].fstype, "tmpfs");
+        assert_eq!(t[2].source, "shm");
+        assert!(t[2].super_options.contains("size=65536k"));
+        assert_eq!(t[3].mount_point, Path::new("/tmp/with space/scratch"));
+        assert_eq!(t[3].source, "/dev/loop3");
+    }
+
+    #[test]
+    fn unescape_leaves_plain_backslashes() {
+        assert_eq!(unescape("a\\b"), Path::new("a\\b"));
+        assert_eq!(unescape("a\\134b"), Path::new("a\\b"));
+        assert_eq!(unescape("x\\04"), Path::new("x\\04"));
+    }
+
+    #[test]
+    fn own_mount_table_has_root() {
+        let t = mount_table().unwrap();
+        assert!(t.iter().any(|m| m.mount_point == Path::new("/")));
+    }
+}
