@@ -1,0 +1,528 @@
+//! The flow journal: [`cubelet_engine::Journal`] on the store's `flows` table.
+//!
+//! Semantics are exactly those of [`cubelet_engine::MemJournal`]: ids start
+//! at 1 and only grow, steps append in start order, a `Finished` event
+//! completes the newest step of that name (or is ignored if there is none),
+//! `finish` settles the flow, `open_flows` and `sandbox_history` list oldest
+//! first, `forget` drops every flow of a sandbox. One difference, on purpose:
+//! ids are never reused, even when the newest flows were forgotten (the last
+//! id handed out is kept in the `meta` table).
+//!
+//! # Durability
+//!
+//! [`Journal::begin`] and [`Journal::finish`] commit with
+//! [`Durability::Immediate`]: the record is on disk when they return.
+//! [`Journal::step`] commits with [`Durability::None`]: the change is visible
+//! at once to every reader of this process, and becomes durable with the next
+//! durable commit of any kind (the flow's `finish`, another flow's `begin`, a
+//! sandbox update). A crash may lose the step events since the last durable
+//! commit, never more, and never leaves a torn record: redb reopens at the
+//! last durable commit.
+//!
+//! That is enough because recovery correctness only depends on `begin` and
+//! `finish`: a flow that began and did not finish is open, and recovery tears
+//! it down with idempotent `destroy`/`cleanup` steps using the spec recorded
+//! by `begin`, whichever steps did or did not run. Step events are history
+//! (which step ran, how long, what failed) for operators. Making them durable
+//! would put one or two fsyncs in front of every step of every flow for no
+//! gain in safety.
+
+use cubelet_engine::{
+    FlowId, FlowRecord, FlowStart, FlowState, Journal, JournalError, SandboxId, StepEvent,
+    StepRecord,
+};
+use redb::{Durability, ReadableDatabase, ReadableTable};
+use std::time::SystemTime;
+
+use crate::error::StoreError;
+use crate::store::{decode, encode, Store, FLOWS, FLOWS_NAME, META, META_LAST_FLOW};
+
+fn journal_err(op: &'static str) -> impl FnOnce(StoreError) -> JournalError {
+    move |e| JournalError {
+        op,
+        source: Box::new(e),
+    }
+}
+
+impl Store {
+    fn begin_flow(&self, start: FlowStart<'_>) -> Result<FlowId, StoreError> {
+        let op = "journal begin";
+        let mut txn = self.write(op)?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(StoreError::db(op))?;
+        let id = {
+            let mut meta = txn.open_table(META).map_err(StoreError::db(op))?;
+            let mut flows = txn.open_table(FLOWS).map_err(StoreError::db(op))?;
+            let counted = match meta.get(META_LAST_FLOW).map_err(StoreError::db(op))? {
+                None => 0,
+                Some(g) => g
+                    .value()
+                    .parse::<u64>()
+                    .map_err(|_| StoreError::InvalidMeta {
+                        key: META_LAST_FLOW,
+                        value: g.value().to_owned(),
+                    })?,
+            };
+            let newest = flows
+                .last()
+                .map_err(StoreError::db(op))?
+                .map_or(0, |(k, _)| k.value());
+            let id = counted.max(newest) + 1;
+            let rec = FlowRecord {
+                id,
+                kind: start.kind,
+                sandbox_id: start.sandbox_id.clone(),
+                spec: start.spec.clone(),
+                compensates: start.compensates,
+                started_at: SystemTime::now(),
+                finished_at: None,
+                state: FlowState::Running,
+                error: None,
+                steps: Vec::new(),
+            };
+            let bytes = encode(FLOWS_NAME, &id.to_string(), &rec)?;
+            flows
+                .insert(id, bytes.as_slice())
+                .map_err(StoreError::db(op))?;
+            let last = id.to_string();
+            meta.insert(META_LAST_FLOW, last.as_str())
+                .map_err(StoreError::db(op))?;
+            id
+        };
+        txn.commit().map_err(StoreError::db(op))?;
+        Ok(id)
+    }
+
+    /// Reads, changes and writes back one flow record in one transaction.
+    fn update_flow(
+        &self,
+        op: &'static str,
+        id: FlowId,
+        durability: Durability,
+        f: impl FnOnce(&mut FlowRecord),
+    ) -> Result<(), StoreError> {
+        let mut txn = self.write(op)?;
+        txn.set_durability(durability).map_err(StoreError::db(op))?;
+        {
+            let mut flows = txn.open_table(FLOWS).map_err(StoreError::db(op))?;
+            let mut rec: FlowRecord = flows
+                .get(id)
+                .map_err(StoreError::db(op))?
+                .map(|g| decode(FLOWS_NAME, &id.to_string(), g.value()))
+                .transpose()?
+                .ok_or(StoreError::FlowNotFound(id))?;
+            f(&mut rec);
+            let bytes = encode(FLOWS_NAME, &id.to_string(), &rec)?;
+            flows
+                .insert(id, bytes.as_slice())
+                .map_err(StoreError::db(op))?;
+        }
+        txn.commit().map_err(StoreError::db(op))
+    }
+
+    /// Every flow record that `keep` accepts, oldest (lowest id) first.
+    pub(crate) fn scan_flows(
+        &self,
+        mut keep: impl FnMut(&FlowRecord) -> bool,
+    ) -> Result<Vec<FlowRecord>, StoreError> {
+        let op = "journal scan";
+        let txn = self.db.begin_read().map_err(StoreError::db(op))?;
+        let flows = txn.open_table(FLOWS).map_err(StoreError::db(op))?;
+        let mut out = Vec::new();
+        for entry in flows.iter().map_err(StoreError::db(op))? {
+            let (k, v) = entry.map_err(StoreError::db(op))?;
+            let rec: FlowRecord = decode(FLOWS_NAME, &k.value().to_string(), v.value())?;
+            if keep(&rec) {
+                out.push(rec);
+            }
+        }
+        Ok(out)
+    }
+
+    fn forget_flows(&self, sandbox_id: &SandboxId) -> Result<usize, StoreError> {
+        let op = "journal forget";
+        let txn = self.write(op)?;
+        let removed = {
+            let mut flows = txn.open_table(FLOWS).map_err(StoreError::db(op))?;
+            let mut ids = Vec::new();
+            for entry in flows.iter().map_err(StoreError::db(op))? {
+                let (k, v) = entry.map_err(StoreError::db(op))?;
+                let rec: FlowRecord = decode(FLOWS_NAME, &k.value().to_string(), v.value())?;
+                if &rec.sandbox_id == sandbox_id {
+                    ids.push(k.value());
+                }
+            }
+            for id in &ids {
+                flows.remove(*id).map_err(StoreError::db(op))?;
+            }
+            ids.len()
+        };
+        txn.commit().map_err(StoreError::db(op))?;
+        Ok(removed)
+    }
+}
+
+impl Journal for Store {
+    fn begin(&self, start: FlowStart<'_>) -> Result<FlowId, JournalError> {
+        self.begin_flow(start).map_err(journal_err("begin"))
+    }
+
+    fn step(&self, id: FlowId, step: &str, event: StepEvent<'_>) -> Result<(), JournalError> {
+        self.update_flow("journal step", id, Durability::None, |rec| match event {
+            StepEvent::Started { stage } => rec.steps.push(StepRecord {
+                step: step.to_owned(),
+                stage,
+                started_at: SystemTime::now(),
+                duration: None,
+                error: None,
+            }),
+            StepEvent::Finished { duration, error } => {
+                if let Some(s) = rec.steps.iter_mut().rev().find(|s| s.step == step) {
+                    s.duration = Some(duration);
+                    s.error = error.map(str::to_owned);
+                }
+            }
+        })
+        .map_err(journal_err("step"))
+    }
+
+    fn finish(
+        &self,
+        id: FlowId,
+        state: FlowState,
+        error: Option<&str>,
+    ) -> Result<(), JournalError> {
+        self.update_flow("journal finish", id, Durability::Immediate, |rec| {
+            rec.state = state;
+            rec.error = error.map(str::to_owned);
+            rec.finished_at = Some(SystemTime::now());
+        })
+        .map_err(journal_err("finish"))
+    }
+
+    fn open_flows(&self) -> Result<Vec<FlowRecord>, JournalError> {
+        self.scan_flows(|r| r.state.is_open())
+            .map_err(journal_err("open_flows"))
+    }
+
+    fn sandbox_history(&self, sandbox_id: &SandboxId) -> Result<Vec<FlowRecord>, JournalError> {
+        self.scan_flows(|r| &r.sandbox_id == sandbox_id)
+            .map_err(journal_err("sandbox_history"))
+    }
+
+    fn forget(&self, sandbox_id: &SandboxId) -> Result<usize, JournalError> {
+        self.forget_flows(sandbox_id).map_err(journal_err("forget"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use cubelet_engine::{FlowKind, MemJournal, SandboxSpec};
+
+    use super::*;
+
+    fn sid(s: &str) -> SandboxId {
+        SandboxId::parse(s).unwrap()
+    }
+
+    fn open_tmp() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("cubelet.redb")).unwrap();
+        (dir, store)
+    }
+
+    /// Clock readings differ between two journals; everything else must not.
+    fn normalise(mut recs: Vec<FlowRecord>) -> Vec<FlowRecord> {
+        for r in &mut recs {
+            r.started_at = UNIX_EPOCH;
+            r.finished_at = r.finished_at.map(|_| UNIX_EPOCH);
+            for s in &mut r.steps {
+                s.started_at = UNIX_EPOCH;
+            }
+        }
+        recs
+    }
+
+    fn start<'a>(
+        kind: FlowKind,
+        id: &'a SandboxId,
+        spec: &'a SandboxSpec,
+        compensates: Option<FlowId>,
+    ) -> FlowStart<'a> {
+        FlowStart {
+            kind,
+            sandbox_id: id,
+            spec,
+            compensates,
+        }
+    }
+
+    /// Drives one journal through a script covering every operation and
+    /// returns what each observable call said.
+    fn script(j: &dyn Journal) -> Vec<String> {
+        let a = sid("sba");
+        let b = sid("sbb");
+        let spec = SandboxSpec {
+            name: "web".into(),
+            namespace: "ns".into(),
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+
+        let f1 = j.begin(start(FlowKind::Create, &a, &spec, None)).unwrap();
+        j.step(f1, "storage", StepEvent::Started { stage: 0 })
+            .unwrap();
+        j.step(f1, "network", StepEvent::Started { stage: 0 })
+            .unwrap();
+        let ms = Duration::from_millis(3);
+        j.step(
+            f1,
+            "storage",
+            StepEvent::Finished {
+                duration: ms,
+                error: None,
+            },
+        )
+        .unwrap();
+        j.step(
+            f1,
+            "network",
+            StepEvent::Finished {
+                duration: ms,
+                error: Some("boom"),
+            },
+        )
+        .unwrap();
+        // A retried step: Finished completes the newest one of that name.
+        j.step(f1, "network", StepEvent::Started { stage: 0 })
+            .unwrap();
+        j.step(
+            f1,
+            "network",
+            StepEvent::Finished {
+                duration: ms * 2,
+                error: Some("again"),
+            },
+        )
+        .unwrap();
+        // Finished for a step that never started changes nothing.
+        j.step(
+            f1,
+            "sandbox",
+            StepEvent::Finished {
+                duration: ms,
+                error: None,
+            },
+        )
+        .unwrap();
+        j.finish(f1, FlowState::Failed, Some("network: boom"))
+            .unwrap();
+
+        let f2 = j
+            .begin(start(FlowKind::Destroy, &a, &spec, Some(f1)))
+            .unwrap();
+        j.step(f2, "sandbox", StepEvent::Started { stage: 0 })
+            .unwrap();
+        j.finish(f2, FlowState::Compensated, None).unwrap();
+
+        let f3 = j.begin(start(FlowKind::Create, &b, &spec, None)).unwrap();
+        j.step(f3, "storage", StepEvent::Started { stage: 0 })
+            .unwrap();
+        // The newest flow belongs to b: MemJournal would hand out a forgotten
+        // newest id again, the store never does (tested on its own below).
+        let f4 = j
+            .begin(start(FlowKind::Destroy, &b, &spec, Some(f3)))
+            .unwrap();
+        j.finish(f4, FlowState::Succeeded, None).unwrap();
+        out.push(format!("ids {f1} {f2} {f3} {f4}"));
+
+        // Unknown ids are errors for step and finish.
+        out.push(format!(
+            "step unknown err={}",
+            j.step(99, "x", StepEvent::Started { stage: 0 }).is_err()
+        ));
+        out.push(format!(
+            "finish unknown err={}",
+            j.finish(99, FlowState::Succeeded, None).is_err()
+        ));
+
+        let ids = |v: Vec<FlowRecord>| {
+            v.iter()
+                .map(|r| r.id.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        out.push(format!("open {}", ids(j.open_flows().unwrap())));
+        out.push(format!("history a {}", ids(j.sandbox_history(&a).unwrap())));
+        out.push(format!("history b {}", ids(j.sandbox_history(&b).unwrap())));
+        out.push(format!("{:?}", normalise(j.sandbox_history(&a).unwrap())));
+        out.push(format!("{:?}", normalise(j.open_flows().unwrap())));
+
+        out.push(format!("forget a {}", j.forget(&a).unwrap()));
+        out.push(format!("forget a again {}", j.forget(&a).unwrap()));
+        out.push(format!("history a {}", ids(j.sandbox_history(&a).unwrap())));
+        out.push(format!("open {}", ids(j.open_flows().unwrap())));
+        let f5 = j
+            .begin(start(FlowKind::Cleanup, &b, &spec, Some(f3)))
+            .unwrap();
+        out.push(format!("next id {f5}"));
+        out.push(format!("{:?}", normalise(j.sandbox_history(&b).unwrap())));
+        out
+    }
+
+    #[test]
+    fn journal_matches_mem_journal() {
+        let (_dir, store) = open_tmp();
+        let mem = MemJournal::new();
+        let want = script(&mem);
+        let got = script(&store);
+        assert_eq!(got, want);
+        // Sanity: the script did exercise what it claims.
+        assert_eq!(want[0], "ids 1 2 3 4");
+        assert_eq!(want[3], "open 1,3");
+        assert_eq!(want[4], "history a 1,2");
+        assert!(want.contains(&"forget a 2".to_owned()), "{want:?}");
+        assert_eq!(
+            normalise(store.list_flows().unwrap()),
+            normalise(mem.records())
+        );
+    }
+
+    #[test]
+    fn step_history_is_recorded_in_order() {
+        let (_dir, store) = open_tmp();
+        let a = sid("sba");
+        let spec = SandboxSpec::default();
+        let id = store
+            .begin(start(FlowKind::Create, &a, &spec, None))
+            .unwrap();
+        store
+            .step(id, "storage", StepEvent::Started { stage: 0 })
+            .unwrap();
+        store
+            .step(id, "network", StepEvent::Started { stage: 0 })
+            .unwrap();
+        store
+            .step(
+                id,
+                "network",
+                StepEvent::Finished {
+                    duration: Duration::from_millis(5),
+                    error: Some("x"),
+                },
+            )
+            .unwrap();
+        let rec = store.sandbox_history(&a).unwrap().remove(0);
+        let names: Vec<_> = rec.steps.iter().map(|s| s.step.as_str()).collect();
+        assert_eq!(names, ["storage", "network"]);
+        assert_eq!(rec.steps[0].duration, None);
+        assert_eq!(rec.steps[1].duration, Some(Duration::from_millis(5)));
+        assert_eq!(rec.steps[1].error.as_deref(), Some("x"));
+        assert_eq!(rec.state, FlowState::Running);
+    }
+
+    #[test]
+    fn ids_are_never_reused_after_forget_or_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cubelet.redb");
+        let a = sid("sba");
+        let spec = SandboxSpec::default();
+        let last = {
+            let store = Store::open(&path).unwrap();
+            let f1 = store
+                .begin(start(FlowKind::Create, &a, &spec, None))
+                .unwrap();
+            let f2 = store
+                .begin(start(FlowKind::Destroy, &a, &spec, Some(f1)))
+                .unwrap();
+            assert_eq!((f1, f2), (1, 2));
+            assert_eq!(store.forget(&a).unwrap(), 2);
+            let f3 = store
+                .begin(start(FlowKind::Create, &a, &spec, None))
+                .unwrap();
+            assert_eq!(f3, 3, "forgotten ids are not handed out again");
+            f3
+        };
+        let store = Store::open(&path).unwrap();
+        let next = store
+            .begin(start(FlowKind::Create, &a, &spec, None))
+            .unwrap();
+        assert_eq!(next, last + 1);
+    }
+
+    #[test]
+    fn reopen_keeps_flows_and_steps() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cubelet.redb");
+        let a = sid("sba");
+        let spec = SandboxSpec {
+            name: "p".into(),
+            ..Default::default()
+        };
+        let before = {
+            let store = Store::open(&path).unwrap();
+            let f1 = store
+                .begin(start(FlowKind::Create, &a, &spec, None))
+                .unwrap();
+            store
+                .step(f1, "storage", StepEvent::Started { stage: 0 })
+                .unwrap();
+            store.finish(f1, FlowState::Failed, Some("e")).unwrap();
+            let f2 = store
+                .begin(start(FlowKind::Destroy, &a, &spec, Some(f1)))
+                .unwrap();
+            store.finish(f2, FlowState::Succeeded, None).unwrap();
+            store.list_flows().unwrap()
+        };
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.list_flows().unwrap(), before);
+        let open = store.open_flows().unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].state, FlowState::Failed);
+        assert_eq!(open[0].steps.len(), 1);
+        assert_eq!(open[0].spec, spec);
+    }
+
+    #[test]
+    fn journal_errors_keep_the_store_error_as_source() {
+        let (_dir, store) = open_tmp();
+        let err = store.finish(42, FlowState::Succeeded, None).unwrap_err();
+        assert_eq!(err.op, "finish");
+        let inner = err.source.downcast_ref::<StoreError>().unwrap();
+        assert!(matches!(inner, StoreError::FlowNotFound(42)), "{inner}");
+    }
+
+    /// Not a timing assertion: prints what a durable begin+finish costs on
+    /// this disk, for the record.
+    #[test]
+    fn durable_begin_finish_cost_is_printed() {
+        let (_dir, store) = open_tmp();
+        let a = sid("sba");
+        let spec = SandboxSpec::default();
+        let n = 100;
+        let mut samples = Vec::with_capacity(n);
+        let mut last = 0;
+        for _ in 0..n {
+            let t = std::time::Instant::now();
+            let id = store
+                .begin(start(FlowKind::Create, &a, &spec, None))
+                .unwrap();
+            store
+                .step(id, "storage", StepEvent::Started { stage: 0 })
+                .unwrap();
+            store.finish(id, FlowState::Succeeded, None).unwrap();
+            samples.push(t.elapsed());
+            assert!(id > last);
+            last = id;
+        }
+        samples.sort();
+        println!(
+            "durable begin+step+finish over {n} flows: p50 {:?}, p90 {:?}, max {:?}",
+            samples[n / 2],
+            samples[n * 9 / 10],
+            samples[n - 1]
+        );
+    }
+}

@@ -1,0 +1,953 @@
+//! [`Store`]: the redb file, its tables and the record operations.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use cubelet_engine::{FlowRecord, SandboxId};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tracing::{debug, info};
+
+use crate::error::StoreError;
+use crate::records::{ContainerRecord, IpLease, SandboxRecord};
+
+/// Schema version this build reads and writes. Bump it only for changes that
+/// old builds cannot read; adding a field with `#[serde(default)]` is not one.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A string-keyed table of JSON values; the name is kept `'static` for errors.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JsonTable {
+    name: &'static str,
+}
+
+impl JsonTable {
+    pub(crate) const fn def(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
+        TableDefinition::new(self.name)
+    }
+}
+
+pub(crate) const SANDBOXES: JsonTable = JsonTable { name: "sandboxes" };
+pub(crate) const CONTAINERS: JsonTable = JsonTable { name: "containers" };
+pub(crate) const LEASES: JsonTable = JsonTable { name: "ip_leases" };
+/// Journalled flows by id; the table name doubles as the error label.
+pub(crate) const FLOWS_NAME: &str = "flows";
+pub(crate) const FLOWS: TableDefinition<u64, &[u8]> = TableDefinition::new(FLOWS_NAME);
+pub(crate) const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
+
+/// Meta key holding [`SCHEMA_VERSION`].
+pub(crate) const META_SCHEMA: &str = "schema_version";
+/// Meta key holding the last flow id handed out, so ids never repeat even
+/// after the newest flows were forgotten.
+pub(crate) const META_LAST_FLOW: &str = "last_flow_id";
+const RESERVED_META: [&str; 2] = [META_SCHEMA, META_LAST_FLOW];
+
+/// Page cache for the database. Node state is small (a few MiB at most);
+/// redb's default of 1 GiB would only matter for a much larger file.
+const CACHE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Durable node state in one redb file: sandboxes, containers, IP leases,
+/// the flow journal (see the [`cubelet_engine::Journal`] impl) and a small
+/// `meta` table.
+///
+/// Every write is one redb write transaction, committed with
+/// [`redb::Durability::Immediate`] (on disk when the call returns) unless
+/// documented otherwise. Write transactions are serialised by redb; reads run
+/// on snapshots and never block writes. Calls block on disk I/O: from async
+/// code, call them where blocking briefly is acceptable or via
+/// `spawn_blocking`.
+///
+/// `Store` is `Send + Sync`; share it with an `Arc`. Only one process may
+/// have the file open at a time (redb locks it).
+#[derive(Debug)]
+pub struct Store {
+    pub(crate) db: Database,
+    path: PathBuf,
+}
+
+/// Counts of what [`Store::verify`] read and decoded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Sandbox records.
+    pub sandboxes: usize,
+    /// Container records.
+    pub containers: usize,
+    /// IP leases.
+    pub leases: usize,
+    /// Journalled flows.
+    pub flows: usize,
+}
+
+impl Store {
+    /// Opens the store at `path`, creating the file and its parent directory
+    /// if needed, creating missing tables, and checking the schema version.
+    ///
+    /// After a crash redb repairs the file on open (this can take a moment on
+    /// a large file); the result is the state of the last durable commit.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+                path: dir.to_owned(),
+                source,
+            })?;
+        }
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
+            .map_err(|e| StoreError::Open {
+                path: path.to_owned(),
+                source: Box::new(e),
+            })?;
+        let store = Store {
+            db,
+            path: path.to_owned(),
+        };
+        store.init_schema()?;
+        info!(path = %path.display(), schema = SCHEMA_VERSION, "store opened");
+        Ok(store)
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn init_schema(&self) -> Result<(), StoreError> {
+        let txn = self.write("open")?;
+        {
+            let mut meta = txn.open_table(META).map_err(StoreError::db("open"))?;
+            let found = meta
+                .get(META_SCHEMA)
+                .map_err(StoreError::db("open"))?
+                .map(|g| g.value().to_owned());
+            match found {
+                None => {
+                    let v = SCHEMA_VERSION.to_string();
+                    meta.insert(META_SCHEMA, v.as_str())
+                        .map_err(StoreError::db("open"))?;
+                    debug!(path = %self.path.display(), "new store initialised");
+                }
+                Some(v) if v == SCHEMA_VERSION.to_string() => {}
+                Some(found) => {
+                    return Err(StoreError::SchemaMismatch {
+                        path: self.path.clone(),
+                        found,
+                        expected: SCHEMA_VERSION,
+                    })
+                }
+            }
+            // Create every table, so readers never meet a missing one.
+            txn.open_table(SANDBOXES.def())
+                .map_err(StoreError::db("open"))?;
+            txn.open_table(CONTAINERS.def())
+                .map_err(StoreError::db("open"))?;
+            txn.open_table(LEASES.def())
+                .map_err(StoreError::db("open"))?;
+            txn.open_table(FLOWS).map_err(StoreError::db("open"))?;
+        }
+        txn.commit().map_err(StoreError::db("open"))
+    }
+
+    pub(crate) fn write(&self, op: &'static str) -> Result<WriteTransaction, StoreError> {
+        self.db.begin_write().map_err(StoreError::db(op))
+    }
+
+    // ---- generic helpers over string-keyed JSON tables ----
+
+    fn get_json<T: DeserializeOwned>(
+        &self,
+        table: JsonTable,
+        key: &str,
+    ) -> Result<Option<T>, StoreError> {
+        let op = "read";
+        let txn = self.db.begin_read().map_err(StoreError::db(op))?;
+        let t = txn.open_table(table.def()).map_err(StoreError::db(op))?;
+        let guard = t.get(key).map_err(StoreError::db(op))?;
+        guard
+            .map(|g| decode(table.name, key, g.value()))
+            .transpose()
+    }
+
+    fn scan<T: DeserializeOwned>(
+        &self,
+        table: JsonTable,
+        mut keep: impl FnMut(&T) -> bool,
+    ) -> Result<Vec<T>, StoreError> {
+        let op = "scan";
+        let txn = self.db.begin_read().map_err(StoreError::db(op))?;
+        let t = txn.open_table(table.def()).map_err(StoreError::db(op))?;
+        let mut out = Vec::new();
+        for entry in t.iter().map_err(StoreError::db(op))? {
+            let (k, v) = entry.map_err(StoreError::db(op))?;
+            let rec: T = decode(table.name, k.value(), v.value())?;
+            if keep(&rec) {
+                out.push(rec);
+            }
+        }
+        Ok(out)
+    }
+
+    fn put_json<T: Serialize>(
+        &self,
+        table: JsonTable,
+        key: &str,
+        value: &T,
+    ) -> Result<(), StoreError> {
+        let op = "put";
+        let bytes = encode(table.name, key, value)?;
+        let txn = self.write(op)?;
+        txn.open_table(table.def())
+            .map_err(StoreError::db(op))?
+            .insert(key, bytes.as_slice())
+            .map_err(StoreError::db(op))?;
+        txn.commit().map_err(StoreError::db(op))
+    }
+
+    fn delete_key(&self, table: JsonTable, key: &str) -> Result<bool, StoreError> {
+        let op = "delete";
+        let txn = self.write(op)?;
+        let existed = txn
+            .open_table(table.def())
+            .map_err(StoreError::db(op))?
+            .remove(key)
+            .map_err(StoreError::db(op))?
+            .is_some();
+        txn.commit().map_err(StoreError::db(op))?;
+        Ok(existed)
+    }
+
+    /// Reads, changes and writes back one record in a single write
+    /// transaction. `not_found` builds the error for a missing key; `key_of`
+    /// reads the key back so the closure cannot move the record.
+    fn update_json<T: Serialize + DeserializeOwned>(
+        &self,
+        table: JsonTable,
+        key: &str,
+        not_found: impl FnOnce() -> StoreError,
+        key_of: impl FnOnce(&T) -> &str,
+        f: impl FnOnce(&mut T),
+    ) -> Result<T, StoreError> {
+        let op = "update";
+        let txn = self.write(op)?;
+        let rec = {
+            let mut t = txn.open_table(table.def()).map_err(StoreError::db(op))?;
+            let current: Option<T> = t
+                .get(key)
+                .map_err(StoreError::db(op))?
+                .map(|g| decode(table.name, key, g.value()))
+                .transpose()?;
+            let Some(mut rec) = current else {
+                return Err(not_found());
+            };
+            f(&mut rec);
+            if key_of(&rec) != key {
+                return Err(StoreError::IdChanged {
+                    table: table.name,
+                    id: key.to_owned(),
+                });
+            }
+            let bytes = encode(table.name, key, &rec)?;
+            t.insert(key, bytes.as_slice())
+                .map_err(StoreError::db(op))?;
+            rec
+        };
+        txn.commit().map_err(StoreError::db(op))?;
+        Ok(rec)
+    }
+
+    // ---- sandboxes ----
+
+    /// Inserts or replaces a sandbox record.
+    pub fn put_sandbox(&self, rec: &SandboxRecord) -> Result<(), StoreError> {
+        self.put_json(SANDBOXES, rec.id.as_str(), rec)
+    }
+
+    /// The sandbox record with this id, if any.
+    pub fn get_sandbox(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, StoreError> {
+        self.get_json(SANDBOXES, id.as_str())
+    }
+
+    /// Every sandbox record, ordered by id.
+    pub fn list_sandboxes(&self) -> Result<Vec<SandboxRecord>, StoreError> {
+        self.scan(SANDBOXES, |_| true)
+    }
+
+    /// Deletes a sandbox record. Idempotent: returns whether it existed.
+    pub fn delete_sandbox(&self, id: &SandboxId) -> Result<bool, StoreError> {
+        self.delete_key(SANDBOXES, id.as_str())
+    }
+
+    /// Changes a sandbox record atomically: read, `f`, write back in one
+    /// write transaction, so concurrent updates never lose each other's
+    /// changes. Returns the record as written. `f` runs while the store's
+    /// write lock is held: keep it short and do no I/O in it. Fails with
+    /// [`StoreError::SandboxNotFound`] if there is no such sandbox, and with
+    /// [`StoreError::IdChanged`] (writing nothing) if `f` changes the id.
+    pub fn update_sandbox(
+        &self,
+        id: &SandboxId,
+        f: impl FnOnce(&mut SandboxRecord),
+    ) -> Result<SandboxRecord, StoreError> {
+        self.update_json(
+            SANDBOXES,
+            id.as_str(),
+            || StoreError::SandboxNotFound(id.clone()),
+            |r: &SandboxRecord| r.id.as_str(),
+            f,
+        )
+    }
+
+    /// The sandbox of a pod (namespace, name, uid) at an attempt, for
+    /// RunPodSandbox idempotency. If several match, the newest.
+    pub fn find_sandbox_by_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        attempt: u32,
+    ) -> Result<Option<SandboxRecord>, StoreError> {
+        let found = self.scan(SANDBOXES, |r: &SandboxRecord| {
+            r.spec.namespace == namespace
+                && r.spec.name == name
+                && r.spec.uid == uid
+                && r.spec.attempt == attempt
+        })?;
+        Ok(newest(found))
+    }
+
+    /// The sandbox holding a pod name (namespace, name) at an attempt,
+    /// whatever its uid, for name-in-use checks. If several match, the newest.
+    pub fn find_sandbox_by_name(
+        &self,
+        namespace: &str,
+        name: &str,
+        attempt: u32,
+    ) -> Result<Option<SandboxRecord>, StoreError> {
+        let found = self.scan(SANDBOXES, |r: &SandboxRecord| {
+            r.spec.namespace == namespace && r.spec.name == name && r.spec.attempt == attempt
+        })?;
+        Ok(newest(found))
+    }
+
+    // ---- containers ----
+
+    /// Inserts or replaces a container record.
+    pub fn put_container(&self, rec: &ContainerRecord) -> Result<(), StoreError> {
+        self.put_json(CONTAINERS, &rec.id, rec)
+    }
+
+    /// The container record with this id, if any.
+    pub fn get_container(&self, id: &str) -> Result<Option<ContainerRecord>, StoreError> {
+        self.get_json(CONTAINERS, id)
+    }
+
+    /// Every container record, ordered by id.
+    pub fn list_containers(&self) -> Result<Vec<ContainerRecord>, StoreError> {
+        self.scan(CONTAINERS, |_| true)
+    }
+
+    /// The containers of one sandbox, ordered by id.
+    pub fn list_containers_of(
+        &self,
+        sandbox_id: &SandboxId,
+    ) -> Result<Vec<ContainerRecord>, StoreError> {
+        self.scan(CONTAINERS, |r: &ContainerRecord| {
+            &r.sandbox_id == sandbox_id
+        })
+    }
+
+    /// Deletes a container record. Idempotent: returns whether it existed.
+    pub fn delete_container(&self, id: &str) -> Result<bool, StoreError> {
+        self.delete_key(CONTAINERS, id)
+    }
+
+    /// Changes a container record atomically, like [`Store::update_sandbox`].
+    pub fn update_container(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut ContainerRecord),
+    ) -> Result<ContainerRecord, StoreError> {
+        self.update_json(
+            CONTAINERS,
+            id,
+            || StoreError::ContainerNotFound(id.to_owned()),
+            |r: &ContainerRecord| r.id.as_str(),
+            f,
+        )
+    }
+
+    // ---- IP leases ----
+
+    /// Records a lease. Check and insert happen in one write transaction, so
+    /// two callers can never both get an address. Fails with
+    /// [`StoreError::AlreadyLeased`] if another sandbox holds the address; a
+    /// lease already held by the same sandbox is kept as it is (a retried
+    /// allocation succeeds).
+    pub fn add_lease(&self, lease: &IpLease) -> Result<(), StoreError> {
+        let op = "add lease";
+        let key = IpLease::key(&lease.pool, lease.ip);
+        let bytes = encode(LEASES.name, &key, lease)?;
+        let txn = self.write(op)?;
+        {
+            let mut t = txn.open_table(LEASES.def()).map_err(StoreError::db(op))?;
+            let existing: Option<IpLease> = t
+                .get(key.as_str())
+                .map_err(StoreError::db(op))?
+                .map(|g| decode(LEASES.name, &key, g.value()))
+                .transpose()?;
+            if let Some(held) = existing {
+                if held.sandbox_id == lease.sandbox_id {
+                    return Ok(());
+                }
+                return Err(StoreError::AlreadyLeased {
+                    pool: lease.pool.clone(),
+                    ip: lease.ip,
+                    holder: held.sandbox_id,
+                });
+            }
+            t.insert(key.as_str(), bytes.as_slice())
+                .map_err(StoreError::db(op))?;
+        }
+        txn.commit().map_err(StoreError::db(op))
+    }
+
+    /// Releases one address. Idempotent: returns whether it was leased.
+    pub fn release_lease(&self, pool: &str, ip: IpAddr) -> Result<bool, StoreError> {
+        self.delete_key(LEASES, &IpLease::key(pool, ip))
+    }
+
+    /// Releases every address a sandbox holds, in every pool, in one write
+    /// transaction. Idempotent: returns how many were released.
+    pub fn release_leases_of(&self, sandbox_id: &SandboxId) -> Result<usize, StoreError> {
+        let op = "release leases";
+        let txn = self.write(op)?;
+        let released = {
+            let mut t = txn.open_table(LEASES.def()).map_err(StoreError::db(op))?;
+            let mut keys = Vec::new();
+            for entry in t.iter().map_err(StoreError::db(op))? {
+                let (k, v) = entry.map_err(StoreError::db(op))?;
+                let lease: IpLease = decode(LEASES.name, k.value(), v.value())?;
+                if &lease.sandbox_id == sandbox_id {
+                    keys.push(k.value().to_owned());
+                }
+            }
+            for k in &keys {
+                t.remove(k.as_str()).map_err(StoreError::db(op))?;
+            }
+            keys.len()
+        };
+        txn.commit().map_err(StoreError::db(op))?;
+        Ok(released)
+    }
+
+    /// Every lease of a pool.
+    pub fn list_leases(&self, pool: &str) -> Result<Vec<IpLease>, StoreError> {
+        self.scan(LEASES, |l: &IpLease| l.pool == pool)
+    }
+
+    /// Every lease of every pool.
+    pub fn list_all_leases(&self) -> Result<Vec<IpLease>, StoreError> {
+        self.scan(LEASES, |_| true)
+    }
+
+    // ---- meta ----
+
+    /// A value of the `meta` table.
+    pub fn get_meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let op = "read meta";
+        let txn = self.db.begin_read().map_err(StoreError::db(op))?;
+        let t = txn.open_table(META).map_err(StoreError::db(op))?;
+        let v = t
+            .get(key)
+            .map_err(StoreError::db(op))?
+            .map(|g| g.value().to_owned());
+        Ok(v)
+    }
+
+    /// Sets a value of the `meta` table. Keys the store uses itself
+    /// (`schema_version`, `last_flow_id`) are refused.
+    pub fn set_meta(&self, key: &str, value: &str) -> Result<(), StoreError> {
+        if RESERVED_META.contains(&key) {
+            return Err(StoreError::ReservedMetaKey(key.to_owned()));
+        }
+        let op = "write meta";
+        let txn = self.write(op)?;
+        txn.open_table(META)
+            .map_err(StoreError::db(op))?
+            .insert(key, value)
+            .map_err(StoreError::db(op))?;
+        txn.commit().map_err(StoreError::db(op))
+    }
+
+    // ---- whole store ----
+
+    /// Reads and decodes every record of every table, as a startup check.
+    pub fn verify(&self) -> Result<VerifyReport, StoreError> {
+        Ok(VerifyReport {
+            sandboxes: self.list_sandboxes()?.len(),
+            containers: self.list_containers()?.len(),
+            leases: self.list_all_leases()?.len(),
+            flows: self.list_flows()?.len(),
+        })
+    }
+
+    /// Every journalled flow, oldest first (for the admin API and tools).
+    pub fn list_flows(&self) -> Result<Vec<FlowRecord>, StoreError> {
+        self.scan_flows(|_| true)
+    }
+}
+
+fn newest(mut found: Vec<SandboxRecord>) -> Option<SandboxRecord> {
+    found.sort_by_key(|r| r.created_at);
+    found.pop()
+}
+
+pub(crate) fn encode<T: Serialize>(
+    table: &'static str,
+    key: &str,
+    value: &T,
+) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(value).map_err(|source| StoreError::Encode {
+        table,
+        key: key.to_owned(),
+        source,
+    })
+}
+
+pub(crate) fn decode<T: DeserializeOwned>(
+    table: &'static str,
+    key: &str,
+    bytes: &[u8],
+) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|source| StoreError::Decode {
+        table,
+        key: key.to_owned(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::time::{Duration, SystemTime};
+
+    use cubelet_engine::spec::NetworkStatus;
+    use cubelet_engine::SandboxSpec;
+
+    use super::*;
+    use crate::records::{ContainerState, SandboxState};
+
+    fn sid(s: &str) -> SandboxId {
+        SandboxId::parse(s).unwrap()
+    }
+
+    fn spec(ns: &str, name: &str, uid: &str, attempt: u32) -> SandboxSpec {
+        SandboxSpec {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: uid.into(),
+            attempt,
+            ..Default::default()
+        }
+    }
+
+    fn open_tmp() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state").join("cubelet.redb")).unwrap();
+        (dir, store)
+    }
+
+    #[test]
+    fn store_is_send_sync() {
+        fn assert_send_sync<T: Send + Sync + 'static>() {}
+        assert_send_sync::<Store>();
+        assert_send_sync::<StoreError>();
+    }
+
+    #[test]
+    fn open_creates_parent_dir_and_schema() {
+        let (dir, store) = open_tmp();
+        assert!(dir.path().join("state").join("cubelet.redb").is_file());
+        assert_eq!(
+            store.get_meta(META_SCHEMA).unwrap(),
+            Some(SCHEMA_VERSION.to_string())
+        );
+        assert_eq!(store.verify().unwrap(), VerifyReport::default());
+    }
+
+    #[test]
+    fn sandbox_crud_round_trip() {
+        let (_dir, store) = open_tmp();
+        let mut rec = SandboxRecord::new(sid("sb1"), spec("default", "web", "u1", 0));
+        rec.network = Some(NetworkStatus {
+            netns_path: Some("/run/netns/x".into()),
+            ips: vec!["10.88.0.2".parse().unwrap()],
+            interface: Some("eth0".into()),
+        });
+        rec.spec.labels = BTreeMap::from([("app".to_owned(), "web".to_owned())]);
+        store.put_sandbox(&rec).unwrap();
+        assert_eq!(store.get_sandbox(&rec.id).unwrap(), Some(rec.clone()));
+
+        let other = SandboxRecord::new(sid("sb0"), spec("default", "db", "u2", 0));
+        store.put_sandbox(&other).unwrap();
+        let ids: Vec<_> = store
+            .list_sandboxes()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id.to_string())
+            .collect();
+        assert_eq!(ids, ["sb0", "sb1"]);
+
+        // put replaces
+        rec.state = SandboxState::Ready;
+        store.put_sandbox(&rec).unwrap();
+        assert_eq!(
+            store.get_sandbox(&rec.id).unwrap().unwrap().state,
+            SandboxState::Ready
+        );
+
+        assert!(store.delete_sandbox(&rec.id).unwrap());
+        assert!(
+            !store.delete_sandbox(&rec.id).unwrap(),
+            "delete is idempotent"
+        );
+        assert_eq!(store.get_sandbox(&rec.id).unwrap(), None);
+        assert_eq!(store.list_sandboxes().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn update_sandbox_changes_and_returns_record() {
+        let (_dir, store) = open_tmp();
+        let rec = SandboxRecord::new(sid("sb1"), spec("ns", "p", "u", 0));
+        store.put_sandbox(&rec).unwrap();
+        let now = SystemTime::now();
+        let updated = store
+            .update_sandbox(&rec.id, |r| {
+                r.state = SandboxState::NotReady;
+                r.stopped_at = Some(now);
+                r.last_error = Some("boom".into());
+            })
+            .unwrap();
+        assert_eq!(updated.state, SandboxState::NotReady);
+        assert_eq!(store.get_sandbox(&rec.id).unwrap(), Some(updated));
+
+        let err = store.update_sandbox(&sid("missing"), |_| {}).unwrap_err();
+        assert!(err.is_not_found(), "{err}");
+        assert!(store.get_sandbox(&sid("missing")).unwrap().is_none());
+    }
+
+    #[test]
+    fn update_that_changes_id_writes_nothing() {
+        let (_dir, store) = open_tmp();
+        let rec = SandboxRecord::new(sid("sb1"), spec("ns", "p", "u", 0));
+        store.put_sandbox(&rec).unwrap();
+        let err = store
+            .update_sandbox(&rec.id, |r| {
+                r.id = sid("sb2");
+                r.cleanup_attempts = 7;
+            })
+            .unwrap_err();
+        assert!(matches!(err, StoreError::IdChanged { .. }), "{err}");
+        assert_eq!(store.get_sandbox(&rec.id).unwrap(), Some(rec));
+        assert!(store.get_sandbox(&sid("sb2")).unwrap().is_none());
+    }
+
+    #[test]
+    fn concurrent_updates_lose_nothing() {
+        let (_dir, store) = open_tmp();
+        let store = Arc::new(store);
+        let id = sid("sb1");
+        store
+            .put_sandbox(&SandboxRecord::new(id.clone(), SandboxSpec::default()))
+            .unwrap();
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let store = Arc::clone(&store);
+                let id = id.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..25 {
+                        store
+                            .update_sandbox(&id, |r| r.cleanup_attempts += 1)
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(
+            store.get_sandbox(&id).unwrap().unwrap().cleanup_attempts,
+            100
+        );
+    }
+
+    #[test]
+    fn find_sandbox_by_pod_and_by_name() {
+        let (_dir, store) = open_tmp();
+        let a = SandboxRecord::new(sid("a"), spec("ns", "web", "u1", 0));
+        let b = SandboxRecord::new(sid("b"), spec("ns", "web", "u1", 1));
+        let c = SandboxRecord::new(sid("c"), spec("other", "web", "u3", 0));
+        for r in [&a, &b, &c] {
+            store.put_sandbox(r).unwrap();
+        }
+        assert_eq!(
+            store.find_sandbox_by_pod("ns", "web", "u1", 1).unwrap(),
+            Some(b.clone())
+        );
+        assert_eq!(
+            store.find_sandbox_by_pod("ns", "web", "u1", 0).unwrap(),
+            Some(a.clone())
+        );
+        assert_eq!(
+            store.find_sandbox_by_pod("ns", "web", "u2", 0).unwrap(),
+            None
+        );
+        assert_eq!(store.find_sandbox_by_name("ns", "web", 0).unwrap(), Some(a));
+        assert_eq!(
+            store.find_sandbox_by_name("other", "web", 0).unwrap(),
+            Some(c)
+        );
+        assert_eq!(store.find_sandbox_by_name("ns", "db", 0).unwrap(), None);
+
+        // A newer sandbox of the same name wins.
+        let mut d = SandboxRecord::new(sid("d"), spec("ns", "web", "u9", 0));
+        d.created_at = SystemTime::now() + Duration::from_secs(5);
+        store.put_sandbox(&d).unwrap();
+        assert_eq!(store.find_sandbox_by_name("ns", "web", 0).unwrap(), Some(d));
+    }
+
+    #[test]
+    fn container_crud_round_trip_and_list_by_sandbox() {
+        let (_dir, store) = open_tmp();
+        let mut c1 = ContainerRecord::new("c1", sid("sb1"), "app", 0, "busybox:latest");
+        c1.labels.insert("l".into(), "v".into());
+        c1.annotations.insert("a".into(), "b".into());
+        c1.log_path = Some("/var/log/pods/x/app/0.log".into());
+        c1.config = serde_json::json!({ "command": ["sleep", "1"] });
+        let c2 = ContainerRecord::new("c2", sid("sb2"), "side", 1, "nginx");
+        let c3 = ContainerRecord::new("c3", sid("sb1"), "init", 0, "busybox");
+        for c in [&c1, &c2, &c3] {
+            store.put_container(c).unwrap();
+        }
+        assert_eq!(store.get_container("c1").unwrap(), Some(c1.clone()));
+        assert_eq!(store.list_containers().unwrap().len(), 3);
+        let of_sb1: Vec<_> = store
+            .list_containers_of(&sid("sb1"))
+            .unwrap()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(of_sb1, ["c1", "c3"]);
+
+        let started = SystemTime::now();
+        let updated = store
+            .update_container("c1", |c| {
+                c.state = ContainerState::Running;
+                c.started_at = Some(started);
+                c.pid = Some(42);
+            })
+            .unwrap();
+        assert_eq!(store.get_container("c1").unwrap(), Some(updated));
+        let err = store.update_container("nope", |_| {}).unwrap_err();
+        assert!(
+            matches!(err, StoreError::ContainerNotFound(ref id) if id == "nope"),
+            "{err}"
+        );
+
+        assert!(store.delete_container("c1").unwrap());
+        assert!(!store.delete_container("c1").unwrap());
+        assert_eq!(store.get_container("c1").unwrap(), None);
+    }
+
+    fn lease(ip: &str, sb: &str, pool: &str) -> IpLease {
+        IpLease {
+            ip: ip.parse().unwrap(),
+            sandbox_id: sid(sb),
+            pool: pool.into(),
+            allocated_at: SystemTime::now(),
+        }
+    }
+
+    #[test]
+    fn lease_conflicts_are_typed_and_release_is_by_sandbox() {
+        let (_dir, store) = open_tmp();
+        store
+            .add_lease(&lease("10.88.0.2", "a", "cubelet0"))
+            .unwrap();
+        store
+            .add_lease(&lease("10.88.0.3", "a", "cubelet0"))
+            .unwrap();
+        store.add_lease(&lease("fd00::2", "a", "v6")).unwrap();
+        store
+            .add_lease(&lease("10.88.0.4", "b", "cubelet0"))
+            .unwrap();
+        // Same address in another pool is another lease.
+        store.add_lease(&lease("10.88.0.4", "c", "other")).unwrap();
+
+        let err = store
+            .add_lease(&lease("10.88.0.2", "b", "cubelet0"))
+            .unwrap_err();
+        match err {
+            StoreError::AlreadyLeased { pool, ip, holder } => {
+                assert_eq!(pool, "cubelet0");
+                assert_eq!(ip, "10.88.0.2".parse::<IpAddr>().unwrap());
+                assert_eq!(holder, sid("a"));
+            }
+            other => panic!("unexpected error {other}"),
+        }
+        // A retry by the holder succeeds and keeps the lease.
+        store
+            .add_lease(&lease("10.88.0.2", "a", "cubelet0"))
+            .unwrap();
+
+        assert_eq!(store.list_leases("cubelet0").unwrap().len(), 3);
+        assert_eq!(store.list_leases("v6").unwrap().len(), 1);
+        assert_eq!(store.list_all_leases().unwrap().len(), 5);
+
+        assert_eq!(store.release_leases_of(&sid("a")).unwrap(), 3);
+        assert_eq!(store.release_leases_of(&sid("a")).unwrap(), 0);
+        let left: Vec<_> = store.list_leases("cubelet0").unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].sandbox_id, sid("b"));
+        // Released addresses can be leased again.
+        store
+            .add_lease(&lease("10.88.0.2", "b", "cubelet0"))
+            .unwrap();
+        assert!(store
+            .release_lease("cubelet0", "10.88.0.2".parse().unwrap())
+            .unwrap());
+        assert!(!store
+            .release_lease("cubelet0", "10.88.0.2".parse().unwrap())
+            .unwrap());
+    }
+
+    #[test]
+    fn concurrent_lease_of_one_address_has_one_winner() {
+        let (_dir, store) = open_tmp();
+        let store = Arc::new(store);
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || {
+                    store
+                        .add_lease(&lease("10.88.0.9", &format!("sb{i}"), "p"))
+                        .is_ok()
+                })
+            })
+            .collect();
+        let winners = threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .filter(|ok| *ok)
+            .count();
+        assert_eq!(winners, 1);
+        assert_eq!(store.list_leases("p").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn meta_round_trip_and_reserved_keys() {
+        let (_dir, store) = open_tmp();
+        store.set_meta("node_name", "n1").unwrap();
+        assert_eq!(store.get_meta("node_name").unwrap().as_deref(), Some("n1"));
+        assert_eq!(store.get_meta("absent").unwrap(), None);
+        let err = store.set_meta(META_SCHEMA, "2").unwrap_err();
+        assert!(matches!(err, StoreError::ReservedMetaKey(_)), "{err}");
+        assert_eq!(
+            store.get_meta(META_SCHEMA).unwrap(),
+            Some(SCHEMA_VERSION.to_string())
+        );
+    }
+
+    #[test]
+    fn reopen_keeps_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cubelet.redb");
+        let rec = SandboxRecord::new(sid("sb1"), spec("ns", "p", "u", 0));
+        let c = ContainerRecord::new("c1", sid("sb1"), "app", 0, "busybox");
+        let l = lease("10.88.0.2", "sb1", "p");
+        {
+            let store = Store::open(&path).unwrap();
+            store.put_sandbox(&rec).unwrap();
+            store.put_container(&c).unwrap();
+            store.add_lease(&l).unwrap();
+            store.set_meta("k", "v").unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.get_sandbox(&rec.id).unwrap(), Some(rec));
+        assert_eq!(store.get_container("c1").unwrap(), Some(c));
+        assert_eq!(store.list_leases("p").unwrap(), vec![l]);
+        assert_eq!(store.get_meta("k").unwrap().as_deref(), Some("v"));
+        assert_eq!(
+            store.verify().unwrap(),
+            VerifyReport {
+                sandboxes: 1,
+                containers: 1,
+                leases: 1,
+                flows: 0
+            }
+        );
+    }
+
+    #[test]
+    fn schema_mismatch_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cubelet.redb");
+        drop(Store::open(&path).unwrap());
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert(META_SCHEMA, "999")
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let err = Store::open(&path).unwrap_err();
+        match &err {
+            StoreError::SchemaMismatch {
+                found, expected, ..
+            } => {
+                assert_eq!(found, "999");
+                assert_eq!(*expected, SCHEMA_VERSION);
+            }
+            other => panic!("unexpected error {other}"),
+        }
+        let msg = err.to_string();
+        assert!(
+            msg.contains("schema version 999") && msg.contains("version 1"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn undecodable_record_names_table_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cubelet.redb");
+        drop(Store::open(&path).unwrap());
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(SANDBOXES.def())
+                .unwrap()
+                .insert("bad", b"{not json".as_slice())
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let err = store.list_sandboxes().unwrap_err();
+        assert!(
+            matches!(err, StoreError::Decode { table: "sandboxes", ref key, .. } if key == "bad"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn second_open_of_same_file_fails_cleanly() {
+        let (dir, _store) = open_tmp();
+        let err = Store::open(&dir.path().join("state").join("cubelet.redb")).unwrap_err();
+        assert!(matches!(err, StoreError::Open { .. }), "{err}");
+    }
+}
