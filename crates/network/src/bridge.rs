@@ -1,0 +1,653 @@
+//! The `network` flow provider on a Linux bridge: one network namespace and
+//! one veth pair per sandbox, addresses from [`Ipam`], NAT through nftables.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use cubelet_engine::spec::{NetworkStatus, PortMapping};
+use cubelet_engine::{Flow, FlowContext, SandboxId, StepError};
+use futures::TryStreamExt;
+use ipnet::Ipv4Net;
+use netlink_packet_route::address::AddressAttribute;
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkInfo, LinkMessage,
+};
+use netlink_packet_route::route::RouteAttribute;
+use rtnetlink::{Handle, LinkBridge, LinkUnspec, LinkVeth, RouteMessageBuilder};
+
+use crate::error::{netlink_errno, NetworkError};
+use crate::ipam::Ipam;
+use crate::lease::LeaseStore;
+use crate::{netns, nft};
+
+/// Name of the pod's interface inside its namespace.
+pub const POD_INTERFACE: &str = "eth0";
+/// Prefix of host-side veth names.
+pub const VETH_PREFIX: &str = "cb";
+
+/// Configuration of the bridge provider (`network.bridge` in the config file,
+/// plus the node's `state_dir`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BridgeConfig {
+    /// Bridge name (`cubelet0`); also names the lease pool and the nftables table.
+    pub name: String,
+    /// Pod subnet (`10.88.0.0/16`); the bridge takes its first host address.
+    pub subnet: Ipv4Net,
+    /// MTU of the bridge and of both veth ends.
+    pub mtu: u32,
+    /// Volatile state directory; namespaces are pinned under `<state_dir>/netns`.
+    pub state_dir: PathBuf,
+}
+
+/// The parts of `create`, in order. Used by the failure-injection hook
+/// ([`BridgeNetwork::fail_after`]) to test rollback after each of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SubStep {
+    /// The namespace exists and is pinned.
+    NetnsCreated,
+    /// The veth pair exists, host end on the bridge, peer in the namespace.
+    VethCreated,
+    /// An address is leased.
+    LeaseTaken,
+    /// Address and default route are set inside the namespace.
+    AddressSet,
+    /// Host-port rules are installed.
+    PortsMapped,
+}
+
+/// What [`BridgeNetwork::gc`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// Namespace pins removed.
+    pub netns: usize,
+    /// Host veths removed.
+    pub veths: usize,
+    /// Address leases released.
+    pub leases: usize,
+    /// Host-port rules removed.
+    pub port_rules: usize,
+}
+
+impl GcReport {
+    /// Total number of objects reclaimed.
+    pub fn total(&self) -> usize {
+        self.netns + self.veths + self.leases + self.port_rules
+    }
+}
+
+/// The host-side veth name for a sandbox: `cb` + the id's first 11 characters.
+pub fn veth_name(sandbox: &SandboxId) -> String {
+    let id = sandbox.as_str();
+    let cut = id.char_indices().nth(11).map_or(id.len(), |(i, _)| i);
+    format!("{VETH_PREFIX}{}", &id[..cut])
+}
+
+/// The bridge network provider. See the crate documentation.
+pub struct BridgeNetwork {
+    config: BridgeConfig,
+    ipam: Ipam,
+    netns_dir: PathBuf,
+    table: String,
+    /// Serialises host-port checks and updates (check-then-add must not race).
+    ports: tokio::sync::Mutex<()>,
+    failpoint: Mutex<Option<SubStep>>,
+}
+
+impl std::fmt::Debug for BridgeNetwork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BridgeNetwork")
+            .field("config", &self.config)
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BridgeNetwork {
+    /// A provider for `config`, keeping leases in `leases`. Nothing is touched
+    /// until [`Flow::init`].
+    pub fn new(config: BridgeConfig, leases: Arc<dyn LeaseStore>) -> Result<Self, NetworkError> {
+        let name_ok = !config.name.is_empty()
+            && config.name.len() <= 15
+            && config
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+        if !name_ok {
+            return Err(NetworkError::InvalidConfig {
+                reason: format!(
+                    "bridge name {:?} must be 1-15 characters of [A-Za-z0-9._-]",
+                    config.name
+                ),
+            });
+        }
+        if !(68..=65535).contains(&config.mtu) {
+            return Err(NetworkError::InvalidConfig {
+                reason: format!("mtu {} out of range 68-65535", config.mtu),
+            });
+        }
+        if !config.state_dir.is_absolute() {
+            return Err(NetworkError::InvalidConfig {
+                reason: format!("state_dir {} must be absolute", config.state_dir.display()),
+            });
+        }
+        let ipam = Ipam::new(config.name.clone(), config.subnet, leases)?;
+        Ok(Self {
+            netns_dir: config.state_dir.join("netns"),
+            table: nft::table_name(&config.name),
+            ipam,
+            config,
+            ports: tokio::sync::Mutex::new(()),
+            failpoint: Mutex::new(None),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &BridgeConfig {
+        &self.config
+    }
+
+    /// The address allocator.
+    pub fn ipam(&self) -> &Ipam {
+        &self.ipam
+    }
+
+    /// The gateway address (held by the bridge).
+    pub fn gateway(&self) -> Ipv4Addr {
+        self.ipam.gateway()
+    }
+
+    /// Where the namespace of `sandbox` is pinned.
+    pub fn netns_path(&self, sandbox: &SandboxId) -> PathBuf {
+        self.netns_dir.join(sandbox.as_str())
+    }
+
+    /// The nftables table this provider owns (`ip` family).
+    pub fn nft_table(&self) -> &str {
+        &self.table
+    }
+
+    /// Test hook: make `create` fail right after `step` (then roll back as
+    /// for any other failure). `None` disables it.
+    #[doc(hidden)]
+    pub fn fail_after(&self, step: Option<SubStep>) {
+        *self.failpoint.lock().unwrap_or_else(|p| p.into_inner()) = step;
+    }
+
+    fn check_failpoint(&self, step: SubStep, sandbox: &SandboxId) -> Result<(), NetworkError> {
+        let armed = *self.failpoint.lock().unwrap_or_else(|p| p.into_inner());
+        if armed == Some(step) {
+            return Err(NetworkError::Injected {
+                step,
+                sandbox: sandbox.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn nft(&self) -> Result<PathBuf, NetworkError> {
+        nft::find_nft().ok_or(NetworkError::NftMissing)
+    }
+
+    /// Prepares the node: bridge with the gateway address, forwarding, NAT
+    /// rules, the pin directory, and the lease state. Idempotent.
+    pub async fn setup(&self) -> Result<(), NetworkError> {
+        let nft = self.nft()?;
+        let handle = host_handle()?;
+        let name = &self.config.name;
+        let index = match link_index(&handle, name).await? {
+            Some(i) => i,
+            None => {
+                let msg = LinkBridge::new(name).mtu(self.config.mtu).build();
+                match handle.link().add(msg).execute().await {
+                    Ok(()) => {}
+                    Err(e) if netlink_errno(&e) == Some(libc::EEXIST) => {}
+                    Err(e) => return Err(NetworkError::netlink("add bridge", name.as_str(), e)),
+                }
+                link_index(&handle, name)
+                    .await?
+                    .ok_or_else(|| NetworkError::LinkNotFound { name: name.clone() })?
+            }
+        };
+        handle
+            .link()
+            .set(
+                LinkUnspec::new_with_index(index)
+                    .mtu(self.config.mtu)
+                    .up()
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(|e| NetworkError::netlink("set up", name.as_str(), e))?;
+        let gw = self.gateway();
+        let prefix = self.config.subnet.prefix_len();
+        match handle
+            .address()
+            .add(index, IpAddr::V4(gw), prefix)
+            .execute()
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if netlink_errno(&e) == Some(libc::EEXIST) => {}
+            Err(e) => {
+                return Err(NetworkError::netlink(
+                    "add address",
+                    format!("{gw}/{prefix} on {name}"),
+                    e,
+                ))
+            }
+        }
+        let fwd = Path::new("/proc/sys/net/ipv4/ip_forward");
+        std::fs::write(fwd, b"1").map_err(|e| NetworkError::io("enable forwarding in", fwd, e))?;
+        nft::ensure_base(&nft, &self.table, name, self.config.subnet.trunc()).await?;
+        netns::prepare_dir(&self.netns_dir)?;
+        let n = self.ipam.load()?;
+        tracing::info!(bridge = %name, subnet = %self.config.subnet, leases = n, "bridge network ready");
+        Ok(())
+    }
+
+    /// Builds the sandbox's network and returns what it published.
+    pub async fn create_sandbox(
+        &self,
+        sandbox: &SandboxId,
+        host_network: bool,
+        ports: &[PortMapping],
+    ) -> Result<NetworkStatus, NetworkError> {
+        if host_network {
+            let ips = host_primary_ipv4()
+                .await
+                .map(IpAddr::V4)
+                .into_iter()
+                .collect();
+            return Ok(NetworkStatus {
+                netns_path: None,
+                ips,
+                interface: None,
+            });
+        }
+        match self.build(sandbox, ports).await {
+            Ok(status) => Ok(status),
+            Err(error) => match self.teardown(sandbox, !ports.is_empty()).await {
+                Ok(()) => Err(error),
+                Err(rollback) => Err(NetworkError::RollbackFailed {
+                    error: Box::new(error),
+                    rollback: Box::new(rollback),
+                }),
+            },
+        }
+    }
+
+    async fn build(
+        &self,
+        sandbox: &SandboxId,
+        ports: &[PortMapping],
+    ) -> Result<NetworkStatus, NetworkError> {
+        let pin = self.netns_path(sandbox);
+        netns::create(pin.clone()).await?;
+        self.check_failpoint(SubStep::NetnsCreated, sandbox)?;
+
+        let handle = host_handle()?;
+        let bridge = link_index(&handle, &self.config.name)
+            .await?
+            .ok_or_else(|| NetworkError::LinkNotFound {
+                name: self.config.name.clone(),
+            })?;
+        let host_if = veth_name(sandbox);
+        let ns = std::fs::File::open(&pin).map_err(|e| NetworkError::io("open netns", &pin, e))?;
+        let peer = LinkUnspec::new_with_name(POD_INTERFACE)
+            .mtu(self.config.mtu)
+            .setns_by_fd(ns.as_raw_fd())
+            .build();
+        let veth = LinkVeth::new(&host_if, POD_INTERFACE)
+            .mtu(self.config.mtu)
+            .controller(bridge)
+            .up()
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
+            .build();
+        handle
+            .link()
+            .add(veth)
+            .execute()
+            .await
+            .map_err(|e| NetworkError::netlink("add veth", host_if.as_str(), e))?;
+        drop(ns);
+        self.check_failpoint(SubStep::VethCreated, sandbox)?;
+
+        let ip = self.ipam.allocate(sandbox)?;
+        self.check_failpoint(SubStep::LeaseTaken, sandbox)?;
+
+        let gw = self.gateway();
+        let prefix = self.config.subnet.prefix_len();
+        netns::with_netlink(pin.clone(), move |h| configure_pod(h, ip, prefix, gw)).await?;
+        self.check_failpoint(SubStep::AddressSet, sandbox)?;
+
+        if !ports.is_empty() {
+            let nft = self.nft()?;
+            let _guard = self.ports.lock().await;
+            nft::add_host_ports(&nft, &self.table, sandbox, ip, ports).await?;
+        }
+        self.check_failpoint(SubStep::PortsMapped, sandbox)?;
+
+        Ok(NetworkStatus {
+            netns_path: Some(pin),
+            ips: vec![IpAddr::V4(ip)],
+            interface: Some(POD_INTERFACE.into()),
+        })
+    }
+
+    /// Removes everything the sandbox holds: host-port rules (when it had
+    /// any), the veth pair, the namespace pin and the lease. Absent parts are
+    /// fine. Every part is attempted; the first error is returned.
+    pub async fn teardown(&self, sandbox: &SandboxId, had_ports: bool) -> Result<(), NetworkError> {
+        let mut first: Option<NetworkError> = None;
+        let mut note = |r: Result<(), NetworkError>| {
+            if let Err(e) = r {
+                tracing::warn!(sandbox = %sandbox, error = %cubelet_engine::chain(&e), "network teardown step failed");
+                first.get_or_insert(e);
+            }
+        };
+        if had_ports {
+            note(
+                self.unmap_ports(|owner| owner == sandbox.as_str())
+                    .await
+                    .map(|_| ()),
+            );
+        }
+        note(self.delete_veth(&veth_name(sandbox)).await.map(|_| ()));
+        note(netns::remove(&self.netns_path(sandbox)).map(|_| ()));
+        note(self.ipam.release(sandbox).map(|_| ()));
+        first.map_or(Ok(()), Err)
+    }
+
+    async fn unmap_ports(&self, doomed: impl Fn(&str) -> bool) -> Result<usize, NetworkError> {
+        let nft = self.nft()?;
+        let _guard = self.ports.lock().await;
+        let rules: Vec<_> = nft::list_host_ports(&nft, &self.table)
+            .await?
+            .into_iter()
+            .filter(|r| doomed(&r.owner))
+            .collect();
+        nft::delete_rules(&nft, &self.table, &rules).await?;
+        Ok(rules.len())
+    }
+
+    async fn delete_veth(&self, name: &str) -> Result<bool, NetworkError> {
+        let handle = host_handle()?;
+        let Some(index) = link_index(&handle, name).await? else {
+            return Ok(false);
+        };
+        match handle.link().del(index).execute().await {
+            Ok(()) => Ok(true),
+            Err(e) if netlink_errno(&e) == Some(libc::ENODEV) => Ok(false),
+            Err(e) => Err(NetworkError::netlink("delete link", name, e)),
+        }
+    }
+
+    /// Removes namespace pins, host veths on our bridge, leases and host-port
+    /// rules that belong to no sandbox in `live`.
+    pub async fn gc(&self, live: &HashSet<SandboxId>) -> Result<GcReport, NetworkError> {
+        let mut report = GcReport::default();
+
+        match std::fs::read_dir(&self.netns_dir) {
+            Ok(entries) => {
+                for entry in entries {
+                    let entry = entry.map_err(|e| NetworkError::io("read", &self.netns_dir, e))?;
+                    let name = entry.file_name();
+                    let keep = name
+                        .to_str()
+                        .and_then(SandboxId::parse)
+                        .is_some_and(|id| live.contains(&id));
+                    if !keep && netns::remove(&entry.path())? {
+                        report.netns += 1;
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(NetworkError::io("read", &self.netns_dir, e)),
+        }
+
+        let handle = host_handle()?;
+        if let Some(bridge) = link_index(&handle, &self.config.name).await? {
+            let live_names: HashSet<String> = live.iter().map(veth_name).collect();
+            let mut links = handle.link().get().execute();
+            let mut doomed = Vec::new();
+            while let Some(msg) = links
+                .try_next()
+                .await
+                .map_err(|e| NetworkError::netlink("list links", "all", e))?
+            {
+                if let Some(name) = orphan_veth(&msg, bridge, &live_names) {
+                    doomed.push(name);
+                }
+            }
+            for name in doomed {
+                if self.delete_veth(&name).await? {
+                    report.veths += 1;
+                }
+            }
+        }
+
+        let owners: HashSet<SandboxId> = self
+            .ipam
+            .leases()
+            .into_iter()
+            .map(|(_, s)| s)
+            .filter(|s| !live.contains(s))
+            .collect();
+        for owner in owners {
+            report.leases += self.ipam.release(&owner)?.len();
+        }
+
+        if nft::find_nft().is_some() {
+            report.port_rules = self
+                .unmap_ports(|owner| SandboxId::parse(owner).is_none_or(|id| !live.contains(&id)))
+                .await?;
+        }
+        Ok(report)
+    }
+}
+
+/// The name of `msg` if it is one of our veths on `bridge` not in `live`.
+fn orphan_veth(msg: &LinkMessage, bridge: u32, live: &HashSet<String>) -> Option<String> {
+    let mut name = None;
+    let mut on_bridge = false;
+    let mut is_veth = false;
+    for attr in &msg.attributes {
+        match attr {
+            LinkAttribute::IfName(n) => name = Some(n.clone()),
+            LinkAttribute::Controller(c) => on_bridge = *c == bridge,
+            LinkAttribute::LinkInfo(infos) => {
+                is_veth = infos
+                    .iter()
+                    .any(|i| matches!(i, LinkInfo::Kind(InfoKind::Veth)));
+            }
+            _ => {}
+        }
+    }
+    let name = name?;
+    (on_bridge && is_veth && name.starts_with(VETH_PREFIX) && !live.contains(&name)).then_some(name)
+}
+
+/// Inside the pod namespace: loopback and eth0 up, the address, the default route.
+async fn configure_pod(
+    h: Handle,
+    ip: Ipv4Addr,
+    prefix: u8,
+    gw: Ipv4Addr,
+) -> Result<(), NetworkError> {
+    for name in ["lo", POD_INTERFACE] {
+        h.link()
+            .set(LinkUnspec::new_with_name(name).up().build())
+            .execute()
+            .await
+            .map_err(|e| NetworkError::netlink("set up", name, e))?;
+    }
+    let eth0 = link_index(&h, POD_INTERFACE)
+        .await?
+        .ok_or_else(|| NetworkError::LinkNotFound {
+            name: POD_INTERFACE.into(),
+        })?;
+    match h
+        .address()
+        .add(eth0, IpAddr::V4(ip), prefix)
+        .execute()
+        .await
+    {
+        Ok(()) => {}
+        Err(e) if netlink_errno(&e) == Some(libc::EEXIST) => {}
+        Err(e) => {
+            return Err(NetworkError::netlink(
+                "add address",
+                format!("{ip}/{prefix}"),
+                e,
+            ))
+        }
+    }
+    let route = RouteMessageBuilder::<Ipv4Addr>::new()
+        .gateway(gw)
+        .output_interface(eth0)
+        .build();
+    match h.route().add(route).execute().await {
+        Ok(()) => Ok(()),
+        Err(e) if netlink_errno(&e) == Some(libc::EEXIST) => Ok(()),
+        Err(e) => Err(NetworkError::netlink(
+            "add default route via",
+            gw.to_string(),
+            e,
+        )),
+    }
+}
+
+/// A netlink handle in the calling thread's namespace (the host's).
+fn host_handle() -> Result<Handle, NetworkError> {
+    let (conn, handle, _) = rtnetlink::new_connection()
+        .map_err(|e| NetworkError::io("open netlink socket", "rtnetlink", e))?;
+    tokio::spawn(conn);
+    Ok(handle)
+}
+
+/// Index of link `name`, `None` if it does not exist.
+async fn link_index(h: &Handle, name: &str) -> Result<Option<u32>, NetworkError> {
+    let mut req = h.link().get().match_name(name.to_owned()).execute();
+    match req.try_next().await {
+        Ok(msg) => Ok(msg.map(|m| m.header.index)),
+        Err(e) if netlink_errno(&e) == Some(libc::ENODEV) => Ok(None),
+        Err(e) => Err(NetworkError::netlink("get link", name, e)),
+    }
+}
+
+/// The first global IPv4 address on the interface of the default route, if
+/// any. Best effort: host-network pods still work without it.
+async fn host_primary_ipv4() -> Option<Ipv4Addr> {
+    let h = host_handle().ok()?;
+    let mut routes = h
+        .route()
+        .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+        .execute();
+    let mut oif = None;
+    while let Ok(Some(r)) = routes.try_next().await {
+        if r.header.destination_prefix_length == 0 && oif.is_none() {
+            oif = r.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Oif(i) => Some(*i),
+                _ => None,
+            });
+        }
+    }
+    let oif = oif?;
+    let mut addrs = h.address().get().set_link_index_filter(oif).execute();
+    while let Ok(Some(a)) = addrs.try_next().await {
+        for attr in &a.attributes {
+            if let AddressAttribute::Address(IpAddr::V4(v4)) = attr {
+                return Some(*v4);
+            }
+        }
+    }
+    None
+}
+
+#[async_trait]
+impl Flow for BridgeNetwork {
+    async fn init(&self) -> Result<(), StepError> {
+        Ok(self.setup().await?)
+    }
+
+    async fn create(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        let spec = ctx.spec();
+        let status = self
+            .create_sandbox(ctx.sandbox_id(), spec.host_network(), &spec.port_mappings)
+            .await?;
+        ctx.publish(status);
+        Ok(())
+    }
+
+    async fn destroy(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        Ok(self
+            .teardown(ctx.sandbox_id(), !ctx.spec().port_mappings.is_empty())
+            .await?)
+    }
+
+    async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        Ok(self
+            .teardown(ctx.sandbox_id(), !ctx.spec().port_mappings.is_empty())
+            .await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::MemLeases;
+
+    #[test]
+    fn veth_names_fit_ifnamsiz() {
+        let id = SandboxId::new_unchecked("0123456789abcdef".repeat(4));
+        assert_eq!(veth_name(&id), "cb0123456789a");
+        assert!(veth_name(&id).len() <= 15);
+        assert_eq!(veth_name(&SandboxId::new_unchecked("ab")), "cbab");
+    }
+
+    #[test]
+    fn bad_configs_are_rejected() {
+        let leases: Arc<dyn LeaseStore> = Arc::new(MemLeases::new());
+        let good = BridgeConfig {
+            name: "cbt0".into(),
+            subnet: "10.99.0.0/24".parse().unwrap(),
+            mtu: 1500,
+            state_dir: "/run/cubelet-test".into(),
+        };
+        BridgeNetwork::new(good.clone(), leases.clone()).unwrap();
+        for bad in [
+            BridgeConfig {
+                name: "a-name-longer-than-15".into(),
+                ..good.clone()
+            },
+            BridgeConfig {
+                name: "a/b".into(),
+                ..good.clone()
+            },
+            BridgeConfig {
+                mtu: 10,
+                ..good.clone()
+            },
+            BridgeConfig {
+                state_dir: "rel".into(),
+                ..good.clone()
+            },
+            BridgeConfig {
+                subnet: "10.0.0.0/31".parse().unwrap(),
+                ..good.clone()
+            },
+        ] {
+            let err = BridgeNetwork::new(bad, leases.clone()).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                cubelet_engine::StepErrorKind::InvalidArgument,
+                "{err}"
+            );
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! Cubelet's `network` flow provider.
+//!
+//! This crate owns the pod network on the node: the bridge, one network
+//! namespace per sandbox (pinned by a bind mount under `<state_dir>/netns`),
+//! the veth pair joining them, IPv4 address management over the bridge
+//! subnet, and the nftables rules for masquerading and host ports. It is the
+//! only crate that calls `setns`/`unshare` or speaks netlink, and all of that
+//! happens on dedicated threads in [`netns`](self) code, never across an
+//! `.await`.
+//!
+//! It knows the engine's [`Flow`](cubelet_engine::Flow) contract and spec
+//! types only. It does not know the database: leases go through the
+//! [`LeaseStore`] trait, which the binary implements over the real store
+//! ([`MemLeases`] is the in-memory one for tests). It knows nothing of CRI,
+//! containerd or the other providers. A CNI provider is not implemented yet.
+
+mod bridge;
+mod error;
+mod ipam;
+mod lease;
+mod netns;
+mod nft;
+
+pub use bridge::{
+    veth_name, BridgeConfig, BridgeNetwork, GcReport, SubStep, POD_INTERFACE, VETH_PREFIX,
+};
+pub use error::NetworkError;
+pub use ipam::Ipam;
+pub use lease::{LeaseStore, MemLeases};

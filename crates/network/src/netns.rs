@@ -1,0 +1,179 @@
+//! Network namespaces: create and pin, run netlink inside, remove.
+//!
+//! This is the only module that changes a thread's namespace. `unshare` and
+//! `setns` act on the calling thread, so every namespace operation runs on a
+//! dedicated OS thread that does its work and exits; no async task ever runs
+//! on a thread that changed namespace, and no namespace is held across an
+//! `.await` of the caller. Pins are bind mounts of `/proc/thread-self/ns/net`
+//! on files under the provider's `netns` directory, like `ip netns add`.
+//!
+//! No `unsafe` is needed here: `nix` wraps the system calls safely.
+
+use std::fs::{self, File, OpenOptions};
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{setns, unshare, CloneFlags};
+use nix::sys::statfs::{statfs, NSFS_MAGIC};
+
+use crate::error::NetworkError;
+
+/// Makes `dir` a mount point with shared propagation, as `ip netns` does for
+/// `/run/netns`, so that pins unmounted here also disappear from mount
+/// namespaces created while they existed.
+pub(crate) fn prepare_dir(dir: &Path) -> Result<(), NetworkError> {
+    fs::create_dir_all(dir).map_err(|e| NetworkError::io("create directory", dir, e))?;
+    let shared = || {
+        mount(
+            None::<&str>,
+            dir,
+            None::<&str>,
+            MsFlags::MS_SHARED | MsFlags::MS_REC,
+            None::<&str>,
+        )
+    };
+    match shared() {
+        Ok(()) => Ok(()),
+        Err(Errno::EINVAL) => {
+            // Not a mount point yet: bind it onto itself first.
+            mount(
+                Some(dir),
+                dir,
+                None::<&str>,
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                None::<&str>,
+            )
+            .map_err(|e| NetworkError::nix("bind mount", dir, e))?;
+            shared().map_err(|e| NetworkError::nix("make shared", dir, e))
+        }
+        Err(e) => Err(NetworkError::nix("make shared", dir, e)),
+    }
+}
+
+/// True when `pin` is a mounted network namespace.
+pub(crate) fn is_pinned(pin: &Path) -> bool {
+    statfs(pin)
+        .map(|s| s.filesystem_type() == NSFS_MAGIC)
+        .unwrap_or(false)
+}
+
+/// Creates a network namespace pinned at `pin`. An existing pin is kept.
+pub(crate) async fn create(pin: PathBuf) -> Result<(), NetworkError> {
+    let what = pin.display().to_string();
+    on_thread(what, move || create_blocking(&pin)).await
+}
+
+fn create_blocking(pin: &Path) -> Result<(), NetworkError> {
+    if is_pinned(pin) {
+        return Ok(());
+    }
+    if let Some(dir) = pin.parent() {
+        fs::create_dir_all(dir).map_err(|e| NetworkError::io("create directory", dir, e))?;
+    }
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(pin)
+        .map_err(|e| NetworkError::io("create pin", pin, e))?;
+    // This thread now gets a namespace of its own and exits right after.
+    let pinned = unshare(CloneFlags::CLONE_NEWNET)
+        .map_err(|e| NetworkError::nix("unshare network namespace for", pin, e))
+        .and_then(|()| {
+            mount(
+                Some("/proc/thread-self/ns/net"),
+                pin,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .map_err(|e| NetworkError::nix("bind mount netns on", pin, e))
+        });
+    if pinned.is_err() {
+        let _ = fs::remove_file(pin);
+    }
+    pinned
+}
+
+/// Unmounts and deletes the pin. Returns whether there was anything to remove;
+/// a missing pin is fine.
+pub(crate) fn remove(pin: &Path) -> Result<bool, NetworkError> {
+    let mut removed = match umount2(pin, MntFlags::MNT_DETACH) {
+        Ok(()) => true,
+        Err(Errno::EINVAL | Errno::ENOENT) => false,
+        Err(e) => return Err(NetworkError::nix("unmount netns", pin, e)),
+    };
+    match fs::remove_file(pin) {
+        Ok(()) => removed = true,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(NetworkError::io("remove netns pin", pin, e)),
+    }
+    Ok(removed)
+}
+
+/// Runs `f` with an rtnetlink handle whose socket lives in the namespace
+/// pinned at `pin`. `f` runs to completion on a dedicated thread that entered
+/// the namespace, with its own single-threaded runtime.
+pub(crate) async fn with_netlink<F, Fut, T>(pin: PathBuf, f: F) -> Result<T, NetworkError>
+where
+    F: FnOnce(rtnetlink::Handle) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<T, NetworkError>>,
+    T: Send + 'static,
+{
+    let what = pin.display().to_string();
+    on_thread(what, move || {
+        let ns = File::open(&pin).map_err(|e| NetworkError::io("open netns", &pin, e))?;
+        if !is_pinned(&pin) {
+            return Err(NetworkError::io(
+                "enter netns",
+                &pin,
+                io::Error::new(io::ErrorKind::NotFound, "not a network namespace"),
+            ));
+        }
+        setns(&ns, CloneFlags::CLONE_NEWNET)
+            .map_err(|e| NetworkError::nix("enter netns", &pin, e))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .map_err(|e| NetworkError::io("start netns runtime for", &pin, e))?;
+        rt.block_on(async move {
+            // The socket is created here, on a thread inside the namespace,
+            // so every request it carries acts on that namespace.
+            let (conn, handle, _) = rtnetlink::new_connection()
+                .map_err(|e| NetworkError::io("open netlink socket in", &pin, e))?;
+            let conn = tokio::spawn(conn);
+            let out = f(handle).await;
+            conn.abort();
+            out
+        })
+    })
+    .await
+}
+
+/// Runs blocking `work` on a fresh OS thread (which inherits the caller's
+/// namespaces) and awaits its result without blocking the executor.
+async fn on_thread<T, W>(what: String, work: W) -> Result<T, NetworkError>
+where
+    W: FnOnce() -> Result<T, NetworkError> + Send + 'static,
+    T: Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("cubelet-netns".into())
+        .spawn(move || {
+            let _ = tx.send(work());
+        })
+        .map_err(|source| NetworkError::Thread {
+            what: what.clone(),
+            source,
+        })?;
+    rx.await.unwrap_or_else(|_| {
+        Err(NetworkError::Thread {
+            what,
+            source: io::Error::other("namespace thread panicked"),
+        })
+    })
+}
