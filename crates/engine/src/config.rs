@@ -33,11 +33,17 @@ impl Default for WorkflowConfig {
         let mut flows = BTreeMap::new();
         flows.insert(
             "create".to_owned(),
-            flow(16, vec![stage(&["storage", "network"]), stage(&["sandbox"])]),
+            flow(
+                16,
+                vec![stage(&["storage", "network"]), stage(&["sandbox"])],
+            ),
         );
         flows.insert(
             "destroy".to_owned(),
-            flow(32, vec![stage(&["sandbox"]), stage(&["network", "storage"])]),
+            flow(
+                32,
+                vec![stage(&["sandbox"]), stage(&["network", "storage"])],
+            ),
         );
         flows.insert(
             "cleanup".to_owned(),
@@ -127,22 +133,28 @@ impl WorkflowConfig {
     ) -> Result<Vec<ValidFlow>, ConfigError> {
         let known: Vec<&str> = providers.into_iter().collect();
         for name in self.flows.keys() {
-            name.parse::<FlowKind>().map_err(|_| ConfigError::UnknownFlow(name.clone()))?;
+            name.parse::<FlowKind>()
+                .map_err(|_| ConfigError::UnknownFlow(name.clone()))?;
         }
         let mut out = Vec::with_capacity(FlowKind::ALL.len());
         for kind in FlowKind::ALL {
             let name = kind.as_str();
             let cfg = self.flows.get(name).ok_or(ConfigError::MissingFlow(name))?;
-            let concurrent = usize::try_from(cfg.concurrent).map_err(|_| {
-                ConfigError::NegativeConcurrency { flow: name.to_owned(), value: cfg.concurrent }
-            })?;
+            let concurrent =
+                usize::try_from(cfg.concurrent).map_err(|_| ConfigError::NegativeConcurrency {
+                    flow: name.to_owned(),
+                    value: cfg.concurrent,
+                })?;
             if cfg.steps.is_empty() {
                 return Err(ConfigError::NoStages(name.to_owned()));
             }
             let mut in_flow = HashSet::new();
             for (i, stage) in cfg.steps.iter().enumerate() {
                 if stage.is_empty() {
-                    return Err(ConfigError::EmptyStage { flow: name.to_owned(), stage: i });
+                    return Err(ConfigError::EmptyStage {
+                        flow: name.to_owned(),
+                        stage: i,
+                    });
                 }
                 let mut in_stage = HashSet::new();
                 for step in stage {
@@ -169,7 +181,11 @@ impl WorkflowConfig {
                     }
                 }
             }
-            out.push(ValidFlow { kind, concurrent, stages: cfg.steps.clone() });
+            out.push(ValidFlow {
+                kind,
+                concurrent,
+                stages: cfg.steps.clone(),
+            });
         }
         Ok(out)
     }
@@ -190,7 +206,10 @@ mod tests {
         let flows = WorkflowConfig::default().validate(PROVIDERS).unwrap();
         assert_eq!(flows[0].kind, FlowKind::Create);
         assert_eq!(flows[0].concurrent, 16);
-        assert_eq!(flows[0].stages, vec![vec!["storage", "network"], vec!["sandbox"]]);
+        assert_eq!(
+            flows[0].stages,
+            vec![vec!["storage", "network"], vec!["sandbox"]]
+        );
         assert_eq!(flows[1].concurrent, 32);
         assert_eq!(flows[2].concurrent, 4);
     }
@@ -216,14 +235,23 @@ mod tests {
 
     #[test]
     fn errors_name_the_problem() {
-        let e = err(&format!("create: {{ concurrent: 1, steps: [[nope]] }}\n{OK_DESTROY}{OK_CLEANUP}"));
-        assert!(e.contains("flows.create.steps[0]") && e.contains("\"nope\""), "{e}");
+        let e = err(&format!(
+            "create: {{ concurrent: 1, steps: [[nope]] }}\n{OK_DESTROY}{OK_CLEANUP}"
+        ));
+        assert!(
+            e.contains("flows.create.steps[0]") && e.contains("\"nope\""),
+            "{e}"
+        );
         assert!(e.contains("storage, network, sandbox"), "{e}");
 
-        let e = err(&format!("create: {{ concurrent: 1, steps: [[storage], []] }}\n{OK_DESTROY}{OK_CLEANUP}"));
+        let e = err(&format!(
+            "create: {{ concurrent: 1, steps: [[storage], []] }}\n{OK_DESTROY}{OK_CLEANUP}"
+        ));
         assert_eq!(e, "flows.create.steps[1]: empty stage");
 
-        let e = err(&format!("create: {{ concurrent: 1, steps: [] }}\n{OK_DESTROY}{OK_CLEANUP}"));
+        let e = err(&format!(
+            "create: {{ concurrent: 1, steps: [] }}\n{OK_DESTROY}{OK_CLEANUP}"
+        ));
         assert_eq!(e, "flows.create.steps: no stages");
 
         let e = err(&format!(
@@ -236,11 +264,16 @@ mod tests {
         ));
         assert!(e.contains("more than one stage"), "{e}");
 
-        let e = err(&format!("create: {{ concurrent: -1, steps: [[storage]] }}\n{OK_DESTROY}{OK_CLEANUP}"));
+        let e = err(&format!(
+            "create: {{ concurrent: -1, steps: [[storage]] }}\n{OK_DESTROY}{OK_CLEANUP}"
+        ));
         assert!(e.starts_with("flows.create.concurrent"), "{e}");
 
         let e = err(&format!("{OK_DESTROY}{OK_CLEANUP}"));
-        assert_eq!(e, "flows.create: missing (create, destroy and cleanup are required)");
+        assert_eq!(
+            e,
+            "flows.create: missing (create, destroy and cleanup are required)"
+        );
 
         let e = err(&format!(
             "create: {{ concurrent: 1, steps: [[storage]] }}\n{OK_DESTROY}{OK_CLEANUP}gc: {{ concurrent: 1, steps: [[storage]] }}\n"

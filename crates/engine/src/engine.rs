@@ -37,7 +37,10 @@ pub struct EngineOptions {
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        Self { rollback_timeout: Duration::from_secs(120), rollback_concurrency: 16 }
+        Self {
+            rollback_timeout: Duration::from_secs(120),
+            rollback_concurrency: 16,
+        }
     }
 }
 
@@ -103,7 +106,12 @@ impl EngineBuilder {
     pub fn build(self, config: &WorkflowConfig) -> Result<Engine, ConfigError> {
         let valid = config.validate(self.providers.keys().map(String::as_str))?;
         let mut flows = HashMap::new();
-        for ValidFlow { kind, concurrent, stages } in valid {
+        for ValidFlow {
+            kind,
+            concurrent,
+            stages,
+        } in valid
+        {
             let stages = stages
                 .into_iter()
                 .map(|stage| {
@@ -112,13 +120,22 @@ impl EngineBuilder {
                         .map(|name| {
                             // validate() checked every name is registered.
                             let flow = Arc::clone(&self.providers[&name]);
-                            Step { name: Arc::from(name.as_str()), flow }
+                            Step {
+                                name: Arc::from(name.as_str()),
+                                flow,
+                            }
                         })
                         .collect()
                 })
                 .collect();
             self.observer.limit_changed(kind, concurrent);
-            flows.insert(kind, FlowPlan { stages, limiter: Limiter::new(concurrent) });
+            flows.insert(
+                kind,
+                FlowPlan {
+                    stages,
+                    limiter: Limiter::new(concurrent),
+                },
+            );
         }
         Ok(Engine {
             inner: Arc::new(Inner {
@@ -164,7 +181,10 @@ pub struct Engine {
 impl fmt::Debug for Engine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Engine")
-            .field("providers", &self.inner.providers.keys().collect::<Vec<_>>())
+            .field(
+                "providers",
+                &self.inner.providers.keys().collect::<Vec<_>>(),
+            )
             .field("limits", &self.limits())
             .finish_non_exhaustive()
     }
@@ -190,10 +210,16 @@ impl Engine {
     pub async fn init(&self) -> Result<(), EngineError> {
         for (name, flow) in &self.inner.providers {
             let span = info_span!("init", step = %name);
-            flow.init().instrument(span).await.map_err(|error| EngineError::Init {
-                step: name.clone(),
-                source: StepFailure { step: name.clone(), error },
-            })?;
+            flow.init()
+                .instrument(span)
+                .await
+                .map_err(|error| EngineError::Init {
+                    step: name.clone(),
+                    source: StepFailure {
+                        step: name.clone(),
+                        error,
+                    },
+                })?;
         }
         Ok(())
     }
@@ -206,7 +232,11 @@ impl Engine {
     /// caller drops this future, the context's token is cancelled and any
     /// compensation still runs to completion.
     pub async fn run(&self, kind: FlowKind, ctx: Arc<FlowContext>) -> Result<(), EngineError> {
-        let plan = self.inner.flows.get(&kind).ok_or(EngineError::NotConfigured(kind))?;
+        let plan = self
+            .inner
+            .flows
+            .get(&kind)
+            .ok_or(EngineError::NotConfigured(kind))?;
         let Some(permit) = plan.limiter.try_acquire() else {
             let limit = plan.limiter.limit();
             self.inner.observer.rejected(kind, limit);
@@ -247,7 +277,11 @@ impl Engine {
 
     /// Changes a flow's limit at run time; `0` means unlimited.
     pub fn set_limit(&self, kind: FlowKind, limit: usize) -> Result<(), EngineError> {
-        let plan = self.inner.flows.get(&kind).ok_or(EngineError::NotConfigured(kind))?;
+        let plan = self
+            .inner
+            .flows
+            .get(&kind)
+            .ok_or(EngineError::NotConfigured(kind))?;
         plan.limiter.set_limit(limit);
         self.inner.observer.limit_changed(kind, limit);
         Ok(())
@@ -264,7 +298,10 @@ impl Engine {
     /// Provider names of each stage of a flow.
     pub fn stages(&self, kind: FlowKind) -> Vec<Vec<String>> {
         self.inner.flows.get(&kind).map_or_else(Vec::new, |p| {
-            p.stages.iter().map(|s| s.iter().map(|st| st.name.to_string()).collect()).collect()
+            p.stages
+                .iter()
+                .map(|s| s.iter().map(|st| st.name.to_string()).collect())
+                .collect()
         })
     }
 
@@ -279,14 +316,21 @@ impl Engine {
     /// budget; on success every open flow of the sandbox is marked
     /// compensated.
     pub async fn recover(&self) -> Result<RecoveryReport, EngineError> {
-        let open = self.inner.journal.open_flows().map_err(|source| EngineError::Journal {
-            flow: FlowKind::Destroy,
-            sandbox_id: SandboxId::new_unchecked("*"),
-            source,
-        })?;
+        let open = self
+            .inner
+            .journal
+            .open_flows()
+            .map_err(|source| EngineError::Journal {
+                flow: FlowKind::Destroy,
+                sandbox_id: SandboxId::new_unchecked("*"),
+                source,
+            })?;
         let mut by_sandbox: BTreeMap<SandboxId, Vec<crate::journal::FlowRecord>> = BTreeMap::new();
         for rec in open {
-            by_sandbox.entry(rec.sandbox_id.clone()).or_default().push(rec);
+            by_sandbox
+                .entry(rec.sandbox_id.clone())
+                .or_default()
+                .push(rec);
         }
         let inner = &self.inner;
         let results = futures::stream::iter(by_sandbox)
@@ -356,7 +400,9 @@ impl Engine {
 
 impl Inner {
     fn plan(&self, kind: FlowKind) -> Result<&FlowPlan, EngineError> {
-        self.flows.get(&kind).ok_or(EngineError::NotConfigured(kind))
+        self.flows
+            .get(&kind)
+            .ok_or(EngineError::NotConfigured(kind))
     }
 
     /// Runs an admitted flow: per-sandbox lock, journal, stages, failover.
@@ -369,7 +415,8 @@ impl Inner {
             Err(EngineError::Cancelled { .. }) => Outcome::Cancelled,
             Err(_) => Outcome::Error,
         };
-        self.observer.flow_finished(kind, outcome, started.elapsed());
+        self.observer
+            .flow_finished(kind, outcome, started.elapsed());
         result
     }
 
@@ -388,14 +435,21 @@ impl Inner {
         let plan = self.plan(kind)?;
         let id = self
             .journal
-            .begin(FlowStart { kind, sandbox_id, spec: ctx.spec(), compensates: None })
+            .begin(FlowStart {
+                kind,
+                sandbox_id,
+                spec: ctx.spec(),
+                compensates: None,
+            })
             .map_err(|source| EngineError::Journal {
                 flow: kind,
                 sandbox_id: sandbox_id.clone(),
                 source,
             })?;
 
-        let outcome = self.run_stages(kind, id, &plan.stages, ctx, ctx.cancel_token()).await;
+        let outcome = self
+            .run_stages(kind, id, &plan.stages, ctx, ctx.cancel_token())
+            .await;
         let finish_error = match &outcome {
             Ok(()) => self.journal.finish(id, FlowState::Succeeded, None).err(),
             Err(_) => None,
@@ -418,7 +472,9 @@ impl Inner {
         };
 
         let rollback = if kind == FlowKind::Create && ctx.failover() {
-            let result = self.compensate(FlowKind::Destroy, Some(id), &ctx.for_rollback()).await;
+            let result = self
+                .compensate(FlowKind::Destroy, Some(id), &ctx.for_rollback())
+                .await;
             let outcome = match &result {
                 Ok(()) => Outcome::Ok,
                 Err(_) => Outcome::Error,
@@ -433,7 +489,11 @@ impl Inner {
             _ => FlowState::Failed,
         };
         let err = if failure.cancelled {
-            EngineError::Cancelled { flow: kind, sandbox_id: sandbox_id.clone(), rollback }
+            EngineError::Cancelled {
+                flow: kind,
+                sandbox_id: sandbox_id.clone(),
+                rollback,
+            }
         } else {
             EngineError::Failed {
                 flow: kind,
@@ -487,16 +547,23 @@ impl Inner {
         self.observer.flow_started(teardown);
         let never = CancellationToken::new();
         let timeout = self.options.rollback_timeout;
-        let result =
-            tokio::time::timeout(timeout, self.run_stages(teardown, id, &plan.stages, ctx, &never))
-                .await;
+        let result = tokio::time::timeout(
+            timeout,
+            self.run_stages(teardown, id, &plan.stages, ctx, &never),
+        )
+        .await;
         let (state, result) = match result {
             Ok(Ok(())) => (FlowState::Succeeded, Ok(())),
             Ok(Err(e)) => (FlowState::Failed, Err(RollbackError::Failed(e.failures))),
             Err(_) => (FlowState::Failed, Err(RollbackError::TimedOut(timeout))),
         };
-        let outcome = if result.is_ok() { Outcome::Ok } else { Outcome::Error };
-        self.observer.flow_finished(teardown, outcome, started.elapsed());
+        let outcome = if result.is_ok() {
+            Outcome::Ok
+        } else {
+            Outcome::Error
+        };
+        self.observer
+            .flow_finished(teardown, outcome, started.elapsed());
         let msg = result.as_ref().err().map(ToString::to_string);
         if let Err(e) = self.journal.finish(id, state, msg.as_deref()) {
             warn!(error = %chain(&e), "journal finish failed for rollback");
@@ -519,15 +586,24 @@ impl Inner {
         let mut failures = Vec::new();
         for (index, stage) in stages.iter().enumerate() {
             if !teardown && cancel.is_cancelled() {
-                return Err(StagesError { failures, cancelled: true });
+                return Err(StagesError {
+                    failures,
+                    cancelled: true,
+                });
             }
-            let stage_cancel = cancel.child_token();
             let failed_before = failures.len();
             if let [step] = stage.as_slice() {
-                if let Err(f) = self.run_step(kind, id, index, step, ctx, &stage_cancel).await {
+                if let Err(f) = self.run_step(kind, id, index, step, ctx, cancel).await {
                     failures.push(f);
                 }
             } else {
+                // Only a parallel forward stage needs its own token, so that a
+                // failure can cancel the siblings without cancelling the caller.
+                let stage_cancel = if teardown {
+                    cancel.clone()
+                } else {
+                    cancel.child_token()
+                };
                 let mut running: FuturesUnordered<_> = stage
                     .iter()
                     .map(|step| self.run_step(kind, id, index, step, ctx, &stage_cancel))
@@ -547,13 +623,19 @@ impl Inner {
                 // Siblings cancelled by a failure are not failures of their own.
                 let cancelled = cancel.is_cancelled();
                 failures.retain(|f| f.error.kind() != StepErrorKind::Cancelled || cancelled);
-                return Err(StagesError { failures, cancelled });
+                return Err(StagesError {
+                    failures,
+                    cancelled,
+                });
             }
         }
         if failures.is_empty() {
             Ok(())
         } else {
-            Err(StagesError { failures, cancelled: false })
+            Err(StagesError {
+                failures,
+                cancelled: false,
+            })
         }
     }
 
@@ -596,7 +678,9 @@ impl Inner {
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown payload".to_owned());
-            Err(StepError::internal(Message(format!("step panicked: {what}"))))
+            Err(StepError::internal(Message(format!(
+                "step panicked: {what}"
+            ))))
         });
         let elapsed = started.elapsed();
         let outcome = match &result {
@@ -609,11 +693,17 @@ impl Inner {
         if let Some(msg) = &message {
             debug!(step = name, error = %msg, "step failed");
         }
-        let event = StepEvent::Finished { duration: elapsed, error: message.as_deref() };
+        let event = StepEvent::Finished {
+            duration: elapsed,
+            error: message.as_deref(),
+        };
         if let Err(e) = self.journal.step(id, name, event) {
             warn!(step = name, error = %chain(&e), "journal step record failed");
         }
-        result.map_err(|error| StepFailure { step: name.to_owned(), error })
+        result.map_err(|error| StepFailure {
+            step: name.to_owned(),
+            error,
+        })
     }
 }
 
@@ -637,7 +727,11 @@ impl SandboxLocks {
             Arc::clone(map.entry(id.clone()).or_default())
         };
         let guard = mutex.lock_owned().await;
-        SandboxGuard { locks: self, id: id.clone(), guard: Some(guard) }
+        SandboxGuard {
+            locks: self,
+            id: id.clone(),
+            guard: Some(guard),
+        }
     }
 }
 

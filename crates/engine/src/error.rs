@@ -41,7 +41,10 @@ pub struct StepError {
 impl StepError {
     /// An error of the given kind caused by `source`.
     pub fn new(kind: StepErrorKind, source: impl Into<BoxError>) -> Self {
-        Self { kind, source: source.into() }
+        Self {
+            kind,
+            source: source.into(),
+        }
     }
 
     /// An internal error caused by `source`.
@@ -114,7 +117,11 @@ pub enum EngineError {
         limit: usize,
     },
     /// One or more steps failed. With failover the rollback result is attached.
-    #[error("flow {flow} for sandbox {sandbox_id} failed: {}{}", join(failures), rollback_note(rollback))]
+    #[error(
+        "flow {flow} for sandbox {sandbox_id} failed: {}{}",
+        join(failures),
+        rollback_note(rollback)
+    )]
     Failed {
         /// Flow that failed.
         flow: FlowKind,
@@ -126,7 +133,10 @@ pub enum EngineError {
         rollback: Option<Box<RollbackError>>,
     },
     /// The caller cancelled the flow before it finished; compensation ran.
-    #[error("flow {flow} for sandbox {sandbox_id} cancelled{}", rollback_note(rollback))]
+    #[error(
+        "flow {flow} for sandbox {sandbox_id} cancelled{}",
+        rollback_note(rollback)
+    )]
     Cancelled {
         /// Flow that was cancelled.
         flow: FlowKind,

@@ -125,7 +125,7 @@ impl FakeFlow {
                 if after_acquire && forward {
                     self.acquire(id);
                 }
-                panic!("{} {kind} panicked", self.name);
+                panic!("fake-panic: {} {kind}", self.name);
             }
             Behavior::Delay(d) => tokio::time::sleep(d).await,
             Behavior::Barrier(b) => {

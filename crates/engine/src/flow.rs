@@ -58,7 +58,9 @@ impl FromStr for FlowKind {
             "create" => Ok(FlowKind::Create),
             "destroy" => Ok(FlowKind::Destroy),
             "cleanup" => Ok(FlowKind::Cleanup),
-            other => Err(format!("unknown flow {other:?} (expected create, destroy or cleanup)")),
+            other => Err(format!(
+                "unknown flow {other:?} (expected create, destroy or cleanup)"
+            )),
         }
     }
 }
@@ -166,7 +168,10 @@ impl FlowContext {
 
     /// Reads a published result.
     pub fn get<T: Any + Send + Sync + Clone>(&self) -> Option<T> {
-        self.lock().get(&TypeId::of::<T>()).and_then(|v| v.downcast_ref::<T>()).cloned()
+        self.lock()
+            .get(&TypeId::of::<T>())
+            .and_then(|v| v.downcast_ref::<T>())
+            .cloned()
     }
 
     /// Removes and returns a published result.

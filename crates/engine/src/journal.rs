@@ -123,7 +123,8 @@ pub trait Journal: Send + Sync + 'static {
     /// Records a step event.
     fn step(&self, id: FlowId, step: &str, event: StepEvent<'_>) -> Result<(), JournalError>;
     /// Settles a flow. Durable on return.
-    fn finish(&self, id: FlowId, state: FlowState, error: Option<&str>) -> Result<(), JournalError>;
+    fn finish(&self, id: FlowId, state: FlowState, error: Option<&str>)
+        -> Result<(), JournalError>;
     /// Every open flow (`Running` or `Failed`), oldest first.
     fn open_flows(&self) -> Result<Vec<FlowRecord>, JournalError>;
     /// Every flow recorded for a sandbox, oldest first.
@@ -180,7 +181,10 @@ impl MemJournal {
 }
 
 fn unknown_flow(op: &'static str, id: FlowId) -> JournalError {
-    JournalError { op, source: format!("no flow with id {id}").into() }
+    JournalError {
+        op,
+        source: format!("no flow with id {id}").into(),
+    }
 }
 
 impl Journal for MemJournal {
@@ -204,7 +208,10 @@ impl Journal for MemJournal {
 
     fn step(&self, id: FlowId, step: &str, event: StepEvent<'_>) -> Result<(), JournalError> {
         let mut recs = self.lock();
-        let rec = recs.iter_mut().find(|r| r.id == id).ok_or_else(|| unknown_flow("step", id))?;
+        let rec = recs
+            .iter_mut()
+            .find(|r| r.id == id)
+            .ok_or_else(|| unknown_flow("step", id))?;
         match event {
             StepEvent::Started { stage } => rec.steps.push(StepRecord {
                 step: step.to_owned(),
@@ -223,9 +230,17 @@ impl Journal for MemJournal {
         Ok(())
     }
 
-    fn finish(&self, id: FlowId, state: FlowState, error: Option<&str>) -> Result<(), JournalError> {
+    fn finish(
+        &self,
+        id: FlowId,
+        state: FlowState,
+        error: Option<&str>,
+    ) -> Result<(), JournalError> {
         let mut recs = self.lock();
-        let rec = recs.iter_mut().find(|r| r.id == id).ok_or_else(|| unknown_flow("finish", id))?;
+        let rec = recs
+            .iter_mut()
+            .find(|r| r.id == id)
+            .ok_or_else(|| unknown_flow("finish", id))?;
         rec.state = state;
         rec.error = error.map(str::to_owned);
         rec.finished_at = Some(SystemTime::now());
@@ -233,11 +248,21 @@ impl Journal for MemJournal {
     }
 
     fn open_flows(&self) -> Result<Vec<FlowRecord>, JournalError> {
-        Ok(self.lock().iter().filter(|r| r.state.is_open()).cloned().collect())
+        Ok(self
+            .lock()
+            .iter()
+            .filter(|r| r.state.is_open())
+            .cloned()
+            .collect())
     }
 
     fn sandbox_history(&self, sandbox_id: &SandboxId) -> Result<Vec<FlowRecord>, JournalError> {
-        Ok(self.lock().iter().filter(|r| &r.sandbox_id == sandbox_id).cloned().collect())
+        Ok(self
+            .lock()
+            .iter()
+            .filter(|r| &r.sandbox_id == sandbox_id)
+            .cloned()
+            .collect())
     }
 
     fn forget(&self, sandbox_id: &SandboxId) -> Result<usize, JournalError> {

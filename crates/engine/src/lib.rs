@@ -28,8 +28,8 @@ pub mod fake;
 pub use config::{ConfigError, FlowConfig, ValidFlow, WorkflowConfig};
 pub use engine::{Engine, EngineBuilder, EngineOptions, RecoveryReport};
 pub use error::{
-    chain, BoxError, EngineError, JournalError, Message, RollbackError, StepError,
-    StepErrorKind, StepFailure,
+    chain, BoxError, EngineError, JournalError, Message, RollbackError, StepError, StepErrorKind,
+    StepFailure,
 };
 pub use flow::{Flow, FlowContext, FlowKind};
 pub use journal::{
@@ -39,3 +39,6 @@ pub use journal::{
 pub use limiter::{Limiter, LimiterSnapshot, Permit};
 pub use observer::{FlowObserver, NoopObserver, Outcome};
 pub use spec::{SandboxId, SandboxSpec};
+
+#[cfg(test)]
+mod tests;

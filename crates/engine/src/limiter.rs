@@ -43,13 +43,17 @@ impl Limiter {
     /// Takes a permit if one is free, else counts a rejection and returns `None`.
     pub fn try_acquire(self: &Arc<Self>) -> Option<Permit> {
         let limit = self.limit.load(Ordering::Acquire);
-        let admitted = self.inflight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (limit == 0 || n < limit).then_some(n + 1)
-        });
+        let admitted = self
+            .inflight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (limit == 0 || n < limit).then_some(n + 1)
+            });
         match admitted {
             Ok(prev) => {
                 self.peak.fetch_max(prev + 1, Ordering::Relaxed);
-                Some(Permit { limiter: Arc::clone(self) })
+                Some(Permit {
+                    limiter: Arc::clone(self),
+                })
             }
             Err(_) => {
                 self.rejected.fetch_add(1, Ordering::Relaxed);
@@ -63,7 +67,9 @@ impl Limiter {
     pub fn acquire_unchecked(self: &Arc<Self>) -> Permit {
         let prev = self.inflight.fetch_add(1, Ordering::AcqRel);
         self.peak.fetch_max(prev + 1, Ordering::Relaxed);
-        Permit { limiter: Arc::clone(self) }
+        Permit {
+            limiter: Arc::clone(self),
+        }
     }
 
     /// Changes the limit; `0` means unlimited.

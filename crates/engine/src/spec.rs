@@ -238,7 +238,10 @@ mod tests {
 
     #[test]
     fn effective_hostname_falls_back_to_name() {
-        let mut s = SandboxSpec { name: "web".into(), ..Default::default() };
+        let mut s = SandboxSpec {
+            name: "web".into(),
+            ..Default::default()
+        };
         assert_eq!(s.effective_hostname(), "web");
         s.hostname = "h".into();
         assert_eq!(s.effective_hostname(), "h");

@@ -1,0 +1,737 @@
+//! Engine tests with fake providers.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tokio::sync::Barrier;
+
+use crate::fake::{Behavior, FakeFlow, FakeOutput};
+use crate::*;
+
+/// Keeps the fakes' deliberate panics out of the test output.
+fn quiet_fake_panics() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let msg = info
+                .payload()
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                .unwrap_or("");
+            if !msg.starts_with("fake-panic") {
+                default(info);
+            }
+        }));
+    });
+}
+
+#[derive(Default)]
+struct CountingObserver {
+    rejected: AtomicUsize,
+    started: AtomicUsize,
+    finished: Mutex<Vec<(FlowKind, Outcome)>>,
+    steps: Mutex<Vec<(FlowKind, String, Outcome)>>,
+    rollbacks: Mutex<Vec<Outcome>>,
+    limits: Mutex<HashMap<FlowKind, usize>>,
+}
+
+impl FlowObserver for CountingObserver {
+    fn flow_started(&self, _flow: FlowKind) {
+        self.started.fetch_add(1, Ordering::SeqCst);
+    }
+    fn flow_finished(&self, flow: FlowKind, outcome: Outcome, _elapsed: Duration) {
+        self.finished.lock().unwrap().push((flow, outcome));
+    }
+    fn step_finished(&self, flow: FlowKind, step: &str, outcome: Outcome, _elapsed: Duration) {
+        self.steps
+            .lock()
+            .unwrap()
+            .push((flow, step.to_owned(), outcome));
+    }
+    fn rejected(&self, _flow: FlowKind, _limit: usize) {
+        self.rejected.fetch_add(1, Ordering::SeqCst);
+    }
+    fn rollback(&self, _flow: FlowKind, outcome: Outcome) {
+        self.rollbacks.lock().unwrap().push(outcome);
+    }
+    fn limit_changed(&self, flow: FlowKind, limit: usize) {
+        self.limits.lock().unwrap().insert(flow, limit);
+    }
+}
+
+struct Rig {
+    engine: Engine,
+    fakes: HashMap<String, Arc<FakeFlow>>,
+    journal: Arc<MemJournal>,
+    observer: Arc<CountingObserver>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Rig {
+    fn fake(&self, name: &str) -> &FakeFlow {
+        &self.fakes[name]
+    }
+    fn held(&self) -> usize {
+        self.fakes.values().map(|f| f.held()).sum()
+    }
+    fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+fn config(create: &[&[&str]], concurrent: i64) -> WorkflowConfig {
+    let stages = |s: &[&[&str]]| -> Vec<Vec<String>> {
+        s.iter()
+            .map(|st| st.iter().map(|n| n.to_string()).collect())
+            .collect()
+    };
+    let all: Vec<&str> = create.iter().flat_map(|s| s.iter().copied()).collect();
+    let reversed: Vec<&[&str]> = create.iter().rev().copied().collect();
+    let mut flows = std::collections::BTreeMap::new();
+    flows.insert(
+        "create".into(),
+        FlowConfig {
+            concurrent,
+            steps: stages(create),
+        },
+    );
+    flows.insert(
+        "destroy".into(),
+        FlowConfig {
+            concurrent: 32,
+            steps: stages(&reversed),
+        },
+    );
+    flows.insert(
+        "cleanup".into(),
+        FlowConfig {
+            concurrent: 4,
+            steps: vec![stages(&[&all])[0].clone()],
+        },
+    );
+    WorkflowConfig { flows }
+}
+
+fn rig_with(create: &[&[&str]], concurrent: i64, options: EngineOptions) -> Rig {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let journal = Arc::new(MemJournal::new());
+    let observer = Arc::new(CountingObserver::default());
+    let mut builder = EngineBuilder::new()
+        .journal(journal.clone())
+        .observer(observer.clone())
+        .options(options);
+    let mut fakes = HashMap::new();
+    for name in create.iter().flat_map(|s| s.iter()) {
+        let fake = FakeFlow::with_log(name, log.clone());
+        builder = builder.provider(*name, fake.clone());
+        fakes.insert(name.to_string(), fake);
+    }
+    let engine = builder.build(&config(create, concurrent)).unwrap();
+    Rig {
+        engine,
+        fakes,
+        journal,
+        observer,
+        log,
+    }
+}
+
+fn rig(create: &[&[&str]], concurrent: i64) -> Rig {
+    rig_with(create, concurrent, EngineOptions::default())
+}
+
+fn ctx(id: &str) -> Arc<FlowContext> {
+    Arc::new(FlowContext::new(SandboxId::new_unchecked(id), Arc::default()).with_failover(true))
+}
+
+const DEFAULT: &[&[&str]] = &[&["storage", "network"], &["sandbox"]];
+
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish within 10s"))
+}
+
+#[tokio::test]
+async fn steps_of_a_stage_run_in_parallel() {
+    let r = rig(DEFAULT, 16);
+    // With two parties, the barrier only opens if both steps wait at once.
+    let barrier = Arc::new(Barrier::new(2));
+    r.fake("storage")
+        .set(FlowKind::Create, Behavior::Barrier(barrier.clone()));
+    r.fake("network")
+        .set(FlowKind::Create, Behavior::Barrier(barrier));
+    within("parallel stage", r.engine.run(FlowKind::Create, ctx("a")))
+        .await
+        .unwrap();
+    assert_eq!(r.held(), 3);
+}
+
+#[tokio::test]
+async fn stages_run_in_order_and_outputs_flow_forward() {
+    let r = rig(DEFAULT, 16);
+    let c = ctx("a");
+    r.engine.run(FlowKind::Create, c.clone()).await.unwrap();
+    let log = r.log();
+    let sandbox_start = log
+        .iter()
+        .position(|l| l == "create:sandbox:start")
+        .unwrap();
+    for first in ["create:storage:end", "create:network:end"] {
+        assert!(
+            log.iter().position(|l| l == first).unwrap() < sandbox_start,
+            "{log:?}"
+        );
+    }
+    assert!(c.get::<FakeOutput>().is_some());
+
+    r.engine.run(FlowKind::Destroy, ctx("a")).await.unwrap();
+    let log = r.log();
+    let sandbox_end = log.iter().position(|l| l == "destroy:sandbox:end").unwrap();
+    let net_start = log
+        .iter()
+        .position(|l| l == "destroy:network:start")
+        .unwrap();
+    assert!(
+        sandbox_end < net_start,
+        "destroy runs stages in its own order: {log:?}"
+    );
+    assert_eq!(r.held(), 0);
+}
+
+#[tokio::test]
+async fn flow_past_the_limit_is_rejected_at_once() {
+    let n = 3;
+    let r = rig(DEFAULT, n as i64);
+    let barrier = Arc::new(Barrier::new(n + 1));
+    r.fake("sandbox")
+        .set(FlowKind::Create, Behavior::Barrier(barrier.clone()));
+    let mut held = Vec::new();
+    for i in 0..n {
+        let engine = r.engine.clone();
+        held.push(tokio::spawn(async move {
+            engine.run(FlowKind::Create, ctx(&format!("s{i}"))).await
+        }));
+    }
+    // Wait until all n are in flight.
+    within("admission", async {
+        while r.engine.limits()[0].1.inflight < n {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let err = r
+        .engine
+        .run(FlowKind::Create, ctx("extra"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::Rejected { flow: FlowKind::Create, limit } if limit == n));
+    assert_eq!(r.observer.rejected.load(Ordering::SeqCst), 1);
+    assert_eq!(r.engine.limits()[0].1.rejected, 1);
+    // The rejected flow never touched a provider or the journal.
+    assert!(!r.log().iter().any(|l| l.contains("extra")));
+    assert!(r
+        .journal
+        .records()
+        .iter()
+        .all(|rec| rec.sandbox_id.as_str() != "extra"));
+    barrier.wait().await;
+    for h in held {
+        within("held flows", h).await.unwrap().unwrap();
+    }
+    assert_eq!(r.engine.limits()[0].1.peak, n);
+}
+
+#[tokio::test]
+async fn limit_can_change_at_run_time() {
+    let r = rig(DEFAULT, 1);
+    assert_eq!(r.observer.limits.lock().unwrap()[&FlowKind::Create], 1);
+    let barrier = Arc::new(Barrier::new(2));
+    r.fake("sandbox")
+        .set(FlowKind::Create, Behavior::Barrier(barrier.clone()));
+    let engine = r.engine.clone();
+    let first = tokio::spawn(async move { engine.run(FlowKind::Create, ctx("a")).await });
+    within("admission", async {
+        while r.engine.limits()[0].1.inflight < 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(matches!(
+        r.engine.run(FlowKind::Create, ctx("b")).await,
+        Err(EngineError::Rejected { .. })
+    ));
+    r.engine.set_limit(FlowKind::Create, 2).unwrap();
+    assert_eq!(r.observer.limits.lock().unwrap()[&FlowKind::Create], 2);
+    r.fake("sandbox").set(FlowKind::Create, Behavior::Ok);
+    r.engine.run(FlowKind::Create, ctx("b")).await.unwrap();
+    barrier.wait().await;
+    first.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn failover_destroys_every_provider_even_those_never_created() {
+    let r = rig(DEFAULT, 16);
+    r.fake("storage").set(
+        FlowKind::Create,
+        Behavior::Fail {
+            after_acquire: true,
+        },
+    );
+    let err = r.engine.run(FlowKind::Create, ctx("a")).await.unwrap_err();
+    match &err {
+        EngineError::Failed {
+            failures, rollback, ..
+        } => {
+            assert_eq!(
+                failures.len(),
+                1,
+                "cancelled siblings are not failures: {failures:?}"
+            );
+            assert_eq!(failures[0].step, "storage");
+            assert!(matches!(
+                rollback.as_deref(),
+                Some(RollbackError::RolledBack)
+            ));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let log = r.log();
+    assert!(
+        !log.contains(&"create:sandbox:start".to_owned()),
+        "stage 2 never ran"
+    );
+    for p in ["storage", "network", "sandbox"] {
+        assert!(
+            log.contains(&format!("destroy:{p}:end")),
+            "{p} not destroyed: {log:?}"
+        );
+    }
+    assert_eq!(r.held(), 0);
+    assert_eq!(*r.observer.rollbacks.lock().unwrap(), vec![Outcome::Ok]);
+    let recs = r.journal.records();
+    assert_eq!(recs[0].state, FlowState::Compensated);
+    assert_eq!(recs[1].kind, FlowKind::Destroy);
+    assert_eq!(recs[1].compensates, Some(recs[0].id));
+    assert!(r.journal.open_flows().unwrap().is_empty());
+    assert!(err.to_string().contains("storage create failed"), "{err}");
+}
+
+#[tokio::test]
+async fn a_panicking_step_is_an_error_not_a_crash() {
+    quiet_fake_panics();
+    let r = rig(DEFAULT, 16);
+    r.fake("sandbox").set(
+        FlowKind::Create,
+        Behavior::Panic {
+            after_acquire: true,
+        },
+    );
+    let err = r.engine.run(FlowKind::Create, ctx("a")).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("step panicked: fake-panic: sandbox"),
+        "{err}"
+    );
+    assert_eq!(err.step_kind(), Some(StepErrorKind::Internal));
+    assert_eq!(r.held(), 0);
+    // The engine still works.
+    r.fake("sandbox").set(FlowKind::Create, Behavior::Ok);
+    r.engine.run(FlowKind::Create, ctx("b")).await.unwrap();
+}
+
+#[tokio::test]
+async fn cancellation_mid_stage_stops_forward_steps_and_rolls_back() {
+    let r = rig(DEFAULT, 16);
+    r.fake("network").set(FlowKind::Create, Behavior::Hang);
+    let c = ctx("a");
+    let token = c.cancel_token().clone();
+    let engine = r.engine.clone();
+    let run = tokio::spawn(async move { engine.run(FlowKind::Create, c).await });
+    within("hang start", async {
+        while !r.fake("network").holds(&SandboxId::new_unchecked("a")) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    token.cancel();
+    let err = within("cancelled flow", run).await.unwrap().unwrap_err();
+    assert!(
+        matches!(err, EngineError::Cancelled { ref rollback, .. }
+        if matches!(rollback.as_deref(), Some(RollbackError::RolledBack))),
+        "{err:?}"
+    );
+    assert!(!r.log().contains(&"create:sandbox:start".to_owned()));
+    assert_eq!(r.held(), 0);
+    assert!(r
+        .observer
+        .finished
+        .lock()
+        .unwrap()
+        .contains(&(FlowKind::Create, Outcome::Cancelled)));
+}
+
+#[tokio::test]
+async fn dropping_the_caller_still_rolls_back() {
+    let r = rig(DEFAULT, 16);
+    r.fake("sandbox").set(FlowKind::Create, Behavior::Hang);
+    let c = ctx("a");
+    let engine = r.engine.clone();
+    let run = tokio::spawn(async move { engine.run(FlowKind::Create, c).await });
+    within("hang start", async {
+        while !r.fake("sandbox").holds(&SandboxId::new_unchecked("a")) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    run.abort(); // kubelet gave up: the request future is dropped
+    within("rollback after drop", async {
+        while r.held() > 0 || r.engine.limits()[0].1.inflight > 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    assert!(r.journal.open_flows().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn teardown_runs_every_step_and_reports_every_failure() {
+    let r = rig(DEFAULT, 16);
+    r.engine.run(FlowKind::Create, ctx("a")).await.unwrap();
+    r.fake("sandbox").set(
+        FlowKind::Destroy,
+        Behavior::Fail {
+            after_acquire: false,
+        },
+    );
+    r.fake("storage").set(
+        FlowKind::Destroy,
+        Behavior::Fail {
+            after_acquire: false,
+        },
+    );
+    let err = r.engine.run(FlowKind::Destroy, ctx("a")).await.unwrap_err();
+    let EngineError::Failed { failures, .. } = &err else {
+        panic!("{err:?}")
+    };
+    let steps: Vec<_> = failures.iter().map(|f| f.step.as_str()).collect();
+    assert_eq!(steps.len(), 2);
+    assert!(steps.contains(&"sandbox") && steps.contains(&"storage"));
+    assert!(
+        !r.fake("network").holds(&SandboxId::new_unchecked("a")),
+        "network still torn down"
+    );
+    // The failed destroy stays open; recovery finishes it.
+    assert_eq!(r.journal.open_flows().unwrap().len(), 1);
+    r.fake("sandbox").set(FlowKind::Destroy, Behavior::Ok);
+    r.fake("storage").set(FlowKind::Destroy, Behavior::Ok);
+    let report = r.engine.recover().await.unwrap();
+    assert_eq!(report.settled.len(), 1);
+    assert!(report.failed.is_empty());
+    assert_eq!(r.held(), 0);
+    assert!(r.journal.open_flows().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn rollback_is_not_rejected_when_destroy_is_full() {
+    let r = rig(DEFAULT, 16);
+    r.engine.set_limit(FlowKind::Destroy, 1).unwrap();
+    // Hold the only destroy slot with a user destroy that waits.
+    let barrier = Arc::new(Barrier::new(2));
+    r.engine.run(FlowKind::Create, ctx("held")).await.unwrap();
+    r.fake("sandbox")
+        .set(FlowKind::Destroy, Behavior::Barrier(barrier.clone()));
+    let engine = r.engine.clone();
+    let user = tokio::spawn(async move { engine.run(FlowKind::Destroy, ctx("held")).await });
+    within("destroy admitted", async {
+        while r.engine.limits()[1].1.inflight < 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(matches!(
+        r.engine.run(FlowKind::Destroy, ctx("other")).await,
+        Err(EngineError::Rejected { .. })
+    ));
+    // A failing create still gets its rollback.
+    r.fake("network").set(
+        FlowKind::Create,
+        Behavior::Fail {
+            after_acquire: true,
+        },
+    );
+    r.fake("sandbox").set(FlowKind::Destroy, Behavior::Ok);
+    let err = within(
+        "create with rollback",
+        r.engine.run(FlowKind::Create, ctx("b")),
+    )
+    .await
+    .unwrap_err();
+    assert!(!err.rollback_failed(), "{err}");
+    assert!(!r
+        .fakes
+        .values()
+        .any(|f| f.holds(&SandboxId::new_unchecked("b"))));
+    barrier.wait().await;
+    user.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn rollback_that_times_out_is_reported_and_left_open() {
+    let r = rig_with(
+        DEFAULT,
+        16,
+        EngineOptions {
+            rollback_timeout: Duration::from_millis(50),
+            rollback_concurrency: 1,
+        },
+    );
+    r.fake("sandbox").set(
+        FlowKind::Create,
+        Behavior::Fail {
+            after_acquire: true,
+        },
+    );
+    r.fake("network").set(FlowKind::Destroy, Behavior::Hang);
+    let err = r.engine.run(FlowKind::Create, ctx("a")).await.unwrap_err();
+    assert!(err.rollback_failed());
+    assert!(err.to_string().contains("rollback timed out"), "{err}");
+    assert_eq!(*r.observer.rollbacks.lock().unwrap(), vec![Outcome::Error]);
+    // Both the create and its rollback stay open for recovery / GC.
+    assert_eq!(r.journal.open_flows().unwrap().len(), 2);
+    r.fake("network").set(FlowKind::Destroy, Behavior::Ok);
+    let report = r.engine.recover().await.unwrap();
+    assert_eq!(
+        report.settled,
+        vec![(SandboxId::new_unchecked("a"), FlowKind::Destroy)]
+    );
+    assert_eq!(r.held(), 0);
+}
+
+#[tokio::test]
+async fn without_failover_recover_undoes_the_failed_create() {
+    let r = rig(DEFAULT, 16);
+    r.fake("sandbox").set(
+        FlowKind::Create,
+        Behavior::Fail {
+            after_acquire: true,
+        },
+    );
+    let c = Arc::new(FlowContext::new(
+        SandboxId::new_unchecked("a"),
+        Arc::default(),
+    ));
+    let err = r.engine.run(FlowKind::Create, c).await.unwrap_err();
+    assert!(matches!(err, EngineError::Failed { rollback: None, .. }));
+    assert_eq!(r.held(), 3);
+    assert_eq!(r.journal.open_flows().unwrap()[0].state, FlowState::Failed);
+    let report = r.engine.recover().await.unwrap();
+    assert_eq!(report.settled.len(), 1);
+    assert_eq!(r.held(), 0);
+    assert!(r.journal.open_flows().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn failed_recovery_is_reported_and_stays_open() {
+    let r = rig(DEFAULT, 16);
+    r.fake("sandbox").set(
+        FlowKind::Create,
+        Behavior::Fail {
+            after_acquire: true,
+        },
+    );
+    let c = Arc::new(FlowContext::new(
+        SandboxId::new_unchecked("a"),
+        Arc::default(),
+    ));
+    r.engine.run(FlowKind::Create, c).await.unwrap_err();
+    r.fake("storage").set(
+        FlowKind::Destroy,
+        Behavior::Fail {
+            after_acquire: false,
+        },
+    );
+    let report = r.engine.recover().await.unwrap();
+    assert_eq!(report.failed.len(), 1);
+    assert!(report.failed[0]
+        .1
+        .to_string()
+        .contains("storage destroy failed"));
+    assert!(!r.journal.open_flows().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn flows_for_one_sandbox_never_overlap() {
+    let r = rig(DEFAULT, 16);
+    r.fake("sandbox")
+        .set(FlowKind::Create, Behavior::Delay(Duration::from_millis(20)));
+    let (a, b) = tokio::join!(
+        r.engine.run(FlowKind::Create, ctx("same")),
+        r.engine.run(FlowKind::Destroy, ctx("same")),
+    );
+    a.unwrap();
+    b.unwrap();
+    let log = r.log();
+    // Whichever went first finished all its steps before the other began.
+    let first_destroy = log.iter().position(|l| l.starts_with("destroy:")).unwrap();
+    let last_create = log.iter().rposition(|l| l.starts_with("create:")).unwrap();
+    let first_create = log.iter().position(|l| l.starts_with("create:")).unwrap();
+    let last_destroy = log.iter().rposition(|l| l.starts_with("destroy:")).unwrap();
+    assert!(
+        last_create < first_destroy || last_destroy < first_create,
+        "{log:?}"
+    );
+}
+
+#[tokio::test]
+async fn init_runs_every_provider_once() {
+    let r = rig(DEFAULT, 16);
+    r.engine.init().await.unwrap();
+    for f in r.fakes.values() {
+        assert_eq!(f.init_calls(), 1);
+    }
+}
+
+#[test]
+fn build_refuses_unknown_providers() {
+    let err = EngineBuilder::new()
+        .provider("storage", FakeFlow::new("storage"))
+        .build(&WorkflowConfig::default())
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("unknown provider \"network\""),
+        "{err}"
+    );
+}
+
+// ---- property test -------------------------------------------------------
+
+#[derive(Debug, Clone)]
+enum Fault {
+    Ok,
+    Fail { after_acquire: bool },
+    Panic { after_acquire: bool },
+    Hang,
+}
+
+fn fault() -> impl Strategy<Value = Fault> {
+    prop_oneof![
+        6 => Just(Fault::Ok),
+        2 => any::<bool>().prop_map(|after_acquire| Fault::Fail { after_acquire }),
+        1 => any::<bool>().prop_map(|after_acquire| Fault::Panic { after_acquire }),
+        1 => Just(Fault::Hang),
+    ]
+}
+
+/// Stages of 1–3 uniquely named providers, 1–3 stages, each with a fault.
+fn plan() -> impl Strategy<Value = Vec<Vec<Fault>>> {
+    prop::collection::vec(prop::collection::vec(fault(), 1..=3), 1..=3)
+}
+
+const NAMES: [&str; 9] = ["p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7", "p8"];
+
+fn run_case(plan: &[Vec<Fault>], failover: bool) -> Result<(), TestCaseError> {
+    quiet_fake_panics();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut k = 0;
+        let stages: Vec<Vec<&str>> = plan
+            .iter()
+            .map(|s| {
+                s.iter()
+                    .map(|_| {
+                        k += 1;
+                        NAMES[k - 1]
+                    })
+                    .collect()
+            })
+            .collect();
+        let stage_refs: Vec<&[&str]> = stages.iter().map(Vec::as_slice).collect();
+        let r = rig(&stage_refs, 16);
+        let mut hang = None;
+        for (stage, faults) in stages.iter().zip(plan) {
+            for (name, f) in stage.iter().zip(faults) {
+                let b = match f {
+                    Fault::Ok => Behavior::Ok,
+                    Fault::Fail { after_acquire } => Behavior::Fail {
+                        after_acquire: *after_acquire,
+                    },
+                    Fault::Panic { after_acquire } => Behavior::Panic {
+                        after_acquire: *after_acquire,
+                    },
+                    Fault::Hang => {
+                        hang.get_or_insert(*name);
+                        Behavior::Hang
+                    }
+                };
+                r.fake(name).set(FlowKind::Create, b);
+            }
+        }
+        let id = SandboxId::new_unchecked("prop");
+        let c = Arc::new(FlowContext::new(id.clone(), Arc::default()).with_failover(failover));
+        let token = c.cancel_token().clone();
+        let engine = r.engine.clone();
+        let run = tokio::spawn(async move { engine.run(FlowKind::Create, c).await });
+        if let Some(h) = hang {
+            // Cancel once the flow is stuck in the hanging step, or has ended.
+            while !run.is_finished() && !r.fake(h).holds(&id) {
+                tokio::task::yield_now().await;
+            }
+            token.cancel();
+        }
+        let result = tokio::time::timeout(Duration::from_secs(10), run)
+            .await
+            .map_err(|_| TestCaseError::fail("flow did not finish"))?
+            .map_err(|e| TestCaseError::fail(format!("join: {e}")))?;
+        let all_ok = plan.iter().flatten().all(|f| matches!(f, Fault::Ok));
+        match result {
+            Ok(()) => {
+                prop_assert!(all_ok, "flow succeeded despite a fault");
+                prop_assert_eq!(r.held(), plan.iter().flatten().count());
+                r.engine
+                    .run(FlowKind::Destroy, ctx("prop"))
+                    .await
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            }
+            Err(e) => {
+                prop_assert!(!all_ok, "flow failed without a fault: {}", e);
+                if failover {
+                    prop_assert!(!e.rollback_failed(), "rollback failed: {}", e);
+                } else {
+                    let report = r
+                        .engine
+                        .recover()
+                        .await
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    prop_assert!(report.failed.is_empty());
+                }
+            }
+        }
+        prop_assert_eq!(r.held(), 0, "leaked resources; log: {:?}", r.log());
+        prop_assert!(r.journal.open_flows().unwrap().is_empty());
+        prop_assert_eq!(r.engine.limits()[0].1.inflight, 0);
+        Ok(())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, .. ProptestConfig::default() })]
+
+    #[test]
+    fn no_fault_leaks_with_failover(plan in plan()) {
+        run_case(&plan, true)?;
+    }
+
+    #[test]
+    fn recover_undoes_every_fault_without_failover(plan in plan()) {
+        run_case(&plan, false)?;
+    }
+}
