@@ -1,0 +1,366 @@
+//! Crash safety: a child process writes sandboxes, leases and journal flows in
+//! a loop and is killed with SIGKILL at an arbitrary point; the parent then
+//! reopens the store and checks that everything the child had reported as
+//! committed is there, that every record decodes, that flow ids only grow,
+//! and that new writes work. Repeated a few times on the same file.
+//!
+//! The child is this same test binary, re-executed with `--exact` and an
+//! environment variable; it reports each commit on stdout *after* the call
+//! returned, so a reported write must survive the kill.
+
+// Test code: a failed unwrap is a failed test, with the error printed.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, SystemTime};
+
+use cubelet_engine::{FlowKind, FlowStart, FlowState, Journal, SandboxId, SandboxSpec, StepEvent};
+use cubelet_store::{ContainerRecord, IpLease, SandboxRecord, SandboxState, Store};
+
+const TEST_NAME: &str = "kill9_mid_write_leaves_a_consistent_store";
+const CHILD_ENV: &str = "CUBELET_STORE_TEST_CHILD";
+const PATH_ENV: &str = "CUBELET_STORE_TEST_PATH";
+const ROUND_ENV: &str = "CUBELET_STORE_TEST_ROUND";
+const ROUNDS: u32 = 4;
+/// Hang guard only (the child normally reports many lines per second).
+const NO_PROGRESS_LIMIT: Duration = Duration::from_secs(120);
+const POOL: &str = "test-pool";
+
+#[test]
+fn kill9_mid_write_leaves_a_consistent_store() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        child();
+    } else {
+        parent();
+    }
+}
+
+fn sid(s: &str) -> SandboxId {
+    SandboxId::parse(s).unwrap()
+}
+
+fn spec_for(id: &str) -> SandboxSpec {
+    SandboxSpec {
+        name: format!("pod-{id}"),
+        namespace: "test".into(),
+        uid: format!("uid-{id}"),
+        ..Default::default()
+    }
+}
+
+fn lease_ip(round: u32, i: u32) -> std::net::IpAddr {
+    std::net::Ipv4Addr::new(10, round as u8, (i / 256) as u8, (i % 256) as u8).into()
+}
+
+/// The writer. Prints one line per committed operation, after it returned.
+fn child() {
+    let path = std::env::var_os(PATH_ENV).expect("parent sets the store path");
+    let round: u32 = std::env::var(ROUND_ENV).unwrap().parse().unwrap();
+    let store = Store::open(Path::new(&path)).unwrap();
+    println!("OPENED");
+    // Bounded, so a parent that failed to kill us cannot leave us running for ever.
+    for i in 0..20_000u32 {
+        let id = format!("r{round}-{i}");
+        let sb = sid(&id);
+        let spec = spec_for(&id);
+
+        store
+            .put_sandbox(&SandboxRecord::new(sb.clone(), spec.clone()))
+            .unwrap();
+        println!("SANDBOX {id}");
+
+        let fid = store
+            .begin(FlowStart {
+                kind: FlowKind::Create,
+                sandbox_id: &sb,
+                spec: &spec,
+                compensates: None,
+            })
+            .unwrap();
+        println!("BEGUN {fid} {id}");
+
+        store
+            .step(fid, "storage", StepEvent::Started { stage: 0 })
+            .unwrap();
+        store
+            .add_lease(&IpLease {
+                ip: lease_ip(round, i),
+                sandbox_id: sb.clone(),
+                pool: POOL.into(),
+                allocated_at: SystemTime::now(),
+            })
+            .unwrap();
+        println!("LEASED {} {id}", lease_ip(round, i));
+        store
+            .step(
+                fid,
+                "storage",
+                StepEvent::Finished {
+                    duration: Duration::from_millis(1),
+                    error: None,
+                },
+            )
+            .unwrap();
+        store
+            .put_container(&ContainerRecord::new(
+                format!("c-{id}"),
+                sb.clone(),
+                "app",
+                0,
+                "busybox",
+            ))
+            .unwrap();
+
+        if i % 3 != 2 {
+            store.finish(fid, FlowState::Succeeded, None).unwrap();
+            println!("FINISHED {fid}");
+            store
+                .update_sandbox(&sb, |r| r.state = SandboxState::Ready)
+                .unwrap();
+        }
+        if i % 5 == 4 {
+            // Announced before acting: a kill in the middle leaves either.
+            println!("FORGETTING {id}");
+            store.delete_container(&format!("c-{id}")).unwrap();
+            store.release_leases_of(&sb).unwrap();
+            store.delete_sandbox(&sb).unwrap();
+            store.forget(&sb).unwrap();
+        }
+    }
+}
+
+/// Kills the child if the test fails before it does.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[derive(Default)]
+struct Reported {
+    sandboxes: BTreeSet<String>,
+    begun: BTreeMap<u64, String>,
+    finished: BTreeSet<u64>,
+    leases: BTreeMap<String, String>,
+    forgotten: BTreeSet<String>,
+}
+
+fn parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node").join("cubelet.redb");
+    let exe = std::env::current_exe().unwrap();
+    let mut seen = Reported::default();
+    let mut max_id = 0u64;
+
+    for round in 0..ROUNDS {
+        let kill_after = 3 + round as usize * 17;
+        let mut child = KillOnDrop(
+            Command::new(&exe)
+                .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
+                .env(CHILD_ENV, "1")
+                .env(PATH_ENV, &path)
+                .env(ROUND_ENV, round.to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap(),
+        );
+        let stdout = child.0.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+
+        // Read until enough flows have begun, kill, then drain what the child
+        // had written before it died.
+        let mut begun_this_round = Vec::new();
+        let mut killed = false;
+        loop {
+            let line = match rx.recv_timeout(NO_PROGRESS_LIMIT) {
+                Ok(line) => line,
+                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => panic!("round {round}: child made no progress"),
+            };
+            record(&line, &mut seen, &mut begun_this_round);
+            if !killed && begun_this_round.len() >= kill_after {
+                child.0.kill().unwrap();
+                killed = true;
+            }
+        }
+        reader.join().unwrap();
+        let status = child.0.wait().unwrap();
+        assert!(killed, "round {round}: child exited on its own: {status}");
+        assert_eq!(status.signal(), Some(9), "round {round}: {status}");
+
+        // Ids of this round grow in the order they were handed out, and are
+        // above every id seen before (including the parent's own writes).
+        for id in &begun_this_round {
+            assert!(
+                *id > max_id,
+                "round {round}: flow id {id} not above {max_id}"
+            );
+            max_id = *id;
+        }
+
+        let store = Store::open(&path).unwrap();
+        check(&store, &seen, round);
+
+        // New writes work and continue the id sequence.
+        let id = format!("p{round}");
+        let sb = sid(&id);
+        let spec = spec_for(&id);
+        store
+            .put_sandbox(&SandboxRecord::new(sb.clone(), spec.clone()))
+            .unwrap();
+        let fid = store
+            .begin(FlowStart {
+                kind: FlowKind::Create,
+                sandbox_id: &sb,
+                spec: &spec,
+                compensates: None,
+            })
+            .unwrap();
+        let newest = store
+            .list_flows()
+            .unwrap()
+            .iter()
+            .map(|f| f.id)
+            .max()
+            .unwrap();
+        assert_eq!(fid, newest);
+        assert!(
+            fid > max_id,
+            "round {round}: new flow id {fid} not above {max_id}"
+        );
+        max_id = fid;
+        store.finish(fid, FlowState::Succeeded, None).unwrap();
+        seen.sandboxes.insert(id.clone());
+        seen.begun.insert(fid, id);
+        seen.finished.insert(fid);
+        println!(
+            "round {round}: killed after {} begun flows; store holds {:?}",
+            begun_this_round.len(),
+            store.verify().unwrap()
+        );
+        drop(store);
+    }
+}
+
+fn record(line: &str, seen: &mut Reported, begun_this_round: &mut Vec<u64>) {
+    let mut parts = line.split_whitespace();
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some("SANDBOX"), Some(id), None) => {
+            seen.sandboxes.insert(id.to_owned());
+        }
+        (Some("BEGUN"), Some(fid), Some(id)) => {
+            let fid: u64 = fid.parse().unwrap();
+            seen.begun.insert(fid, id.to_owned());
+            begun_this_round.push(fid);
+        }
+        (Some("FINISHED"), Some(fid), None) => {
+            seen.finished.insert(fid.parse().unwrap());
+        }
+        (Some("LEASED"), Some(ip), Some(id)) => {
+            seen.leases.insert(ip.to_owned(), id.to_owned());
+        }
+        (Some("FORGETTING"), Some(id), None) => {
+            seen.forgotten.insert(id.to_owned());
+        }
+        // libtest's own lines, OPENED.
+        _ => {}
+    }
+}
+
+fn check(store: &Store, seen: &Reported, round: u32) {
+    // Every record of every table decodes.
+    store.verify().unwrap();
+
+    let flows: BTreeMap<u64, _> = store
+        .list_flows()
+        .unwrap()
+        .into_iter()
+        .map(|f| (f.id, f))
+        .collect();
+    for (fid, id) in &seen.begun {
+        if seen.forgotten.contains(id) {
+            continue;
+        }
+        let flow = flows
+            .get(fid)
+            .unwrap_or_else(|| panic!("round {round}: begun flow {fid} of {id} lost"));
+        assert_eq!(flow.sandbox_id.as_str(), id);
+        assert_eq!(flow.spec, spec_for(id));
+        if seen.finished.contains(fid) {
+            assert_eq!(
+                flow.state,
+                FlowState::Succeeded,
+                "round {round}: flow {fid}"
+            );
+            assert!(flow.finished_at.is_some());
+        } else {
+            // Killed before or after its finish committed: either is fine.
+            assert!(
+                matches!(flow.state, FlowState::Running | FlowState::Succeeded),
+                "round {round}: flow {fid} is {:?}",
+                flow.state
+            );
+        }
+    }
+    // Open flows are exactly the unfinished ones, and every one is recoverable.
+    for flow in store.open_flows().unwrap() {
+        assert!(
+            !seen.finished.contains(&flow.id),
+            "round {round}: finished flow {} open",
+            flow.id
+        );
+        assert_eq!(flow.state, FlowState::Running);
+    }
+
+    for id in &seen.sandboxes {
+        if seen.forgotten.contains(id) {
+            continue;
+        }
+        let rec = store
+            .get_sandbox(&sid(id))
+            .unwrap()
+            .unwrap_or_else(|| panic!("round {round}: sandbox {id} lost"));
+        assert_eq!(rec.spec, spec_for(id));
+    }
+    let leases: BTreeMap<String, IpLease> = store
+        .list_leases(POOL)
+        .unwrap()
+        .into_iter()
+        .map(|l| (l.ip.to_string(), l))
+        .collect();
+    for (ip, id) in &seen.leases {
+        if seen.forgotten.contains(id) {
+            continue;
+        }
+        let lease = leases
+            .get(ip)
+            .unwrap_or_else(|| panic!("round {round}: lease {ip} lost"));
+        assert_eq!(lease.sandbox_id.as_str(), id);
+    }
+    // Every container points at a sandbox that exists or is being forgotten.
+    for c in store.list_containers().unwrap() {
+        let id = c.sandbox_id.as_str();
+        assert!(
+            store.get_sandbox(&c.sandbox_id).unwrap().is_some() || seen.forgotten.contains(id),
+            "round {round}: container {} of missing sandbox {id}",
+            c.id
+        );
+    }
+}
