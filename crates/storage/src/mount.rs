@@ -20,6 +20,8 @@ use crate::error::StorageError;
 pub struct MountEntry {
     /// Where it is mounted (octal escapes decoded).
     pub mount_point: PathBuf,
+    /// Per-mount options (`rw,nosuid,nodev,noexec,relatime`, ...).
+    pub mount_options: String,
     /// Filesystem type (`tmpfs`, `ext4`, ...).
     pub fstype: String,
     /// Mount source (`shm`, `/dev/loop3`, ...).
@@ -61,13 +63,16 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
         .filter_map(|line| {
             // id parent major:minor root mount_point options [optional...] - fstype source super_options
             let (pre, post) = line.split_once(" - ")?;
-            let mount_point = pre.split(' ').nth(4)?;
+            let mut pre = pre.split(' ').skip(4);
+            let mount_point = pre.next()?;
+            let mount_options = pre.next()?;
             let mut post = post.split(' ');
             let fstype = post.next()?;
             let source = post.next()?;
             let super_options = post.next().unwrap_or("");
             Some(MountEntry {
                 mount_point: unescape(mount_point),
+                mount_options: mount_options.to_owned(),
                 fstype: fstype.to_owned(),
                 source: source.to_owned(),
                 super_options: super_options.to_owned(),
@@ -166,6 +171,7 @@ bogus line
         assert_eq!(t[1].mount_point, Path::new("/dev/shm"));
         assert_eq!(t[2].fstype, "tmpfs");
         assert_eq!(t[2].source, "shm");
+        assert_eq!(t[2].mount_options, "rw,nosuid,nodev,noexec,relatime");
         assert!(t[2].super_options.contains("size=65536k"));
         assert_eq!(t[3].mount_point, Path::new("/tmp/with space/scratch"));
         assert_eq!(t[3].source, "/dev/loop3");

@@ -173,8 +173,9 @@ pub(crate) fn check_sandbox_dir(sandboxes: &Path, dir: &Path) -> Result<bool, St
 
 /// Removes `dir` and everything in it without following symlinks (a link is
 /// removed, never its target) and without descending into another
-/// filesystem: a mount point still present inside is an error, so nothing
-/// outside the sandbox's own files can be deleted. Absent is fine.
+/// filesystem (a directory with another device number is an error). Bind
+/// mounts from the same filesystem are invisible to that check: callers
+/// consult the mount table first. Absent is fine.
 pub(crate) fn remove_tree(dir: &Path) -> Result<(), StorageError> {
     let meta = match fs::symlink_metadata(dir) {
         Ok(m) => m,

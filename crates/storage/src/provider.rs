@@ -281,6 +281,18 @@ impl LocalStorage {
             return Ok(());
         }
         unmount_sandbox(&p)?;
+        // A bind mount from the same filesystem keeps the device number,
+        // so the walk's device check cannot see it: ask the mount table.
+        let canon = fs::canonicalize(&p.dir).map_err(|e| StorageError::io("resolve", &p.dir, e))?;
+        if let Some(m) = mount_table()?
+            .into_iter()
+            .find(|m| m.mount_point.starts_with(&canon))
+        {
+            return Err(StorageError::UnsafePath {
+                path: m.mount_point,
+                reason: "a mount not made by the storage provider is inside the sandbox directory",
+            });
+        }
         remove_tree(&p.dir)
     }
 
