@@ -1,0 +1,532 @@
+//! [`Metrics`]: every Prometheus metric of the node agent, and the engine's
+//! [`FlowObserver`] implementation.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cubelet_engine::{FlowKind, FlowObserver, Outcome};
+use prometheus::core::Collector;
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+use crate::error::MetricsError;
+
+/// Histogram buckets of every duration metric, in seconds: 0.5 ms to 30 s.
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// The node agent's metrics, registered in a caller-supplied registry.
+///
+/// Cheap to clone (one `Arc`); clones update the same metrics. Every method
+/// is lock-free apart from the label lookup of labelled metrics, so it may be
+/// called on hot paths. Label values must come from small fixed sets (flow,
+/// step, gRPC method, status code, state, kind): never pass a sandbox or
+/// container id.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    flow_duration: HistogramVec,
+    step_duration: HistogramVec,
+    rollbacks: IntCounterVec,
+    /// Per-flow handles, indexed by [`flow_index`], resolved once.
+    per_flow: [PerFlow; 3],
+    cri_requests: IntCounterVec,
+    cri_duration: HistogramVec,
+    sandboxes: IntGaugeVec,
+    gc_reclaimed: IntCounterVec,
+    gc_runs: IntCounter,
+    gc_failures: IntCounterVec,
+    gc_pending: IntGauge,
+    events_dropped: IntCounter,
+    pool_hit: IntCounter,
+    pool_miss: IntCounter,
+}
+
+struct PerFlow {
+    rejections: IntCounter,
+    inflight: IntGauge,
+    limit: IntGauge,
+}
+
+fn flow_index(flow: FlowKind) -> usize {
+    match flow {
+        FlowKind::Create => 0,
+        FlowKind::Destroy => 1,
+        FlowKind::Cleanup => 2,
+    }
+}
+
+fn seconds(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+fn saturating_i64(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Creates a metric and registers it, naming it in any error.
+fn register<C>(
+    registry: &Registry,
+    name: &'static str,
+    metric: Result<C, prometheus::Error>,
+) -> Result<C, MetricsError>
+where
+    C: Collector + Clone + 'static,
+{
+    let metric = metric.map_err(|source| MetricsError::Register { name, source })?;
+    registry
+        .register(Box::new(metric.clone()))
+        .map_err(|source| MetricsError::Register { name, source })?;
+    Ok(metric)
+}
+
+fn histogram(
+    registry: &Registry,
+    name: &'static str,
+    help: &str,
+    labels: &[&str],
+) -> Result<HistogramVec, MetricsError> {
+    let opts = HistogramOpts::new(name, help).buckets(DURATION_BUCKETS.to_vec());
+    register(registry, name, HistogramVec::new(opts, labels))
+}
+
+fn counter_vec(
+    registry: &Registry,
+    name: &'static str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntCounterVec, MetricsError> {
+    register(
+        registry,
+        name,
+        IntCounterVec::new(Opts::new(name, help), labels),
+    )
+}
+
+fn gauge_vec(
+    registry: &Registry,
+    name: &'static str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntGaugeVec, MetricsError> {
+    register(
+        registry,
+        name,
+        IntGaugeVec::new(Opts::new(name, help), labels),
+    )
+}
+
+impl Metrics {
+    /// Creates every metric and registers it in `registry` (never the global
+    /// default). `version` is exported as `cubelet_build_info{version}` = 1.
+    ///
+    /// Fails if a metric of the same name is already registered there.
+    pub fn new(registry: &Registry, version: &str) -> Result<Metrics, MetricsError> {
+        let flow_duration = histogram(
+            registry,
+            "cubelet_flow_duration_seconds",
+            "Duration of sandbox flows, by flow and result (ok, error, cancelled).",
+            &["flow", "result"],
+        )?;
+        let step_duration = histogram(
+            registry,
+            "cubelet_flow_step_duration_seconds",
+            "Duration of flow steps, by flow, step (provider) and result.",
+            &["flow", "step", "result"],
+        )?;
+        let rejections = counter_vec(
+            registry,
+            "cubelet_flow_rejections_total",
+            "Flows rejected at admission because their concurrency limit was reached.",
+            &["flow"],
+        )?;
+        let inflight = gauge_vec(
+            registry,
+            "cubelet_flow_inflight",
+            "Flows running now, including rollbacks.",
+            &["flow"],
+        )?;
+        let limit = gauge_vec(
+            registry,
+            "cubelet_flow_limit",
+            "Concurrency limit of each flow; 0 means unlimited.",
+            &["flow"],
+        )?;
+        let rollbacks = counter_vec(
+            registry,
+            "cubelet_flow_rollbacks_total",
+            "Rollbacks (failover destroy) run for failed flows, by flow and result.",
+            &["flow", "result"],
+        )?;
+        let cri_requests = counter_vec(
+            registry,
+            "cubelet_cri_requests_total",
+            "CRI requests served, by gRPC method and status code.",
+            &["method", "code"],
+        )?;
+        let cri_duration = histogram(
+            registry,
+            "cubelet_cri_request_duration_seconds",
+            "Duration of CRI requests, by gRPC method.",
+            &["method"],
+        )?;
+        let sandboxes = gauge_vec(
+            registry,
+            "cubelet_sandboxes",
+            "Pod sandboxes known to the node, by state.",
+            &["state"],
+        )?;
+        let gc_reclaimed = counter_vec(
+            registry,
+            "cubelet_gc_reclaimed_total",
+            "Objects reclaimed by garbage collection, by kind.",
+            &["kind"],
+        )?;
+        let gc_runs = register(
+            registry,
+            "cubelet_gc_runs_total",
+            IntCounter::new("cubelet_gc_runs_total", "Garbage collection passes run."),
+        )?;
+        let gc_failures = counter_vec(
+            registry,
+            "cubelet_gc_failures_total",
+            "Objects garbage collection failed to reclaim, by kind.",
+            &["kind"],
+        )?;
+        let gc_pending = register(
+            registry,
+            "cubelet_gc_pending",
+            IntGauge::new(
+                "cubelet_gc_pending",
+                "Objects waiting to be garbage collected.",
+            ),
+        )?;
+        let events_dropped = register(
+            registry,
+            "cubelet_events_dropped_total",
+            IntCounter::new(
+                "cubelet_events_dropped_total",
+                "Container events dropped because a subscriber was too slow.",
+            ),
+        )?;
+        let storage_pool = counter_vec(
+            registry,
+            "cubelet_storage_pool_total",
+            "Sandbox storage requests served from the warm pool (hit) or built (miss).",
+            &["result"],
+        )?;
+        let build_info = gauge_vec(
+            registry,
+            "cubelet_build_info",
+            "Build information; the value is always 1.",
+            &["version"],
+        )?;
+        build_info.with_label_values(&[version]).set(1);
+
+        // Resolving these once makes them appear at zero on the first scrape
+        // and spares the hot path a label lookup.
+        let per_flow = FlowKind::ALL.map(|flow| {
+            let label = [flow.as_str()];
+            PerFlow {
+                rejections: rejections.with_label_values(&label),
+                inflight: inflight.with_label_values(&label),
+                limit: limit.with_label_values(&label),
+            }
+        });
+        debug_assert!(FlowKind::ALL
+            .iter()
+            .enumerate()
+            .all(|(i, k)| flow_index(*k) == i));
+
+        Ok(Metrics {
+            inner: Arc::new(Inner {
+                flow_duration,
+                step_duration,
+                rollbacks,
+                per_flow,
+                cri_requests,
+                cri_duration,
+                sandboxes,
+                gc_reclaimed,
+                gc_runs,
+                gc_failures,
+                gc_pending,
+                events_dropped,
+                pool_hit: storage_pool.with_label_values(&["hit"]),
+                pool_miss: storage_pool.with_label_values(&["miss"]),
+            }),
+        })
+    }
+
+    /// The metrics as an engine observer, for `EngineBuilder::observer`.
+    pub fn observer(&self) -> Arc<dyn FlowObserver> {
+        Arc::new(self.clone())
+    }
+
+    fn flow(&self, flow: FlowKind) -> &PerFlow {
+        &self.inner.per_flow[flow_index(flow)]
+    }
+
+    /// Records one CRI request: `method` is the gRPC method name (e.g.
+    /// `RunPodSandbox`), `code` the gRPC status code name (e.g. `OK`,
+    /// `NotFound`).
+    pub fn cri_request(&self, method: &str, code: &str, elapsed: Duration) {
+        self.inner
+            .cri_requests
+            .with_label_values(&[method, code])
+            .inc();
+        self.inner
+            .cri_duration
+            .with_label_values(&[method])
+            .observe(seconds(elapsed));
+    }
+
+    /// Sets how many sandboxes are in `state` (e.g. `ready`, `notready`).
+    pub fn set_sandboxes(&self, state: &str, n: i64) {
+        self.inner.sandboxes.with_label_values(&[state]).set(n);
+    }
+
+    /// Counts one garbage collection pass.
+    pub fn gc_run(&self) {
+        self.inner.gc_runs.inc();
+    }
+
+    /// Counts `n` objects of `kind` (e.g. `netns`, `veth`, `ip`, `mount`,
+    /// `dir`, `container`, `journal`, `sandbox`) reclaimed by GC.
+    pub fn gc_reclaimed(&self, kind: &str, n: u64) {
+        self.inner.gc_reclaimed.with_label_values(&[kind]).inc_by(n);
+    }
+
+    /// Counts one object of `kind` that GC failed to reclaim.
+    pub fn gc_failure(&self, kind: &str) {
+        self.inner.gc_failures.with_label_values(&[kind]).inc();
+    }
+
+    /// Sets how many objects wait for garbage collection.
+    pub fn set_gc_pending(&self, n: i64) {
+        self.inner.gc_pending.set(n);
+    }
+
+    /// Counts one container event dropped for a slow subscriber.
+    pub fn event_dropped(&self) {
+        self.inner.events_dropped.inc();
+    }
+
+    /// Counts one storage request served from the warm pool (`hit`) or
+    /// built on demand (miss).
+    pub fn storage_pool(&self, hit: bool) {
+        if hit {
+            self.inner.pool_hit.inc();
+        } else {
+            self.inner.pool_miss.inc();
+        }
+    }
+}
+
+impl FlowObserver for Metrics {
+    fn flow_started(&self, flow: FlowKind) {
+        self.flow(flow).inflight.inc();
+    }
+
+    fn flow_finished(&self, flow: FlowKind, outcome: Outcome, elapsed: Duration) {
+        self.flow(flow).inflight.dec();
+        self.inner
+            .flow_duration
+            .with_label_values(&[flow.as_str(), outcome.as_str()])
+            .observe(seconds(elapsed));
+    }
+
+    fn step_finished(&self, flow: FlowKind, step: &str, outcome: Outcome, elapsed: Duration) {
+        self.inner
+            .step_duration
+            .with_label_values(&[flow.as_str(), step, outcome.as_str()])
+            .observe(seconds(elapsed));
+    }
+
+    fn rejected(&self, flow: FlowKind, _limit: usize) {
+        self.flow(flow).rejections.inc();
+    }
+
+    fn rollback(&self, flow: FlowKind, outcome: Outcome) {
+        self.inner
+            .rollbacks
+            .with_label_values(&[flow.as_str(), outcome.as_str()])
+            .inc();
+    }
+
+    fn limit_changed(&self, flow: FlowKind, limit: usize) {
+        self.flow(flow).limit.set(saturating_i64(limit));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus::proto::MetricFamily;
+
+    fn family<'a>(families: &'a [MetricFamily], name: &str) -> &'a MetricFamily {
+        families
+            .iter()
+            .find(|f| f.name() == name)
+            .unwrap_or_else(|| panic!("metric {name} not gathered"))
+    }
+
+    fn labels(m: &prometheus::proto::Metric) -> Vec<(String, String)> {
+        m.get_label()
+            .iter()
+            .map(|l| (l.name().to_owned(), l.value().to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn registers_every_contract_name_and_preinitialises_flows() {
+        let registry = Registry::new();
+        let _m = Metrics::new(&registry, "1.2.3").unwrap();
+        let families = registry.gather();
+        for name in [
+            "cubelet_flow_rejections_total",
+            "cubelet_flow_inflight",
+            "cubelet_flow_limit",
+            "cubelet_build_info",
+            "cubelet_gc_runs_total",
+            "cubelet_gc_pending",
+            "cubelet_events_dropped_total",
+            "cubelet_storage_pool_total",
+        ] {
+            family(&families, name);
+        }
+        for name in [
+            "cubelet_flow_rejections_total",
+            "cubelet_flow_inflight",
+            "cubelet_flow_limit",
+        ] {
+            let flows: Vec<_> = family(&families, name)
+                .get_metric()
+                .iter()
+                .map(|m| labels(m)[0].1.clone())
+                .collect();
+            assert_eq!(flows, ["cleanup", "create", "destroy"], "{name}");
+        }
+        let info = &family(&families, "cubelet_build_info").get_metric()[0];
+        assert_eq!(labels(info), [("version".to_owned(), "1.2.3".to_owned())]);
+        assert_eq!(info.get_gauge().get_value(), 1.0);
+    }
+
+    #[test]
+    fn second_registration_in_same_registry_fails_with_name() {
+        let registry = Registry::new();
+        let _m = Metrics::new(&registry, "v").unwrap();
+        let err = Metrics::new(&registry, "v").unwrap_err();
+        assert!(
+            err.to_string().contains("cubelet_flow_duration_seconds"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn observer_methods_update_metrics() {
+        let registry = Registry::new();
+        let m = Metrics::new(&registry, "v").unwrap();
+        let obs: Arc<dyn FlowObserver> = m.observer();
+        obs.limit_changed(FlowKind::Create, 16);
+        obs.flow_started(FlowKind::Create);
+        obs.flow_started(FlowKind::Create);
+        obs.step_finished(
+            FlowKind::Create,
+            "network",
+            Outcome::Ok,
+            Duration::from_millis(3),
+        );
+        obs.flow_finished(FlowKind::Create, Outcome::Ok, Duration::from_millis(7));
+        obs.rejected(FlowKind::Create, 16);
+        obs.rollback(FlowKind::Create, Outcome::Error);
+        m.storage_pool(true);
+        m.storage_pool(false);
+        m.storage_pool(false);
+        m.gc_reclaimed("netns", 3);
+        m.set_sandboxes("ready", 4);
+
+        let f = registry.gather();
+        let by_flow = |name: &str, flow: &str| {
+            family(&f, name)
+                .get_metric()
+                .iter()
+                .find(|m| labels(m).contains(&("flow".to_owned(), flow.to_owned())))
+                .cloned()
+                .unwrap()
+        };
+        assert_eq!(
+            by_flow("cubelet_flow_inflight", "create")
+                .get_gauge()
+                .get_value(),
+            1.0
+        );
+        assert_eq!(
+            by_flow("cubelet_flow_limit", "create")
+                .get_gauge()
+                .get_value(),
+            16.0
+        );
+        assert_eq!(
+            by_flow("cubelet_flow_rejections_total", "create")
+                .get_counter()
+                .get_value(),
+            1.0
+        );
+        assert_eq!(
+            by_flow("cubelet_flow_rejections_total", "destroy")
+                .get_counter()
+                .get_value(),
+            0.0
+        );
+        let h = by_flow("cubelet_flow_duration_seconds", "create");
+        assert_eq!(h.get_histogram().get_sample_count(), 1);
+        assert!((h.get_histogram().get_sample_sum() - 0.007).abs() < 1e-9);
+        let step = &family(&f, "cubelet_flow_step_duration_seconds").get_metric()[0];
+        assert_eq!(
+            labels(step),
+            [
+                ("flow".to_owned(), "create".to_owned()),
+                ("result".to_owned(), "ok".to_owned()),
+                ("step".to_owned(), "network".to_owned()),
+            ]
+        );
+        let rb = &family(&f, "cubelet_flow_rollbacks_total").get_metric()[0];
+        assert_eq!(rb.get_counter().get_value(), 1.0);
+        assert!(labels(rb).contains(&("result".to_owned(), "error".to_owned())));
+        let pool: Vec<_> = family(&f, "cubelet_storage_pool_total")
+            .get_metric()
+            .iter()
+            .map(|m| (labels(m)[0].1.clone(), m.get_counter().get_value()))
+            .collect();
+        assert_eq!(pool, [("hit".to_owned(), 1.0), ("miss".to_owned(), 2.0)]);
+        let gc = &family(&f, "cubelet_gc_reclaimed_total").get_metric()[0];
+        assert_eq!(gc.get_counter().get_value(), 3.0);
+        let sb = &family(&f, "cubelet_sandboxes").get_metric()[0];
+        assert_eq!(sb.get_gauge().get_value(), 4.0);
+    }
+
+    #[test]
+    fn huge_limit_saturates() {
+        assert_eq!(saturating_i64(usize::MAX), i64::MAX);
+        assert_eq!(saturating_i64(32), 32);
+    }
+
+    #[test]
+    fn metrics_are_send_sync_and_cheap_to_clone() {
+        fn assert_send_sync<T: Send + Sync + Clone + 'static>() {}
+        assert_send_sync::<Metrics>();
+    }
+}

@@ -1,0 +1,235 @@
+//! The admin HTTP server: `/metrics`, `/healthz` and `/readyz` on hyper 1.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus::{Encoder, Registry, TextEncoder};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, info_span, warn, Instrument};
+
+use crate::error::MetricsError;
+use crate::readiness::Readiness;
+
+/// `Content-Type` of `/metrics`: Prometheus text exposition format 0.0.4.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+const TEXT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
+
+/// How long a client may take to send a request's headers. Bounds how long
+/// a silent connection can hold up a graceful shutdown.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Pause after a failed `accept` (e.g. out of file descriptors) so the loop
+/// does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The admin HTTP server, bound but not yet serving.
+///
+/// Routes (GET or HEAD; other methods get 405, unknown paths 404):
+/// - `/metrics`: the registry in the Prometheus text format 0.0.4,
+/// - `/healthz`: 200 `ok` while the process serves at all,
+/// - `/readyz`: 200 `ready`, or 503 with the reason from [`Readiness`].
+pub struct AdminServer {
+    listener: std::net::TcpListener,
+    local_addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    registry: Registry,
+    readiness: Readiness,
+}
+
+impl fmt::Debug for AdminServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdminServer")
+            .field("local_addr", &self.local_addr)
+            .field("readiness", &self.shared.readiness)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdminServer {
+    /// Binds `addr` now, so that a bad address fails at startup and the real
+    /// port of `:0` is known from [`AdminServer::local_addr`] before serving.
+    /// Needs no async runtime; [`AdminServer::serve`] does.
+    pub fn bind(
+        addr: SocketAddr,
+        registry: Registry,
+        readiness: Readiness,
+    ) -> Result<AdminServer, MetricsError> {
+        let listener = std::net::TcpListener::bind(addr)
+            .map_err(|source| MetricsError::Bind { addr, source })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| MetricsError::Bind { addr, source })?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| MetricsError::LocalAddr { addr, source })?;
+        Ok(AdminServer {
+            listener,
+            local_addr,
+            shared: Arc::new(Shared {
+                registry,
+                readiness,
+            }),
+        })
+    }
+
+    /// The address actually bound (with the kernel's port when asked for 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Serves until `shutdown` is cancelled, then stops accepting, lets the
+    /// requests in flight finish (idle keep-alive connections are closed)
+    /// and returns once every connection is done. Must run inside a tokio
+    /// runtime. A caller wanting a hard deadline on the drain wraps this in
+    /// `tokio::time::timeout`.
+    pub fn serve(
+        self,
+        shutdown: CancellationToken,
+    ) -> impl std::future::Future<Output = Result<(), MetricsError>> + Send + 'static {
+        let AdminServer {
+            listener,
+            local_addr,
+            shared,
+        } = self;
+        async move {
+            let listener =
+                TcpListener::from_std(listener).map_err(|source| MetricsError::Listen {
+                    addr: local_addr,
+                    source,
+                })?;
+            info!(address = %local_addr, "admin server listening");
+            let connections = TaskTracker::new();
+            loop {
+                let accepted = tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => break,
+                    accepted = listener.accept() => accepted,
+                };
+                match accepted {
+                    Ok((stream, peer)) => {
+                        let span = info_span!("admin_connection", peer = %peer);
+                        connections.spawn(
+                            serve_connection(stream, Arc::clone(&shared), shutdown.clone())
+                                .instrument(span),
+                        );
+                    }
+                    Err(error) => {
+                        // Per-connection errors (reset before accept) and
+                        // resource exhaustion are both transient here.
+                        warn!(%error, "admin server accept failed");
+                        tokio::select! {
+                            () = shutdown.cancelled() => break,
+                            () = tokio::time::sleep(ACCEPT_BACKOFF) => {}
+                        }
+                    }
+                }
+            }
+            drop(listener);
+            connections.close();
+            debug!(
+                open = connections.len(),
+                "admin server draining connections"
+            );
+            connections.wait().await;
+            info!(address = %local_addr, "admin server stopped");
+            Ok(())
+        }
+    }
+}
+
+async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, shutdown: CancellationToken) {
+    let service = service_fn(move |req: Request<Incoming>| {
+        let response = route(&shared, &req);
+        async move { Ok::<_, Infallible>(response) }
+    });
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service);
+    let mut conn = std::pin::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        () = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(error) = result {
+        debug!(%error, "admin connection ended with an error");
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    Metrics,
+    Healthz,
+    Readyz,
+}
+
+fn route(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let route = match req.uri().path() {
+        "/metrics" => Route::Metrics,
+        "/healthz" => Route::Healthz,
+        "/readyz" => Route::Readyz,
+        _ => return text(StatusCode::NOT_FOUND, "not found"),
+    };
+    // HEAD is answered like GET; hyper sends the headers only.
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return response;
+    }
+    match route {
+        Route::Metrics => metrics(&shared.registry),
+        Route::Healthz => text(StatusCode::OK, "ok"),
+        Route::Readyz => match shared.readiness.reason() {
+            None => text(StatusCode::OK, "ready"),
+            Some(reason) => text(StatusCode::SERVICE_UNAVAILABLE, reason),
+        },
+    }
+}
+
+fn metrics(registry: &Registry) -> Response<Full<Bytes>> {
+    let families = registry.gather();
+    let mut body = Vec::with_capacity(16 * 1024);
+    if let Err(error) = TextEncoder::new().encode(&families, &mut body) {
+        warn!(%error, "cannot encode metrics");
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode metrics: {error}"),
+        );
+    }
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(METRICS_CONTENT_TYPE));
+    response
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body.into()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(TEXT_CONTENT_TYPE));
+    response
+}
