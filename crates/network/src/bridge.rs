@@ -392,24 +392,8 @@ impl BridgeNetwork {
     pub async fn gc(&self, live: &HashSet<SandboxId>) -> Result<GcReport, NetworkError> {
         let mut report = GcReport::default();
 
-        match std::fs::read_dir(&self.netns_dir) {
-            Ok(entries) => {
-                for entry in entries {
-                    let entry = entry.map_err(|e| NetworkError::io("read", &self.netns_dir, e))?;
-                    let name = entry.file_name();
-                    let keep = name
-                        .to_str()
-                        .and_then(SandboxId::parse)
-                        .is_some_and(|id| live.contains(&id));
-                    if !keep && netns::remove(&entry.path())? {
-                        report.netns += 1;
-                    }
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(NetworkError::io("read", &self.netns_dir, e)),
-        }
-
+        // Veths first: removing a pin lets the kernel tear the namespace
+        // down, which takes the pair with it asynchronously.
         let handle = host_handle()?;
         if let Some(bridge) = link_index(&handle, &self.config.name).await? {
             let live_names: HashSet<String> = live.iter().map(veth_name).collect();
@@ -429,6 +413,24 @@ impl BridgeNetwork {
                     report.veths += 1;
                 }
             }
+        }
+
+        match std::fs::read_dir(&self.netns_dir) {
+            Ok(entries) => {
+                for entry in entries {
+                    let entry = entry.map_err(|e| NetworkError::io("read", &self.netns_dir, e))?;
+                    let name = entry.file_name();
+                    let keep = name
+                        .to_str()
+                        .and_then(SandboxId::parse)
+                        .is_some_and(|id| live.contains(&id));
+                    if !keep && netns::remove(&entry.path())? {
+                        report.netns += 1;
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(NetworkError::io("read", &self.netns_dir, e)),
         }
 
         let owners: HashSet<SandboxId> = self

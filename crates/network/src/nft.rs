@@ -85,18 +85,18 @@ pub(crate) async fn ensure_base(
     let t = format!("ip {table}");
     let script = format!(
         "add table {t}\n\
-         add chain {t} postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}\n\
+         add chain {t} postrouting {{ type nat hook postrouting priority 100; policy accept; }}\n\
          flush chain {t} postrouting\n\
          add rule {t} postrouting ip saddr {subnet} ip daddr != {subnet} masquerade\n\
-         add chain {t} forward {{ type filter hook forward priority filter; policy accept; }}\n\
+         add chain {t} forward {{ type filter hook forward priority 0; policy accept; }}\n\
          flush chain {t} forward\n\
          add rule {t} forward iifname \"{bridge}\" accept\n\
          add rule {t} forward oifname \"{bridge}\" accept\n\
          add chain {t} hostports\n\
-         add chain {t} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}\n\
+         add chain {t} prerouting {{ type nat hook prerouting priority -100; policy accept; }}\n\
          flush chain {t} prerouting\n\
          add rule {t} prerouting fib daddr type local jump hostports\n\
-         add chain {t} output {{ type nat hook output priority dstnat; policy accept; }}\n\
+         add chain {t} output {{ type nat hook output priority -100; policy accept; }}\n\
          flush chain {t} output\n\
          add rule {t} output fib daddr type local jump hostports\n"
     );

@@ -1,0 +1,367 @@
+//! Black-box tests of the bridge provider. Each runs in its own network and
+//! mount namespace (see `common`), so the host is never touched.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
+use std::path::PathBuf;
+
+use anyhow::Result;
+use common::*;
+use cubelet_engine::spec::{NamespaceMode, NetworkStatus, PortMapping, Protocol, SandboxSpec};
+use cubelet_engine::{Flow, StepErrorKind};
+use cubelet_network::{veth_name, NetworkError, SubStep};
+
+fn v4(status: &NetworkStatus) -> Ipv4Addr {
+    match status.ips.first() {
+        Some(IpAddr::V4(ip)) => *ip,
+        other => panic!("no IPv4 in {other:?}"),
+    }
+}
+
+#[test]
+fn init_is_idempotent_and_sets_up_the_node() {
+    isolated(|env| async move {
+        let (net, _) = provider(&env, "10.77.0.0/24");
+        net.init().await?;
+        net.init().await?;
+        let addr = run(&["ip", "-o", "-4", "addr", "show", "dev", BRIDGE])?;
+        assert!(addr.contains("10.77.0.1/24"), "{addr}");
+        assert!(run(&["ip", "-o", "link", "show", BRIDGE])?.contains("mtu 1400"));
+        assert_eq!(
+            std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")?.trim(),
+            "1"
+        );
+        let rules = run(&["nft", "list", "table", "ip", net.nft_table()])?;
+        assert_eq!(
+            rules.matches("masquerade").count(),
+            1,
+            "no duplicate rules on re-init:\n{rules}"
+        );
+        assert!(
+            rules.contains("ip saddr 10.77.0.0/24 ip daddr != 10.77.0.0/24 masquerade"),
+            "{rules}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn create_and_destroy_fifty_sandboxes_leaves_nothing() {
+    isolated(|env| async move {
+        let (net, leases) = provider(&env, "10.78.0.0/24");
+        net.init().await?;
+        let ids: Vec<_> = (0..50).map(sid).collect();
+        let mut ips = std::collections::HashSet::new();
+        for id in &ids {
+            let c = ctx(id, SandboxSpec::default());
+            net.create(&c).await?;
+            let status: NetworkStatus = c.get().expect("status published");
+            assert_eq!(status.netns_path, Some(net.netns_path(id)));
+            assert_eq!(status.interface.as_deref(), Some("eth0"));
+            assert!(ips.insert(v4(&status)), "duplicate address");
+        }
+        assert_eq!(pins(&env).len(), 50);
+        assert_eq!(veths()?.len(), 50);
+        assert_eq!(leases.len(), 50);
+
+        // Inside one sandbox: eth0 with its address and MTU, default route via the gateway.
+        let pin = net.netns_path(&ids[0]);
+        let nsarg = format!("--net={}", pin.display());
+        let addr = run(&[
+            "nsenter", &nsarg, "ip", "-o", "-4", "addr", "show", "dev", "eth0",
+        ])?;
+        assert!(addr.contains("10.78.0.") && addr.contains("/24"), "{addr}");
+        assert!(run(&["nsenter", &nsarg, "ip", "link", "show", "eth0"])?.contains("mtu 1400"));
+        let route = run(&["nsenter", &nsarg, "ip", "-4", "route", "show", "default"])?;
+        assert!(route.contains("via 10.78.0.1 dev eth0"), "{route}");
+        let lo = run(&["nsenter", &nsarg, "ip", "-o", "link", "show", "lo"])?;
+        assert!(lo.contains("UP"), "{lo}");
+        let port = run(&["ip", "-o", "link", "show", &veth_name(&ids[0])])?;
+        assert!(port.contains(&format!("master {BRIDGE}")), "{port}");
+
+        for id in &ids {
+            net.destroy(&ctx(id, SandboxSpec::default())).await?;
+        }
+        assert_clean(&env, &leases, &net)
+    });
+}
+
+#[test]
+fn destroy_is_idempotent_and_accepts_unknown_sandboxes() {
+    isolated(|env| async move {
+        let (net, leases) = provider(&env, "10.79.0.0/24");
+        net.init().await?;
+        let never = sid(1000);
+        net.destroy(&ctx(&never, SandboxSpec::default())).await?;
+        net.cleanup(&ctx(&never, SandboxSpec::default())).await?;
+
+        let id = sid(1);
+        let c = ctx(&id, SandboxSpec::default());
+        net.create(&c).await?;
+        net.destroy(&c).await?;
+        net.destroy(&c).await?;
+        net.cleanup(&c).await?;
+        assert_clean(&env, &leases, &net)
+    });
+}
+
+#[test]
+fn failure_after_each_substep_rolls_back() {
+    isolated(|env| async move {
+        let (net, leases) = provider(&env, "10.80.0.0/24");
+        net.init().await?;
+        let spec = SandboxSpec {
+            port_mappings: vec![PortMapping {
+                protocol: Protocol::Tcp,
+                container_port: 80,
+                host_port: 18080,
+                host_ip: None,
+            }],
+            ..Default::default()
+        };
+        let steps = [
+            SubStep::NetnsCreated,
+            SubStep::VethCreated,
+            SubStep::LeaseTaken,
+            SubStep::AddressSet,
+            SubStep::PortsMapped,
+        ];
+        for (n, step) in steps.into_iter().enumerate() {
+            let id = sid(n as u64);
+            net.fail_after(Some(step));
+            let c = ctx(&id, spec.clone());
+            let err = net.create(&c).await.unwrap_err();
+            assert!(
+                err.to_string().contains("injected failure"),
+                "{step:?}: {err}"
+            );
+            assert!(
+                c.get::<NetworkStatus>().is_none(),
+                "nothing published on failure"
+            );
+            // create rolled its own partial work back ...
+            assert_clean(&env, &leases, &net)?;
+            // ... and the engine's failover destroy still succeeds.
+            net.destroy(&c).await?;
+            assert_clean(&env, &leases, &net)?;
+        }
+        net.fail_after(None);
+        let c = ctx(&sid(99), spec);
+        net.create(&c).await?;
+        assert_eq!(port_rules(net.nft_table())?, 1);
+        net.destroy(&c).await?;
+        assert_clean(&env, &leases, &net)
+    });
+}
+
+#[test]
+fn two_sandboxes_can_ping_each_other() {
+    isolated(|env| async move {
+        let (net, leases) = provider(&env, "10.81.0.0/24");
+        net.init().await?;
+        let (a, b) = (sid(1), sid(2));
+        let (ca, cb) = (
+            ctx(&a, SandboxSpec::default()),
+            ctx(&b, SandboxSpec::default()),
+        );
+        net.create(&ca).await?;
+        net.create(&cb).await?;
+        let sa: NetworkStatus = ca.get().expect("a");
+        let sb: NetworkStatus = cb.get().expect("b");
+        let pa = sa.netns_path.clone().expect("pin a");
+        let pb = sb.netns_path.clone().expect("pin b");
+        ping_from(&pa, v4(&sb))?;
+        ping_from(&pb, v4(&sa))?;
+        ping_from(&pa, net.gateway())?;
+        net.destroy(&ca).await?;
+        net.destroy(&cb).await?;
+        assert_clean(&env, &leases, &net)
+    });
+}
+
+#[test]
+fn exhaustion_is_a_clear_error_and_leaks_nothing() {
+    isolated(|env| async move {
+        let (net, leases) = provider(&env, "10.82.0.0/29");
+        net.init().await?;
+        let ids: Vec<_> = (0..5).map(sid).collect();
+        for id in &ids {
+            net.create(&ctx(id, SandboxSpec::default())).await?;
+        }
+        let extra = sid(5);
+        let err = net
+            .create(&ctx(&extra, SandboxSpec::default()))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), StepErrorKind::ResourceExhausted);
+        assert!(err.to_string().contains("no free address"), "{err}");
+        assert!(err.inner().downcast_ref::<NetworkError>().is_some());
+        assert!(!pins(&env).contains(&extra.to_string()), "rolled back");
+        assert!(!veths()?.contains(&veth_name(&extra)), "rolled back");
+        for id in &ids {
+            net.destroy(&ctx(id, SandboxSpec::default())).await?;
+        }
+        assert_clean(&env, &leases, &net)
+    });
+}
+
+#[test]
+fn gc_removes_what_no_live_sandbox_owns() {
+    isolated(|env| async move {
+        let (net, leases) = provider(&env, "10.83.0.0/24");
+        net.init().await?;
+        let spec = SandboxSpec {
+            port_mappings: vec![PortMapping {
+                protocol: Protocol::Udp,
+                container_port: 53,
+                host_port: 15353,
+                host_ip: None,
+            }],
+            ..Default::default()
+        };
+        let ids: Vec<_> = (0..3).map(sid).collect();
+        net.create(&ctx(&ids[0], SandboxSpec::default())).await?;
+        net.create(&ctx(&ids[1], SandboxSpec::default())).await?;
+        net.create(&ctx(&ids[2], spec)).await?;
+        // A stray pin file with a name that is not a sandbox id.
+        std::fs::write(env.state_dir.join("netns").join("Not-An-Id"), b"")?;
+
+        let report = net.gc(&live(&[&ids[0]])).await?;
+        assert_eq!(report.netns, 3, "{report:?}");
+        assert_eq!(report.veths, 2, "{report:?}");
+        assert_eq!(report.leases, 2, "{report:?}");
+        assert_eq!(report.port_rules, 1, "{report:?}");
+        assert_eq!(pins(&env), vec![ids[0].to_string()]);
+        assert_eq!(veths()?, vec![veth_name(&ids[0])]);
+        assert_eq!(leases.len(), 1);
+
+        let again = net.gc(&live(&[&ids[0]])).await?;
+        assert_eq!(again.total(), 0, "{again:?}");
+        net.destroy(&ctx(&ids[0], SandboxSpec::default())).await?;
+        assert_clean(&env, &leases, &net)
+    });
+}
+
+#[test]
+fn restart_recovers_leases_from_the_store() {
+    isolated(|env| async move {
+        let (net, leases) = provider(&env, "10.84.0.0/24");
+        net.init().await?;
+        let a = sid(1);
+        let ca = ctx(&a, SandboxSpec::default());
+        net.create(&ca).await?;
+        let ip_a = v4(&ca.get::<NetworkStatus>().expect("a"));
+
+        // A new provider over the same store, as after a restart.
+        let again =
+            cubelet_network::BridgeNetwork::new(config(&env, "10.84.0.0/24"), leases.clone())?;
+        again.init().await?;
+        assert_eq!(again.ipam().lookup(&a), Some(ip_a));
+        let b = sid(2);
+        let cb = ctx(&b, SandboxSpec::default());
+        again.create(&cb).await?;
+        assert_ne!(v4(&cb.get::<NetworkStatus>().expect("b")), ip_a);
+        again.destroy(&ca).await?;
+        again.destroy(&cb).await?;
+        drop(net);
+        assert_clean(&env, &leases, &again)
+    });
+}
+
+#[test]
+fn host_network_pods_get_no_namespace() {
+    isolated(|env| async move {
+        let (net, leases) = provider(&env, "10.85.0.0/24");
+        net.init().await?;
+        // A stand-in "host uplink" inside the test namespace.
+        run(&[
+            "ip", "link", "add", "tup0", "type", "veth", "peer", "name", "tup1",
+        ])?;
+        run(&["ip", "addr", "add", "192.0.2.10/24", "dev", "tup0"])?;
+        run(&["ip", "link", "set", "tup0", "up"])?;
+        run(&["ip", "link", "set", "tup1", "up"])?;
+        run(&["ip", "route", "add", "default", "via", "192.0.2.1"])?;
+        let mut spec = SandboxSpec::default();
+        spec.namespaces.network = NamespaceMode::Node;
+        let id = sid(1);
+        let c = ctx(&id, spec);
+        net.create(&c).await?;
+        let status: NetworkStatus = c.get().expect("status");
+        assert_eq!(status.netns_path, None::<PathBuf>);
+        assert_eq!(status.ips, vec![IpAddr::V4(Ipv4Addr::new(192, 0, 2, 10))]);
+        assert!(pins(&env).is_empty());
+        net.destroy(&c).await?;
+        run(&["ip", "link", "del", "tup0"])?;
+        assert_clean(&env, &leases, &net)
+    });
+}
+
+#[test]
+fn host_ports_forward_to_the_pod_and_conflicts_are_rejected() {
+    isolated(|env| async move {
+        let (net, leases) = provider(&env, "10.86.0.0/24");
+        net.init().await?;
+        let mapping = PortMapping {
+            protocol: Protocol::Tcp,
+            container_port: 8080,
+            host_port: 18081,
+            host_ip: None,
+        };
+        let spec = SandboxSpec {
+            port_mappings: vec![mapping.clone()],
+            ..Default::default()
+        };
+        let a = sid(1);
+        let ca = ctx(&a, spec.clone());
+        net.create(&ca).await?;
+        let pin = ca
+            .get::<NetworkStatus>()
+            .expect("a")
+            .netns_path
+            .expect("pin");
+
+        // A listener inside the pod's namespace.
+        let listener = std::thread::spawn(move || -> Result<String> {
+            let ns = std::fs::File::open(&pin)?;
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+            let l = TcpListener::bind("0.0.0.0:8080")?;
+            let (mut s, peer) = l.accept()?;
+            s.write_all(b"hello from the pod")?;
+            Ok(peer.to_string())
+        });
+        // Reached through the test namespace's own bridge address.
+        let target = (net.gateway(), 18081);
+        let mut reply = String::new();
+        let mut tries = 0;
+        loop {
+            match TcpStream::connect(target) {
+                Ok(mut s) => {
+                    s.read_to_string(&mut reply)?;
+                    break;
+                }
+                // The listener thread may not be bound yet.
+                Err(_) if tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        assert_eq!(reply, "hello from the pod");
+        listener.join().expect("listener thread")?;
+
+        let b = sid(2);
+        let err = net.create(&ctx(&b, spec)).await.unwrap_err();
+        assert_eq!(err.kind(), StepErrorKind::AlreadyExists, "{err}");
+        assert!(
+            !pins(&env).contains(&b.to_string()),
+            "conflicting sandbox rolled back"
+        );
+        assert_eq!(port_rules(net.nft_table())?, 1, "a's rule kept");
+
+        net.destroy(&ca).await?;
+        assert_clean(&env, &leases, &net)
+    });
+}
