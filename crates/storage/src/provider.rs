@@ -137,9 +137,13 @@ impl LocalStorage {
     }
 
     /// Creates the root and `sandboxes` directories (not their parents).
+    /// The root may be a symlink to a directory (it comes from the
+    /// operator's configuration); `sandboxes` and everything below may not.
     fn ensure_root(&self) -> Result<(), StorageError> {
         self.cfg.validate()?;
-        ensure_dir(&self.cfg.root_dir, DIR_MODE)?;
+        if !fs::metadata(&self.cfg.root_dir).is_ok_and(|m| m.is_dir()) {
+            ensure_dir(&self.cfg.root_dir, DIR_MODE)?;
+        }
         ensure_dir(&self.sandboxes_dir(), DIR_MODE)
     }
 
@@ -207,11 +211,7 @@ impl LocalStorage {
         };
 
         if let Some(dir) = &spec.log_directory {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(LOG_DIR_MODE)
-                .create(dir)
-                .map_err(|e| StorageError::io("create log directory", dir, e))?;
+            create_log_directory(dir)?;
         }
 
         Ok(StorageStatus {
@@ -304,11 +304,19 @@ impl LocalStorage {
     pub fn gc(&self, live: &HashSet<SandboxId>) -> Result<GcReport, StorageError> {
         let mut report = GcReport::default();
         let sandboxes = self.sandboxes_dir();
-        let canon = match fs::canonicalize(&sandboxes) {
-            Ok(c) => c,
+        match fs::symlink_metadata(&sandboxes) {
+            Ok(m) if m.file_type().is_dir() => {}
+            Ok(_) => {
+                return Err(StorageError::UnsafePath {
+                    path: sandboxes,
+                    reason: "is not a real directory",
+                })
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(report),
-            Err(e) => return Err(StorageError::io("resolve", &sandboxes, e)),
-        };
+            Err(e) => return Err(StorageError::io("inspect", &sandboxes, e)),
+        }
+        let canon =
+            fs::canonicalize(&sandboxes).map_err(|e| StorageError::io("resolve", &sandboxes, e))?;
 
         // Mounts first, deepest first, so directory removal finds none.
         let mut orphan_mounts: Vec<(PathBuf, bool)> = Vec::new();
@@ -373,6 +381,22 @@ impl LocalStorage {
         }
         Ok(report)
     }
+}
+
+/// Creates the CRI log directory (and missing parents) if absent, the leaf
+/// with exactly mode 0755. An existing directory is left as it is.
+fn create_log_directory(dir: &std::path::Path) -> Result<(), StorageError> {
+    if fs::metadata(dir).is_ok_and(|m| m.is_dir()) {
+        return Ok(());
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(LOG_DIR_MODE)
+        .create(dir)
+        .map_err(|e| StorageError::io("create log directory", dir, e))?;
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(dir, fs::Permissions::from_mode(LOG_DIR_MODE))
+        .map_err(|e| StorageError::io("set mode of", dir, e))
 }
 
 /// Unmounts scratch then shm of one sandbox whose directory was checked.
@@ -618,6 +642,44 @@ mod tests {
         Flow::destroy(&s, &ctx).await.unwrap();
         Flow::cleanup(&s, &ctx).await.unwrap();
         assert!(!st.sandbox_dir.exists());
+    }
+
+    #[tokio::test]
+    async fn root_dir_may_be_a_symlink_but_sandboxes_may_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir(tmp.path().join("real")).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("real"), tmp.path().join("link")).unwrap();
+        let mut cfg = StorageConfig::new(tmp.path().join("link"));
+        cfg.host_resolv_conf = tmp.path().join("absent-resolv.conf");
+        let s = LocalStorage::new(cfg);
+        let st = s.create_sandbox(&id(), &spec(), &[]).await.unwrap();
+        assert_eq!(
+            read(&st.resolv_conf_path),
+            "",
+            "no host resolv.conf gives an empty one"
+        );
+        s.cleanup_sandbox(&id()).unwrap();
+        assert!(tmp.path().join("real/sandboxes").is_dir());
+
+        fs::remove_dir(tmp.path().join("real/sandboxes")).unwrap();
+        fs::create_dir(tmp.path().join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(
+            tmp.path().join("elsewhere"),
+            tmp.path().join("real/sandboxes"),
+        )
+        .unwrap();
+        assert!(matches!(
+            s.create_sandbox(&id(), &spec(), &[]).await,
+            Err(StorageError::UnsafePath { .. })
+        ));
+        assert!(matches!(
+            s.gc(&HashSet::new()),
+            Err(StorageError::UnsafePath { .. })
+        ));
+        assert!(fs::read_dir(tmp.path().join("elsewhere"))
+            .unwrap()
+            .next()
+            .is_none());
     }
 
     #[test]
