@@ -308,12 +308,20 @@ impl BridgeNetwork {
             .up()
             .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
             .build();
-        handle
-            .link()
-            .add(veth)
-            .execute()
-            .await
-            .map_err(|e| NetworkError::netlink("add veth", host_if.as_str(), e))?;
+        match handle.link().add(veth).execute().await {
+            Ok(()) => {}
+            // A repeated create of the same sandbox finds its own veth on the
+            // bridge and carries on; anything else by that name is an error.
+            Err(e) if netlink_errno(&e) == Some(libc::EEXIST) => {
+                let ours = link_message(&handle, &host_if)
+                    .await?
+                    .is_some_and(|m| port_of(&m, bridge).is_some());
+                if !ours {
+                    return Err(NetworkError::netlink("add veth", host_if.as_str(), e));
+                }
+            }
+            Err(e) => return Err(NetworkError::netlink("add veth", host_if.as_str(), e)),
+        }
         drop(ns);
         self.check_failpoint(SubStep::VethCreated, sandbox)?;
 
@@ -455,6 +463,11 @@ impl BridgeNetwork {
 
 /// The name of `msg` if it is one of our veths on `bridge` not in `live`.
 fn orphan_veth(msg: &LinkMessage, bridge: u32, live: &HashSet<String>) -> Option<String> {
+    port_of(msg, bridge).filter(|name| !live.contains(name))
+}
+
+/// The name of `msg` if it is a veth with our prefix attached to `bridge`.
+fn port_of(msg: &LinkMessage, bridge: u32) -> Option<String> {
     let mut name = None;
     let mut on_bridge = false;
     let mut is_veth = false;
@@ -471,7 +484,7 @@ fn orphan_veth(msg: &LinkMessage, bridge: u32, live: &HashSet<String>) -> Option
         }
     }
     let name = name?;
-    (on_bridge && is_veth && name.starts_with(VETH_PREFIX) && !live.contains(&name)).then_some(name)
+    (on_bridge && is_veth && name.starts_with(VETH_PREFIX)).then_some(name)
 }
 
 /// Inside the pod namespace: loopback and eth0 up, the address, the default route.
@@ -534,9 +547,14 @@ fn host_handle() -> Result<Handle, NetworkError> {
 
 /// Index of link `name`, `None` if it does not exist.
 async fn link_index(h: &Handle, name: &str) -> Result<Option<u32>, NetworkError> {
+    Ok(link_message(h, name).await?.map(|m| m.header.index))
+}
+
+/// Link `name`, `None` if it does not exist.
+async fn link_message(h: &Handle, name: &str) -> Result<Option<LinkMessage>, NetworkError> {
     let mut req = h.link().get().match_name(name.to_owned()).execute();
     match req.try_next().await {
-        Ok(msg) => Ok(msg.map(|m| m.header.index)),
+        Ok(msg) => Ok(msg),
         Err(e) if netlink_errno(&e) == Some(libc::ENODEV) => Ok(None),
         Err(e) => Err(NetworkError::netlink("get link", name, e)),
     }

@@ -365,3 +365,39 @@ fn host_ports_forward_to_the_pod_and_conflicts_are_rejected() {
         assert_clean(&env, &leases, &net)
     });
 }
+
+#[test]
+fn create_is_idempotent_and_concurrent_creates_do_not_collide() {
+    isolated(|env| async move {
+        let (net, leases) = provider(&env, "10.87.0.0/24");
+        net.init().await?;
+        let id = sid(1);
+        let c = ctx(&id, SandboxSpec::default());
+        net.create(&c).await?;
+        let first: NetworkStatus = c.get().expect("first");
+        net.create(&c).await?;
+        let second: NetworkStatus = c.get().expect("second");
+        assert_eq!(first, second, "a repeated create returns the same network");
+        assert_eq!(leases.len(), 1);
+        net.destroy(&c).await?;
+
+        // Many creates in flight at once on one runtime.
+        let ids: Vec<_> = (100..120).map(sid).collect();
+        let ctxs: Vec<_> = ids.iter().map(|i| ctx(i, SandboxSpec::default())).collect();
+        let results = futures::future::join_all(ctxs.iter().map(|c| net.create(c))).await;
+        for r in results {
+            r?;
+        }
+        let ips: std::collections::HashSet<_> = ctxs
+            .iter()
+            .map(|c| v4(&c.get::<NetworkStatus>().expect("status")))
+            .collect();
+        assert_eq!(ips.len(), 20);
+        assert_eq!(veths()?.len(), 20);
+        let results = futures::future::join_all(ctxs.iter().map(|c| net.destroy(c))).await;
+        for r in results {
+            r?;
+        }
+        assert_clean(&env, &leases, &net)
+    });
+}
