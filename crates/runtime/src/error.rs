@@ -63,6 +63,58 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
+    /// An HTTP exchange with a registry failed below the HTTP level.
+    #[error("registry request {url}")]
+    RegistryHttp {
+        /// URL requested.
+        url: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A registry answered with an unexpected HTTP status.
+    #[error("registry {url} answered {status}: {body}")]
+    RegistryStatus {
+        /// URL requested.
+        url: String,
+        /// HTTP status code.
+        status: u16,
+        /// Start of the response body.
+        body: String,
+    },
+    /// A registry refused access (bad or missing credentials).
+    #[error("registry {url} denied access: {reason}")]
+    Unauthorized {
+        /// URL requested.
+        url: String,
+        /// What the registry or the token server said.
+        reason: String,
+    },
+    /// Downloaded or imported content does not match its digest.
+    #[error("content {digest} does not match its digest (got {actual})")]
+    DigestMismatch {
+        /// Expected digest.
+        digest: String,
+        /// Digest of what was received.
+        actual: String,
+    },
+    /// An image document is malformed or unusable on this node.
+    #[error("image {reference}: {reason}")]
+    ImageFormat {
+        /// Image reference (or digest) concerned.
+        reference: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A registry host config file (`hosts.toml`) could not be parsed.
+    #[error("registry host config {path}")]
+    HostsConfig {
+        /// Path of the file.
+        path: String,
+        /// Why.
+        #[source]
+        source: toml::de::Error,
+    },
 }
 
 impl RuntimeError {
@@ -88,6 +140,7 @@ impl RuntimeError {
             RuntimeError::AlreadyExists { .. } => StepErrorKind::AlreadyExists,
             RuntimeError::InvalidArgument { .. } => StepErrorKind::InvalidArgument,
             RuntimeError::FailedPrecondition(_) => StepErrorKind::FailedPrecondition,
+            RuntimeError::ImageFormat { .. } => StepErrorKind::FailedPrecondition,
             RuntimeError::Containerd { source, .. } => match source.code() {
                 tonic::Code::NotFound => StepErrorKind::NotFound,
                 tonic::Code::AlreadyExists => StepErrorKind::AlreadyExists,

@@ -10,6 +10,9 @@
 pub mod client;
 pub mod error;
 pub mod types;
+pub mod image;
+pub mod pause;
+pub mod registry;
 
 pub use client::Containerd;
 pub use error::RuntimeError;

@@ -1,0 +1,145 @@
+//! Unpacking image layers into snapshots: for each layer, by chain id,
+//! `Prepare` → `Diff.Apply` → `Commit`, skipping layers already unpacked.
+
+use std::collections::HashMap;
+
+use containerd_client::services::v1::snapshots::{
+    CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
+};
+use containerd_client::services::v1::ApplyRequest;
+use containerd_client::types::Descriptor as PbDescriptor;
+
+use super::content::{unique, Store};
+use super::oci::{chain_ids, Descriptor};
+use crate::error::RuntimeError;
+
+/// True if snapshot `key` exists in `snapshotter`.
+pub(crate) async fn snapshot_exists(
+    store: &Store,
+    snapshotter: &str,
+    key: &str,
+) -> Result<bool, RuntimeError> {
+    let cd = store.containerd();
+    let req = store.req(StatSnapshotRequest {
+        snapshotter: snapshotter.to_owned(),
+        key: key.to_owned(),
+    });
+    match cd.snapshots().stat(req).await {
+        Ok(_) => Ok(true),
+        Err(s) if s.code() == tonic::Code::NotFound => Ok(false),
+        Err(s) => Err(RuntimeError::containerd("snapshots.stat", s)),
+    }
+}
+
+/// Unpacks `layers` (whose uncompressed digests are `diff_ids`) and returns
+/// the chain id of the top layer.
+pub(crate) async fn unpack(
+    store: &Store,
+    snapshotter: &str,
+    reference: &str,
+    layers: &[Descriptor],
+    diff_ids: &[String],
+) -> Result<String, RuntimeError> {
+    if layers.len() != diff_ids.len() || layers.is_empty() {
+        return Err(RuntimeError::ImageFormat {
+            reference: reference.to_owned(),
+            reason: format!("{} layers but {} diff ids", layers.len(), diff_ids.len()),
+        });
+    }
+    let chain = chain_ids(diff_ids);
+    let cd = store.containerd();
+    let mut parent = String::new();
+    for ((layer, diff_id), chain_id) in layers.iter().zip(diff_ids).zip(&chain) {
+        if snapshot_exists(store, snapshotter, chain_id).await? {
+            parent.clone_from(chain_id);
+            continue;
+        }
+        let key = format!("extract-{}-{chain_id}", unique());
+        let prep = PrepareSnapshotRequest {
+            snapshotter: snapshotter.to_owned(),
+            key: key.clone(),
+            parent: parent.clone(),
+            labels: HashMap::new(),
+        };
+        let mounts = cd
+            .snapshots()
+            .prepare(store.req(prep))
+            .await
+            .map_err(|s| RuntimeError::containerd("snapshots.prepare", s))?
+            .into_inner()
+            .mounts;
+        let result =
+            apply_and_commit(store, snapshotter, &key, chain_id, layer, diff_id, mounts).await;
+        if result.is_err() {
+            let rm = RemoveSnapshotRequest {
+                snapshotter: snapshotter.to_owned(),
+                key: key.clone(),
+            };
+            if let Err(s) = cd.snapshots().remove(store.req(rm)).await {
+                tracing::warn!(%key, error = %s, "removing failed extraction snapshot");
+            }
+        }
+        result?;
+        parent.clone_from(chain_id);
+    }
+    Ok(parent)
+}
+
+async fn apply_and_commit(
+    store: &Store,
+    snapshotter: &str,
+    key: &str,
+    chain_id: &str,
+    layer: &Descriptor,
+    diff_id: &str,
+    mounts: Vec<containerd_client::types::Mount>,
+) -> Result<(), RuntimeError> {
+    let cd = store.containerd();
+    let desc = PbDescriptor {
+        media_type: layer.media_type.clone(),
+        digest: layer.digest.clone(),
+        size: layer.size,
+        annotations: HashMap::new(),
+    };
+    let applied = cd
+        .diff()
+        .apply(store.req(ApplyRequest {
+            diff: Some(desc),
+            mounts,
+            payloads: HashMap::new(),
+            sync_fs: false,
+        }))
+        .await
+        .map_err(|s| RuntimeError::containerd("diff.apply", s))?
+        .into_inner()
+        .applied
+        .map(|d| d.digest)
+        .unwrap_or_default();
+    if applied != diff_id {
+        return Err(RuntimeError::DigestMismatch {
+            digest: diff_id.to_owned(),
+            actual: format!("{applied} (uncompressed layer {})", layer.digest),
+        });
+    }
+    let commit = CommitSnapshotRequest {
+        snapshotter: snapshotter.to_owned(),
+        name: chain_id.to_owned(),
+        key: key.to_owned(),
+        labels: HashMap::new(),
+    };
+    match cd.snapshots().commit(store.req(commit)).await {
+        Ok(_) => Ok(()),
+        // Unpacked concurrently by another pull: theirs is as good as ours
+        // (our active snapshot is removed by the caller's error path? no:
+        // remove it here since we succeed).
+        Err(s) if s.code() == tonic::Code::AlreadyExists => {
+            let rm = RemoveSnapshotRequest {
+                snapshotter: snapshotter.to_owned(),
+                key: key.to_owned(),
+            };
+            let _ = cd.snapshots().remove(store.req(rm)).await;
+            Ok(())
+        }
+        Err(s) => Err(RuntimeError::containerd("snapshots.commit", s)),
+    }
+}

@@ -1,0 +1,497 @@
+//! A client for the OCI distribution (Docker registry v2) API, on hyper:
+//! manifest resolution, blob download, token and Basic auth, redirects and
+//! `hosts.toml` mirrors. It only speaks HTTP; putting content into containerd
+//! is the `image` module's job.
+//!
+//! Plain HTTP only in this build: an `https` host yields a clear error, so
+//! use a `hosts.toml` mirror over HTTP (tests never leave the machine).
+
+mod auth;
+mod hosts;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Incoming;
+use hyper::{Method, Response, StatusCode};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+pub use auth::RegistryAuth;
+pub use hosts::{hosts_for, RegistryHost};
+
+use crate::error::RuntimeError;
+use crate::image::oci::{self, MANIFEST_ACCEPT};
+
+/// Largest manifest or index accepted (as containerd: 4 MiB).
+const MAX_MANIFEST: usize = 4 << 20;
+const MAX_REDIRECTS: usize = 5;
+
+/// A manifest or small blob read from a registry.
+#[derive(Debug, Clone)]
+pub struct Fetched {
+    /// Media type (from `Content-Type` for manifests).
+    pub media_type: String,
+    /// `sha256:` digest of `data`.
+    pub digest: String,
+    /// The bytes.
+    pub data: Bytes,
+}
+
+/// A registry client for one repository, over its ordered hosts.
+#[derive(Debug)]
+pub struct RegistryClient {
+    http: Client<HttpConnector, Full<Bytes>>,
+    hosts: Vec<RegistryHost>,
+    repository: String,
+    auth: Option<RegistryAuth>,
+    /// `Authorization` values learned per host authority.
+    authorization: Mutex<HashMap<String, String>>,
+}
+
+impl RegistryClient {
+    /// A client for `repository` served by `hosts` (see [`hosts_for`]).
+    pub fn new(hosts: Vec<RegistryHost>, repository: &str, auth: Option<RegistryAuth>) -> Self {
+        Self {
+            http: Client::builder(TokioExecutor::new()).build_http(),
+            hosts,
+            repository: repository.to_owned(),
+            auth,
+            authorization: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The hosts, in the order they are tried.
+    pub fn hosts(&self) -> &[RegistryHost] {
+        &self.hosts
+    }
+
+    /// Resolves `object` (a tag or a digest) to a manifest or index, trying
+    /// each capable host in order. Returns the index of the host that
+    /// answered, or `None` if every host said the manifest does not exist.
+    pub async fn resolve(&self, object: &str) -> Result<Option<(usize, Fetched)>, RuntimeError> {
+        let by_digest = object.starts_with("sha256:");
+        let mut last_err = None;
+        for (i, host) in self.hosts.iter().enumerate() {
+            if !(host.resolve || (by_digest && host.pull)) {
+                continue;
+            }
+            match self.manifest(i, object).await {
+                Ok(Some(f)) => return Ok(Some((i, f))),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!(host = %host.authority, error = %e, "registry host failed");
+                    last_err = Some(e);
+                }
+            }
+        }
+        match last_err {
+            Some(e) => Err(e),
+            None => Ok(None),
+        }
+    }
+
+    /// Fetches the manifest `object` from host `host`; `None` on 404.
+    pub async fn manifest(
+        &self,
+        host: usize,
+        object: &str,
+    ) -> Result<Option<Fetched>, RuntimeError> {
+        let h = self.host(host)?;
+        let url = h.url(&self.repository, "manifests", object);
+        let resp = self.send(h, &url, Some(MANIFEST_ACCEPT)).await?;
+        if resp.status() == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let resp = check_status(&url, resp).await?;
+        let media_type = resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.split(';').next().unwrap_or(v).trim().to_owned())
+            .unwrap_or_default();
+        let data = read_limited(&url, resp.into_body(), MAX_MANIFEST).await?;
+        let digest = oci::sha256_digest(&data);
+        if object.starts_with("sha256:") && digest != object {
+            return Err(RuntimeError::DigestMismatch {
+                digest: object.to_owned(),
+                actual: digest,
+            });
+        }
+        // Fall back to the document's own mediaType if the header is generic.
+        let media_type = if oci::is_index(&media_type) || oci::is_manifest(&media_type) {
+            media_type
+        } else {
+            serde_json::from_slice::<serde_json::Value>(&data)
+                .ok()
+                .and_then(|v| {
+                    v.get("mediaType")
+                        .and_then(|m| m.as_str())
+                        .map(str::to_owned)
+                })
+                .unwrap_or(media_type)
+        };
+        Ok(Some(Fetched {
+            media_type,
+            digest,
+            data,
+        }))
+    }
+
+    /// Fetches a small blob (a config) whole and checks its digest.
+    pub async fn blob_bytes(&self, host: usize, digest: &str) -> Result<Bytes, RuntimeError> {
+        let (url, body) = self.blob(host, digest).await?;
+        let data = read_limited(&url, body, MAX_MANIFEST * 4).await?;
+        let actual = oci::sha256_digest(&data);
+        if actual != digest {
+            return Err(RuntimeError::DigestMismatch {
+                digest: digest.to_owned(),
+                actual,
+            });
+        }
+        Ok(data)
+    }
+
+    /// Starts downloading blob `digest`; the caller streams and verifies the body.
+    pub async fn blob(
+        &self,
+        host: usize,
+        digest: &str,
+    ) -> Result<(String, Incoming), RuntimeError> {
+        let h = self.host(host)?;
+        let url = h.url(&self.repository, "blobs", digest);
+        let resp = self.send(h, &url, None).await?;
+        if resp.status() == StatusCode::NOT_FOUND {
+            return Err(RuntimeError::NotFound {
+                kind: "blob",
+                id: format!("{url}"),
+            });
+        }
+        let resp = check_status(&url, resp).await?;
+        Ok((url, resp.into_body()))
+    }
+
+    fn host(&self, i: usize) -> Result<&RegistryHost, RuntimeError> {
+        self.hosts
+            .get(i)
+            .ok_or_else(|| RuntimeError::InvalidArgument {
+                field: "registry host".to_owned(),
+                reason: format!("no host #{i}"),
+            })
+    }
+
+    fn cached_auth(&self, authority: &str) -> Option<String> {
+        self.authorization
+            .lock()
+            .ok()
+            .and_then(|m| m.get(authority).cloned())
+    }
+
+    /// GET `url` following redirects and answering one auth challenge.
+    async fn send(
+        &self,
+        host: &RegistryHost,
+        url: &str,
+        accept: Option<&str>,
+    ) -> Result<Response<Incoming>, RuntimeError> {
+        let mut url = url.to_owned();
+        let mut authed = false;
+        let mut redirects = 0;
+        loop {
+            let uri: http::Uri =
+                url.parse()
+                    .map_err(|e: http::uri::InvalidUri| RuntimeError::RegistryHttp {
+                        url: url.clone(),
+                        source: e.into(),
+                    })?;
+            let authority = uri.authority().map(|a| a.to_string()).unwrap_or_default();
+            let mut req = hyper::Request::builder()
+                .method(Method::GET)
+                .uri(uri.clone());
+            if let Some(a) = accept {
+                req = req.header(http::header::ACCEPT, a);
+            }
+            if authority == host.authority {
+                for (k, v) in &host.headers {
+                    req = req.header(k.as_str(), v.as_str());
+                }
+            }
+            if let Some(a) = self.cached_auth(&authority) {
+                req = req.header(http::header::AUTHORIZATION, a);
+            }
+            let req =
+                req.body(Full::new(Bytes::new()))
+                    .map_err(|e| RuntimeError::RegistryHttp {
+                        url: url.clone(),
+                        source: e.into(),
+                    })?;
+            let resp = self.request(&url, req).await?;
+            let status = resp.status();
+            if status == StatusCode::UNAUTHORIZED && !authed {
+                authed = true;
+                let challenge = resp
+                    .headers()
+                    .get(http::header::WWW_AUTHENTICATE)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(auth::parse_challenge);
+                let value = self.answer(&url, challenge).await?;
+                if let Ok(mut m) = self.authorization.lock() {
+                    m.insert(authority, value);
+                }
+                continue;
+            }
+            if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+                let body = body_text(resp.into_body()).await;
+                return Err(RuntimeError::Unauthorized { url, reason: body });
+            }
+            if status.is_redirection() {
+                let Some(loc) = resp
+                    .headers()
+                    .get(http::header::LOCATION)
+                    .and_then(|v| v.to_str().ok())
+                else {
+                    return Ok(resp);
+                };
+                redirects += 1;
+                if redirects > MAX_REDIRECTS {
+                    return Err(RuntimeError::RegistryStatus {
+                        url,
+                        status: status.as_u16(),
+                        body: "too many redirects".to_owned(),
+                    });
+                }
+                url = if loc.starts_with("http://") || loc.starts_with("https://") {
+                    loc.to_owned()
+                } else {
+                    let scheme = uri.scheme_str().unwrap_or("http");
+                    format!("{scheme}://{authority}{loc}")
+                };
+                continue;
+            }
+            return Ok(resp);
+        }
+    }
+
+    async fn request(
+        &self,
+        url: &str,
+        req: hyper::Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, RuntimeError> {
+        if req.uri().scheme_str() == Some("https") {
+            return Err(RuntimeError::RegistryHttp {
+                url: url.to_owned(),
+                source: "https registries are not supported by this build; \
+                         configure a plain-HTTP mirror in hosts.toml"
+                    .into(),
+            });
+        }
+        self.http
+            .request(req)
+            .await
+            .map_err(|e| RuntimeError::RegistryHttp {
+                url: url.to_owned(),
+                source: e.into(),
+            })
+    }
+
+    /// Computes the `Authorization` value answering `challenge`.
+    async fn answer(
+        &self,
+        url: &str,
+        challenge: Option<auth::Challenge>,
+    ) -> Result<String, RuntimeError> {
+        let auth = self.auth.clone().unwrap_or_default();
+        if !auth.registry_token.is_empty() {
+            return Ok(format!("Bearer {}", auth.registry_token));
+        }
+        match challenge {
+            Some(auth::Challenge::Basic) => {
+                auth.basic_header()
+                    .ok_or_else(|| RuntimeError::Unauthorized {
+                        url: url.to_owned(),
+                        reason: "registry wants Basic auth and no credentials were given"
+                            .to_owned(),
+                    })
+            }
+            Some(auth::Challenge::Bearer {
+                realm,
+                service,
+                scope,
+            }) => {
+                let scope = scope.unwrap_or_else(|| format!("repository:{}:pull", self.repository));
+                let token = self
+                    .fetch_token(&realm, service.as_deref(), &scope, &auth)
+                    .await?;
+                Ok(format!("Bearer {token}"))
+            }
+            None => Err(RuntimeError::Unauthorized {
+                url: url.to_owned(),
+                reason: "401 without a usable WWW-Authenticate challenge".to_owned(),
+            }),
+        }
+    }
+
+    /// Asks a token server for a bearer token.
+    async fn fetch_token(
+        &self,
+        realm: &str,
+        service: Option<&str>,
+        scope: &str,
+        auth: &RegistryAuth,
+    ) -> Result<String, RuntimeError> {
+        let mut query = vec![("scope", scope.to_owned())];
+        if let Some(s) = service {
+            query.push(("service", s.to_owned()));
+        }
+        let req = if !auth.identity_token.is_empty() {
+            // OAuth2 refresh-token grant, as containerd does with identity tokens.
+            query.push(("grant_type", "refresh_token".to_owned()));
+            query.push(("client_id", "cubelet".to_owned()));
+            query.push(("refresh_token", auth.identity_token.clone()));
+            hyper::Request::builder()
+                .method(Method::POST)
+                .uri(realm)
+                .header(
+                    http::header::CONTENT_TYPE,
+                    "application/x-www-form-urlencoded",
+                )
+                .body(Full::new(Bytes::from(form_encode(&query))))
+        } else {
+            let sep = if realm.contains('?') { '&' } else { '?' };
+            let mut b = hyper::Request::builder()
+                .method(Method::GET)
+                .uri(format!("{realm}{sep}{}", form_encode(&query)));
+            if let Some(h) = auth.basic_header() {
+                b = b.header(http::header::AUTHORIZATION, h);
+            }
+            b.body(Full::new(Bytes::new()))
+        }
+        .map_err(|e| RuntimeError::RegistryHttp {
+            url: realm.to_owned(),
+            source: e.into(),
+        })?;
+        let resp = self.request(realm, req).await?;
+        if matches!(
+            resp.status(),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+        ) {
+            let body = body_text(resp.into_body()).await;
+            return Err(RuntimeError::Unauthorized {
+                url: realm.to_owned(),
+                reason: body,
+            });
+        }
+        let resp = check_status(realm, resp).await?;
+        let data = read_limited(realm, resp.into_body(), 1 << 20).await?;
+        #[derive(serde::Deserialize)]
+        struct Token {
+            #[serde(default)]
+            token: String,
+            #[serde(default)]
+            access_token: String,
+        }
+        let t: Token = serde_json::from_slice(&data).map_err(|source| RuntimeError::Json {
+            what: "registry token response",
+            source,
+        })?;
+        let token = if t.access_token.is_empty() {
+            t.token
+        } else {
+            t.access_token
+        };
+        if token.is_empty() {
+            return Err(RuntimeError::Unauthorized {
+                url: realm.to_owned(),
+                reason: "token server returned no token".to_owned(),
+            });
+        }
+        Ok(token)
+    }
+}
+
+/// Percent-encodes `k=v&...` (RFC 3986 unreserved characters kept).
+fn form_encode(pairs: &[(&str, String)]) -> String {
+    fn enc(s: &str) -> String {
+        let mut out = String::with_capacity(s.len());
+        for b in s.bytes() {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                out.push(char::from(b));
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+        out
+    }
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+async fn check_status(
+    url: &str,
+    resp: Response<Incoming>,
+) -> Result<Response<Incoming>, RuntimeError> {
+    if resp.status().is_success() {
+        return Ok(resp);
+    }
+    let status = resp.status().as_u16();
+    let body = body_text(resp.into_body()).await;
+    Err(RuntimeError::RegistryStatus {
+        url: url.to_owned(),
+        status,
+        body,
+    })
+}
+
+/// The first 512 bytes of a body, for error messages.
+async fn body_text(body: Incoming) -> String {
+    match read_limited("", body, 64 << 10).await {
+        Ok(b) => String::from_utf8_lossy(&b[..b.len().min(512)])
+            .trim()
+            .to_owned(),
+        Err(_) => String::new(),
+    }
+}
+
+async fn read_limited(url: &str, mut body: Incoming, limit: usize) -> Result<Bytes, RuntimeError> {
+    let mut buf = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| RuntimeError::RegistryHttp {
+            url: url.to_owned(),
+            source: e.into(),
+        })?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limit {
+                return Err(RuntimeError::RegistryStatus {
+                    url: url.to_owned(),
+                    status: 200,
+                    body: format!("response larger than {limit} bytes"),
+                });
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(Bytes::from(buf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn form_encoding_escapes_reserved_characters() {
+        let q = [
+            ("scope", "repository:library/busybox:pull".to_owned()),
+            ("service", "a b".to_owned()),
+        ];
+        assert_eq!(
+            form_encode(&q),
+            "scope=repository%3Alibrary%2Fbusybox%3Apull&service=a%20b"
+        );
+    }
+}
