@@ -250,12 +250,27 @@ impl BridgeNetwork {
         Ok(())
     }
 
-    /// Builds the sandbox's network and returns what it published.
+    /// Builds the sandbox's network and returns what it publishes. On
+    /// failure, whatever was built is removed again before the error returns.
+    /// A repeated call for the same sandbox returns the same network.
     pub async fn create_sandbox(
         &self,
         sandbox: &SandboxId,
         host_network: bool,
         ports: &[PortMapping],
+    ) -> Result<NetworkStatus, NetworkError> {
+        self.create_with(sandbox, host_network, ports, &|| false)
+            .await
+    }
+
+    /// [`Self::create_sandbox`], stopping (and rolling back) between
+    /// sub-steps once `cancelled` returns true.
+    async fn create_with(
+        &self,
+        sandbox: &SandboxId,
+        host_network: bool,
+        ports: &[PortMapping],
+        cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<NetworkStatus, NetworkError> {
         if host_network {
             let ips = host_primary_ipv4()
@@ -269,7 +284,13 @@ impl BridgeNetwork {
                 interface: None,
             });
         }
-        match self.build(sandbox, ports).await {
+        if cancelled() {
+            return Err(NetworkError::Cancelled {
+                sandbox: sandbox.clone(),
+                after: None,
+            });
+        }
+        match self.build(sandbox, ports, cancelled).await {
             Ok(status) => Ok(status),
             Err(error) => match self.teardown(sandbox, !ports.is_empty()).await {
                 Ok(()) => Err(error),
@@ -285,10 +306,21 @@ impl BridgeNetwork {
         &self,
         sandbox: &SandboxId,
         ports: &[PortMapping],
+        cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<NetworkStatus, NetworkError> {
+        let checkpoint = |step: SubStep| {
+            self.check_failpoint(step, sandbox)?;
+            if cancelled() {
+                return Err(NetworkError::Cancelled {
+                    sandbox: sandbox.clone(),
+                    after: Some(step),
+                });
+            }
+            Ok(())
+        };
         let pin = self.netns_path(sandbox);
         netns::create(pin.clone()).await?;
-        self.check_failpoint(SubStep::NetnsCreated, sandbox)?;
+        checkpoint(SubStep::NetnsCreated)?;
 
         let handle = host_handle()?;
         let bridge = link_index(&handle, &self.config.name)
@@ -323,22 +355,22 @@ impl BridgeNetwork {
             Err(e) => return Err(NetworkError::netlink("add veth", host_if.as_str(), e)),
         }
         drop(ns);
-        self.check_failpoint(SubStep::VethCreated, sandbox)?;
+        checkpoint(SubStep::VethCreated)?;
 
         let ip = self.ipam.allocate(sandbox)?;
-        self.check_failpoint(SubStep::LeaseTaken, sandbox)?;
+        checkpoint(SubStep::LeaseTaken)?;
 
         let gw = self.gateway();
         let prefix = self.config.subnet.prefix_len();
         netns::with_netlink(pin.clone(), move |h| configure_pod(h, ip, prefix, gw)).await?;
-        self.check_failpoint(SubStep::AddressSet, sandbox)?;
+        checkpoint(SubStep::AddressSet)?;
 
         if !ports.is_empty() {
             let nft = self.nft()?;
             let _guard = self.ports.lock().await;
             nft::add_host_ports(&nft, &self.table, sandbox, ip, ports).await?;
         }
-        self.check_failpoint(SubStep::PortsMapped, sandbox)?;
+        checkpoint(SubStep::PortsMapped)?;
 
         Ok(NetworkStatus {
             netns_path: Some(pin),
@@ -597,8 +629,14 @@ impl Flow for BridgeNetwork {
 
     async fn create(&self, ctx: &FlowContext) -> Result<(), StepError> {
         let spec = ctx.spec();
+        let cancelled = || ctx.cancel_token().is_cancelled();
         let status = self
-            .create_sandbox(ctx.sandbox_id(), spec.host_network(), &spec.port_mappings)
+            .create_with(
+                ctx.sandbox_id(),
+                spec.host_network(),
+                &spec.port_mappings,
+                &cancelled,
+            )
             .await?;
         ctx.publish(status);
         Ok(())

@@ -111,6 +111,14 @@ pub enum NetworkError {
         /// Sandbox.
         sandbox: SandboxId,
     },
+    /// The caller gave up; the partial work was rolled back.
+    #[error("network setup for sandbox {sandbox} cancelled{}", after.map(|s| format!(" after {s:?}")).unwrap_or_default())]
+    Cancelled {
+        /// Sandbox.
+        sandbox: SandboxId,
+        /// Last sub-step that completed, if any.
+        after: Option<SubStep>,
+    },
     /// Creating failed and undoing the partial work failed too.
     #[error("{error}; rollback also failed: {rollback}")]
     RollbackFailed {
@@ -132,6 +140,7 @@ impl NetworkError {
             NetworkError::PoolExhausted { .. } => StepErrorKind::ResourceExhausted,
             NetworkError::PortConflict { .. } => StepErrorKind::AlreadyExists,
             NetworkError::NftMissing => StepErrorKind::FailedPrecondition,
+            NetworkError::Cancelled { .. } => StepErrorKind::Cancelled,
             NetworkError::LinkNotFound { .. } => StepErrorKind::NotFound,
             NetworkError::RollbackFailed { error, .. } => error.kind(),
             _ => StepErrorKind::Internal,

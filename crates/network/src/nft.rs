@@ -73,7 +73,7 @@ async fn run(
 }
 
 /// Installs (or refreshes) the base chains: masquerade for traffic leaving
-/// the subnet, forwarding to and from the bridge, and the jumps into the
+/// the subnet and for pod-to-host-port-to-pod (hairpin) traffic, forwarding to and from the bridge, and the jumps into the
 /// host-port chain. Host-port rules already present are kept, so a restart
 /// does not cut running pods off.
 pub(crate) async fn ensure_base(
@@ -88,6 +88,7 @@ pub(crate) async fn ensure_base(
          add chain {t} postrouting {{ type nat hook postrouting priority 100; policy accept; }}\n\
          flush chain {t} postrouting\n\
          add rule {t} postrouting ip saddr {subnet} ip daddr != {subnet} masquerade\n\
+         add rule {t} postrouting ip saddr {subnet} ip daddr {subnet} ct status dnat masquerade\n\
          add chain {t} forward {{ type filter hook forward priority 0; policy accept; }}\n\
          flush chain {t} forward\n\
          add rule {t} forward iifname \"{bridge}\" accept\n\

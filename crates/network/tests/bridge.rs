@@ -36,7 +36,7 @@ fn init_is_idempotent_and_sets_up_the_node() {
         let rules = run(&["nft", "list", "table", "ip", net.nft_table()])?;
         assert_eq!(
             rules.matches("masquerade").count(),
-            1,
+            2,
             "no duplicate rules on re-init:\n{rules}"
         );
         assert!(
@@ -398,6 +398,93 @@ fn create_is_idempotent_and_concurrent_creates_do_not_collide() {
         for r in results {
             r?;
         }
+        assert_clean(&env, &leases, &net)
+    });
+}
+
+#[test]
+fn cancelled_create_rolls_back() {
+    isolated(|env| async move {
+        let (net, leases) = provider(&env, "10.88.0.0/24");
+        net.init().await?;
+        let id = sid(1);
+        let token = tokio_util::sync::CancellationToken::new();
+        token.cancel();
+        let c = ctx(&id, SandboxSpec::default()).with_cancel(token);
+        let err = net.create(&c).await.unwrap_err();
+        assert_eq!(err.kind(), StepErrorKind::Cancelled, "{err}");
+        assert_clean(&env, &leases, &net)
+    });
+}
+
+#[test]
+fn a_pod_reaches_another_pods_host_port_through_the_bridge_address() {
+    isolated(|env| async move {
+        let (net, leases) = provider(&env, "10.89.0.0/24");
+        net.init().await?;
+        let mapping = PortMapping {
+            protocol: Protocol::Tcp,
+            container_port: 7000,
+            host_port: 17000,
+            host_ip: None,
+        };
+        let a = sid(1);
+        let ca = ctx(
+            &a,
+            SandboxSpec {
+                port_mappings: vec![mapping],
+                ..Default::default()
+            },
+        );
+        net.create(&ca).await?;
+        let b = sid(2);
+        let cb = ctx(&b, SandboxSpec::default());
+        net.create(&cb).await?;
+        let pin_a = ca
+            .get::<NetworkStatus>()
+            .expect("a")
+            .netns_path
+            .expect("pin a");
+        let pin_b = cb
+            .get::<NetworkStatus>()
+            .expect("b")
+            .netns_path
+            .expect("pin b");
+        let gw = net.gateway();
+
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let server = std::thread::spawn(move || -> Result<IpAddr> {
+            nix::sched::setns(
+                &std::fs::File::open(&pin_a)?,
+                nix::sched::CloneFlags::CLONE_NEWNET,
+            )?;
+            let l = TcpListener::bind("0.0.0.0:7000")?;
+            ready_tx.send(())?;
+            let (mut s, peer) = l.accept()?;
+            s.write_all(b"hairpin")?;
+            Ok(peer.ip())
+        });
+        ready_rx.recv()?;
+        let client = std::thread::spawn(move || -> Result<String> {
+            nix::sched::setns(
+                &std::fs::File::open(&pin_b)?,
+                nix::sched::CloneFlags::CLONE_NEWNET,
+            )?;
+            let mut s = TcpStream::connect((gw, 17000))?;
+            let mut reply = String::new();
+            s.read_to_string(&mut reply)?;
+            Ok(reply)
+        });
+        assert_eq!(client.join().expect("client")?, "hairpin");
+        let seen = server.join().expect("server")?;
+        assert_eq!(
+            seen,
+            IpAddr::V4(gw),
+            "masqueraded to the gateway so replies return through NAT"
+        );
+
+        net.destroy(&ca).await?;
+        net.destroy(&cb).await?;
         assert_clean(&env, &leases, &net)
     });
 }
