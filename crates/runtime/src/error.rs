@@ -63,6 +63,25 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
+    /// An operation did not finish in time.
+    #[error("{op} of {id} timed out after {timeout:?}")]
+    Timeout {
+        /// What was being done (e.g. `exec`).
+        op: &'static str,
+        /// Container (or sandbox) id.
+        id: String,
+        /// The time allowed.
+        timeout: std::time::Duration,
+    },
+    /// A JSON document (OCI spec, seccomp profile) could not be encoded or decoded.
+    #[error("{what} json")]
+    Json {
+        /// Which document.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
     /// An HTTP exchange with a registry failed below the HTTP level.
     #[error("registry request {url}")]
     RegistryHttp {
@@ -140,6 +159,7 @@ impl RuntimeError {
             RuntimeError::AlreadyExists { .. } => StepErrorKind::AlreadyExists,
             RuntimeError::InvalidArgument { .. } => StepErrorKind::InvalidArgument,
             RuntimeError::FailedPrecondition(_) => StepErrorKind::FailedPrecondition,
+            RuntimeError::Timeout { .. } => StepErrorKind::DeadlineExceeded,
             RuntimeError::ImageFormat { .. } => StepErrorKind::FailedPrecondition,
             RuntimeError::Containerd { source, .. } => match source.code() {
                 tonic::Code::NotFound => StepErrorKind::NotFound,

@@ -13,6 +13,12 @@ pub mod types;
 pub mod image;
 pub mod pause;
 pub mod registry;
+pub mod spec;
+pub mod container;
+pub mod io;
+pub mod logs;
+pub mod events;
+pub mod sandbox;
 
 pub use client::Containerd;
 pub use error::RuntimeError;

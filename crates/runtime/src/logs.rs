@@ -1,0 +1,254 @@
+//! CRI log files: copies a container's stdout/stderr into the file kubelet
+//! reads, one entry per line in the CRI format
+//! `<RFC3339Nano> <stdout|stderr> <P|F> <text>\n`.
+//!
+//! Lines longer than [`MAX_LINE`] are split into partial (`P`) entries; a
+//! last line without a newline is written as a partial entry when the stream
+//! ends, as containerd does. Both streams of a container share one
+//! [`LogSink`], which can reopen its file after kubelet rotated it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::sync::Mutex;
+
+use crate::error::RuntimeError;
+
+/// Longest line content written in one entry (kubelet's and containerd's 16 KiB).
+pub const MAX_LINE: usize = 16 * 1024;
+
+/// Which output stream an entry came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+impl Stream {
+    /// The stream's name in the log format.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+/// Formats `ts` as Go's `time.RFC3339Nano` in UTC (trailing zeros of the
+/// fraction trimmed, no fraction when it is zero).
+pub fn rfc3339_nano(ts: SystemTime) -> String {
+    let d = ts.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let nanos = d.subsec_nanos();
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let mut out = format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}");
+    if nanos != 0 {
+        let frac = format!("{nanos:09}");
+        out.push('.');
+        out.push_str(frac.trim_end_matches('0'));
+    }
+    out.push('Z');
+    out
+}
+
+/// Appends one CRI log entry to `out`.
+pub fn format_entry(out: &mut Vec<u8>, ts: SystemTime, stream: Stream, partial: bool, text: &[u8]) {
+    out.extend_from_slice(rfc3339_nano(ts).as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(stream.as_str().as_bytes());
+    out.extend_from_slice(if partial { b" P " } else { b" F " });
+    out.extend_from_slice(text);
+    out.push(b'\n');
+}
+
+/// The log file of one container, shared by its stdout and stderr copiers.
+#[derive(Debug)]
+pub struct LogSink {
+    path: Option<PathBuf>,
+    file: Mutex<Option<tokio::fs::File>>,
+}
+
+async fn open_log(path: &Path) -> Result<tokio::fs::File, RuntimeError> {
+    if let Some(dir) = path.parent() {
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|source| RuntimeError::Io {
+                op: "create log directory",
+                path: dir.display().to_string(),
+                source,
+            })?;
+    }
+    tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .await
+        .map_err(|source| RuntimeError::Io {
+            op: "open log file",
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+impl LogSink {
+    /// Opens (creating, appending) the log at `path`; `None` discards output.
+    pub async fn open(path: Option<PathBuf>) -> Result<Self, RuntimeError> {
+        let file = match &path {
+            Some(p) => Some(open_log(p).await?),
+            None => None,
+        };
+        Ok(Self {
+            path,
+            file: Mutex::new(file),
+        })
+    }
+
+    /// The log path, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Closes the file and opens it again at the same path (after rotation).
+    pub async fn reopen(&self) -> Result<(), RuntimeError> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let mut guard = self.file.lock().await;
+        if let Some(mut old) = guard.take() {
+            // Best effort: the data was already handed to the kernel.
+            let _ = old.flush().await;
+        }
+        *guard = Some(open_log(path).await?);
+        Ok(())
+    }
+
+    async fn write(&self, stream: Stream, partial: bool, text: &[u8]) {
+        let mut buf = Vec::with_capacity(text.len() + 48);
+        format_entry(&mut buf, SystemTime::now(), stream, partial, text);
+        let mut guard = self.file.lock().await;
+        if let Some(f) = guard.as_mut() {
+            let res = async {
+                f.write_all(&buf).await?;
+                f.flush().await
+            }
+            .await;
+            if let Err(e) = res {
+                tracing::warn!(path = ?self.path, error = %e, "writing container log failed");
+            }
+        }
+    }
+}
+
+/// Copies `reader` into `sink` as CRI log entries until end of stream.
+pub async fn copy_stream<R: AsyncRead + Unpin>(reader: R, stream: Stream, sink: Arc<LogSink>) {
+    let mut reader = BufReader::with_capacity(64 * 1024, reader);
+    let mut line: Vec<u8> = Vec::new();
+    loop {
+        let buf = match reader.fill_buf().await {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(stream = stream.as_str(), error = %e, "reading container output failed");
+                break;
+            }
+        };
+        if buf.is_empty() {
+            if !line.is_empty() {
+                sink.write(stream, true, &line).await;
+            }
+            break;
+        }
+        let room = MAX_LINE - line.len();
+        let take = buf.len().min(room);
+        if let Some(i) = buf[..take].iter().position(|b| *b == b'\n') {
+            line.extend_from_slice(&buf[..i]);
+            reader.consume(i + 1);
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            sink.write(stream, false, &line).await;
+            line.clear();
+        } else {
+            line.extend_from_slice(&buf[..take]);
+            reader.consume(take);
+            if line.len() >= MAX_LINE {
+                sink.write(stream, true, &line).await;
+                line.clear();
+            }
+        }
+    }
+}
+
+/// Parses one CRI log line into `(stream, partial, text)`; for tests and tools.
+pub fn parse_entry(line: &str) -> Option<(&str, &str, bool, &str)> {
+    let mut parts = line.splitn(4, ' ');
+    let ts = parts.next()?;
+    let stream = parts.next()?;
+    let tag = parts.next()?;
+    let text = parts.next().unwrap_or("");
+    Some((ts, stream, tag == "P", text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn rfc3339_nano_matches_go() {
+        let t = UNIX_EPOCH + Duration::new(1_700_000_000, 123_400_000);
+        assert_eq!(rfc3339_nano(t), "2023-11-14T22:13:20.1234Z");
+        assert_eq!(rfc3339_nano(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let leap = UNIX_EPOCH + Duration::new(951_782_400, 1); // 2000-02-29
+        assert_eq!(rfc3339_nano(leap), "2000-02-29T00:00:00.000000001Z");
+    }
+
+    #[tokio::test]
+    async fn copies_lines_splits_long_ones_and_flushes_partial() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/c.log");
+        let sink = Arc::new(LogSink::open(Some(path.clone())).await.unwrap());
+        let long = "x".repeat(MAX_LINE + 10);
+        let input = format!("hello\r\nworld\n{long}\ntail");
+        copy_stream(input.as_bytes(), Stream::Stderr, sink.clone()).await;
+        let text = std::fs::read_to_string(&path).unwrap();
+        let entries: Vec<_> = text.lines().map(|l| parse_entry(l).unwrap()).collect();
+        let got: Vec<(bool, usize)> = entries.iter().map(|e| (e.2, e.3.len())).collect();
+        assert_eq!(
+            got,
+            vec![
+                (false, 5),
+                (false, 5),
+                (true, MAX_LINE),
+                (false, 10),
+                (true, 4)
+            ]
+        );
+        assert!(entries.iter().all(|e| e.1 == "stderr"));
+        assert_eq!(entries[0].3, "hello");
+        assert_eq!(entries[4].3, "tail");
+        assert!(entries[0].0.ends_with('Z'));
+
+        // Rotation: move the file away, reopen, and the next entries land in a new file.
+        std::fs::rename(&path, dir.path().join("sub/c.log.1")).unwrap();
+        sink.reopen().await.unwrap();
+        copy_stream(&b"after\n"[..], Stream::Stdout, sink).await;
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.ends_with(" stdout F after\n"), "{text}");
+    }
+}
