@@ -11,7 +11,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
-    Capabilities, Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
+    Arch, Capabilities, Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
     LinuxDeviceBuilder, LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType,
     LinuxHugepageLimitBuilder, LinuxMemoryBuilder, LinuxNamespace, LinuxNamespaceBuilder,
     LinuxNamespaceType, LinuxResources, LinuxResourcesBuilder, LinuxSeccomp, LinuxSeccompAction,
@@ -72,8 +72,10 @@ pub const DEFAULT_READONLY_PATHS: &[&str] = &[
 ///
 /// Cubelet's RuntimeDefault is deliberately small: allow by default, deny the
 /// syscalls that no ordinary container needs and that Docker's profile also
-/// refuses (kernel modules, kexec, reboot, swap, accounting, clock changes,
-/// keyrings, `ptrace` of other processes is left to capabilities).
+/// refuses without extra capabilities (kernel modules, kexec, reboot, swap,
+/// accounting, clock changes, keyrings, mounts, new namespaces, BPF, perf).
+/// It is not Docker's full allow-list profile; `ptrace` and NUMA calls are
+/// left to capabilities.
 pub const RUNTIME_DEFAULT_DENIED_SYSCALLS: &[&str] = &[
     "acct",
     "add_key",
@@ -84,7 +86,6 @@ pub const RUNTIME_DEFAULT_DENIED_SYSCALLS: &[&str] = &[
     "delete_module",
     "finit_module",
     "get_kernel_syms",
-    "get_mempolicy",
     "init_module",
     "ioperm",
     "iopl",
@@ -93,18 +94,14 @@ pub const RUNTIME_DEFAULT_DENIED_SYSCALLS: &[&str] = &[
     "kexec_load",
     "keyctl",
     "lookup_dcookie",
-    "mbind",
-    "move_pages",
     "nfsservctl",
     "open_by_handle_at",
     "perf_event_open",
-    "personality",
     "pivot_root",
     "query_module",
     "quotactl",
     "reboot",
     "request_key",
-    "set_mempolicy",
     "settimeofday",
     "stime",
     "swapoff",
@@ -903,6 +900,12 @@ pub fn runtime_default_seccomp() -> Result<LinuxSeccomp, RuntimeError> {
         .map_err(oci_err("seccomp"))?;
     LinuxSeccompBuilder::default()
         .default_action(LinuxSeccompAction::ScmpActAllow)
+        // Without the compat ABIs the deny list could be bypassed through them.
+        .architectures(vec![
+            Arch::ScmpArchX86_64,
+            Arch::ScmpArchX86,
+            Arch::ScmpArchX32,
+        ])
         .syscalls(vec![deny])
         .build()
         .map_err(oci_err("seccomp"))
