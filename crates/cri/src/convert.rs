@@ -1,0 +1,491 @@
+//! Validation of CRI requests and conversion to and from the engine's and
+//! store's runtime-neutral types. CRI wire types do not leave this crate.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::path::{Component, Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use cubelet_engine::spec::{DnsConfig, NamespaceMode, NamespaceOptions, PortMapping, Protocol};
+use cubelet_engine::{SandboxId, SandboxSpec};
+use cubelet_store::{SandboxRecord, SandboxState};
+use k8s_cri::v1 as cri;
+
+use crate::error::{CriError, CriResult};
+
+/// Parses a sandbox or container id from a request field.
+pub fn sandbox_id(field: &str, id: &str) -> CriResult<SandboxId> {
+    if id.is_empty() {
+        return Err(CriError::invalid(field, "must not be empty"));
+    }
+    SandboxId::parse(id).ok_or_else(|| {
+        CriError::invalid(
+            field,
+            format!("{id:?} is not a valid id (1-64 of [0-9a-z_-])"),
+        )
+    })
+}
+
+/// Checks that `path` is absolute and has no `.`/`..` components.
+pub fn clean_absolute(field: &str, path: &str) -> CriResult<PathBuf> {
+    let p = Path::new(path);
+    if !p.is_absolute() {
+        return Err(CriError::invalid(
+            field,
+            format!("{path:?} is not an absolute path"),
+        ));
+    }
+    if p.components()
+        .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+        || path.contains('\0')
+    {
+        return Err(CriError::invalid(
+            field,
+            format!("{path:?} must not contain '.' or '..'"),
+        ));
+    }
+    Ok(p.to_path_buf())
+}
+
+/// Checks that a relative path stays below its base (no absolute, no `..`).
+pub fn clean_relative(field: &str, path: &str) -> CriResult<PathBuf> {
+    let p = Path::new(path);
+    if path.is_empty() || p.is_absolute() || path.contains('\0') {
+        return Err(CriError::invalid(
+            field,
+            format!("{path:?} must be a non-empty relative path"),
+        ));
+    }
+    if p.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(CriError::invalid(
+            field,
+            format!("{path:?} must not contain '..'"),
+        ));
+    }
+    Ok(p.to_path_buf())
+}
+
+fn non_empty<'a>(field: &str, v: &'a str) -> CriResult<&'a str> {
+    if v.is_empty() {
+        Err(CriError::invalid(field, "must not be empty"))
+    } else {
+        Ok(v)
+    }
+}
+
+/// A DNS-1123-ish check for names that end up in file names and hostnames.
+fn safe_name(field: &str, v: &str) -> CriResult<()> {
+    non_empty(field, v)?;
+    if v.len() > 253 || v.contains(['/', '\0']) || v == "." || v == ".." {
+        return Err(CriError::invalid(
+            field,
+            format!("{v:?} is not a valid name"),
+        ));
+    }
+    Ok(())
+}
+
+fn mode(m: i32) -> NamespaceMode {
+    match cri::NamespaceMode::try_from(m).unwrap_or(cri::NamespaceMode::Pod) {
+        cri::NamespaceMode::Pod => NamespaceMode::Pod,
+        cri::NamespaceMode::Container => NamespaceMode::Container,
+        cri::NamespaceMode::Node => NamespaceMode::Node,
+        cri::NamespaceMode::Target => NamespaceMode::Target,
+    }
+}
+
+/// Validates a `PodSandboxConfig` and converts it to a [`SandboxSpec`].
+pub fn sandbox_spec(
+    config: Option<&cri::PodSandboxConfig>,
+    runtime_handler: &str,
+) -> CriResult<SandboxSpec> {
+    let config = config.ok_or_else(|| CriError::invalid("config", "missing"))?;
+    let meta = config
+        .metadata
+        .as_ref()
+        .ok_or_else(|| CriError::invalid("config.metadata", "missing"))?;
+    safe_name("config.metadata.name", &meta.name)?;
+    safe_name("config.metadata.namespace", &meta.namespace)?;
+    non_empty("config.metadata.uid", &meta.uid)?;
+    if !config.hostname.is_empty() {
+        safe_name("config.hostname", &config.hostname)?;
+        if config.hostname.len() > 64 {
+            return Err(CriError::invalid(
+                "config.hostname",
+                "longer than 64 characters",
+            ));
+        }
+    }
+    let log_directory = if config.log_directory.is_empty() {
+        None
+    } else {
+        Some(clean_absolute(
+            "config.log_directory",
+            &config.log_directory,
+        )?)
+    };
+    let dns = config.dns_config.as_ref().map(|d| DnsConfig {
+        servers: d.servers.clone(),
+        searches: d.searches.clone(),
+        options: d.options.clone(),
+    });
+    if let Some(d) = &dns {
+        for (i, s) in d.servers.iter().enumerate() {
+            s.parse::<IpAddr>().map_err(|_| {
+                CriError::invalid(
+                    format!("config.dns_config.servers[{i}]"),
+                    format!("{s:?} is not an IP address"),
+                )
+            })?;
+        }
+        for (field, list) in [("searches", &d.searches), ("options", &d.options)] {
+            if let Some((i, bad)) = list
+                .iter()
+                .enumerate()
+                .find(|(_, v)| v.contains(['\n', '\r']))
+            {
+                return Err(CriError::invalid(
+                    format!("config.dns_config.{field}[{i}]"),
+                    format!("{bad:?} contains a line break"),
+                ));
+            }
+        }
+    }
+    let mut port_mappings = Vec::with_capacity(config.port_mappings.len());
+    for (i, pm) in config.port_mappings.iter().enumerate() {
+        let field = |f: &str| format!("config.port_mappings[{i}].{f}");
+        let protocol = match cri::Protocol::try_from(pm.protocol) {
+            Ok(cri::Protocol::Tcp) => Protocol::Tcp,
+            Ok(cri::Protocol::Udp) => Protocol::Udp,
+            Ok(cri::Protocol::Sctp) => Protocol::Sctp,
+            Err(_) => {
+                return Err(CriError::invalid(
+                    field("protocol"),
+                    format!("unknown protocol {}", pm.protocol),
+                ))
+            }
+        };
+        let port = |name: &str, v: i32| {
+            u16::try_from(v).ok().filter(|p| *p != 0).ok_or_else(|| {
+                CriError::invalid(field(name), format!("{v} is not a port (1-65535)"))
+            })
+        };
+        let container_port = port("container_port", pm.container_port)?;
+        // host_port 0 means "no host port": nothing to map.
+        if pm.host_port == 0 {
+            continue;
+        }
+        let host_port = port("host_port", pm.host_port)?;
+        let host_ip = if pm.host_ip.is_empty() {
+            None
+        } else {
+            Some(pm.host_ip.parse::<IpAddr>().map_err(|_| {
+                CriError::invalid(
+                    field("host_ip"),
+                    format!("{:?} is not an IP address", pm.host_ip),
+                )
+            })?)
+        };
+        port_mappings.push(PortMapping {
+            protocol,
+            container_port,
+            host_port,
+            host_ip,
+        });
+    }
+    let linux = config.linux.as_ref();
+    let sc = linux.and_then(|l| l.security_context.as_ref());
+    let ns = sc.and_then(|s| s.namespace_options.as_ref());
+    let namespaces = NamespaceOptions {
+        network: ns.map_or(NamespaceMode::Pod, |n| mode(n.network)),
+        pid: ns.map_or(NamespaceMode::Pod, |n| mode(n.pid)),
+        ipc: ns.map_or(NamespaceMode::Pod, |n| mode(n.ipc)),
+        target_id: ns.map(|n| n.target_id.clone()).filter(|t| !t.is_empty()),
+    };
+    let cgroup_parent = linux
+        .map(|l| l.cgroup_parent.clone())
+        .filter(|c| !c.is_empty());
+    if let Some(cg) = &cgroup_parent {
+        if cg.split('/').any(|c| c == "..") || cg.contains('\0') {
+            return Err(CriError::invalid(
+                "config.linux.cgroup_parent",
+                format!("{cg:?} must not contain '..'"),
+            ));
+        }
+    }
+    Ok(SandboxSpec {
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        attempt: meta.attempt,
+        hostname: config.hostname.clone(),
+        log_directory,
+        dns,
+        port_mappings,
+        namespaces,
+        labels: to_btree(&config.labels),
+        annotations: to_btree(&config.annotations),
+        cgroup_parent,
+        runtime_handler: runtime_handler.to_owned(),
+        sysctls: linux.map(|l| to_btree(&l.sysctls)).unwrap_or_default(),
+        privileged: sc.is_some_and(|s| s.privileged),
+    })
+}
+
+fn to_btree(m: &HashMap<String, String>) -> BTreeMap<String, String> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+fn to_hash(m: &BTreeMap<String, String>) -> HashMap<String, String> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// Nanoseconds since the epoch, as CRI timestamps are.
+pub fn nanos(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// The CRI state of a stored sandbox.
+pub fn sandbox_state(state: SandboxState) -> cri::PodSandboxState {
+    match state {
+        SandboxState::Ready => cri::PodSandboxState::SandboxReady,
+        _ => cri::PodSandboxState::SandboxNotready,
+    }
+}
+
+fn metadata(spec: &SandboxSpec) -> cri::PodSandboxMetadata {
+    cri::PodSandboxMetadata {
+        name: spec.name.clone(),
+        uid: spec.uid.clone(),
+        namespace: spec.namespace.clone(),
+        attempt: spec.attempt,
+    }
+}
+
+fn cri_mode(m: NamespaceMode) -> i32 {
+    (match m {
+        NamespaceMode::Pod => cri::NamespaceMode::Pod,
+        NamespaceMode::Container => cri::NamespaceMode::Container,
+        NamespaceMode::Node => cri::NamespaceMode::Node,
+        NamespaceMode::Target => cri::NamespaceMode::Target,
+    }) as i32
+}
+
+/// A stored sandbox as a CRI `PodSandbox` (list item).
+pub fn pod_sandbox(rec: &SandboxRecord) -> cri::PodSandbox {
+    cri::PodSandbox {
+        id: rec.id.to_string(),
+        metadata: Some(metadata(&rec.spec)),
+        state: sandbox_state(rec.state) as i32,
+        created_at: nanos(rec.created_at),
+        labels: to_hash(&rec.spec.labels),
+        annotations: to_hash(&rec.spec.annotations),
+        runtime_handler: rec.spec.runtime_handler.clone(),
+    }
+}
+
+/// A stored sandbox as a CRI `PodSandboxStatus`. `host_ip` is reported for
+/// host-network pods.
+pub fn pod_sandbox_status(rec: &SandboxRecord) -> cri::PodSandboxStatus {
+    let ips = rec
+        .network
+        .as_ref()
+        .map(|n| n.ips.clone())
+        .unwrap_or_default();
+    let network = Some(cri::PodSandboxNetworkStatus {
+        ip: ips.first().map(ToString::to_string).unwrap_or_default(),
+        additional_ips: ips
+            .iter()
+            .skip(1)
+            .map(|ip| cri::PodIp { ip: ip.to_string() })
+            .collect(),
+    });
+    let ns = &rec.spec.namespaces;
+    cri::PodSandboxStatus {
+        id: rec.id.to_string(),
+        metadata: Some(metadata(&rec.spec)),
+        state: sandbox_state(rec.state) as i32,
+        created_at: nanos(rec.created_at),
+        network,
+        linux: Some(cri::LinuxPodSandboxStatus {
+            namespaces: Some(cri::Namespace {
+                options: Some(cri::NamespaceOption {
+                    network: cri_mode(ns.network),
+                    pid: cri_mode(ns.pid),
+                    ipc: cri_mode(ns.ipc),
+                    target_id: ns.target_id.clone().unwrap_or_default(),
+                    userns_options: None,
+                }),
+            }),
+        }),
+        labels: to_hash(&rec.spec.labels),
+        annotations: to_hash(&rec.spec.annotations),
+        runtime_handler: rec.spec.runtime_handler.clone(),
+    }
+}
+
+/// True when every selector label is present with the same value.
+pub fn labels_match(selector: &HashMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// Applies a `PodSandboxFilter` to a stored sandbox. The id filter matches a
+/// prefix, as crictl and containerd allow truncated ids.
+pub fn sandbox_matches(filter: &cri::PodSandboxFilter, rec: &SandboxRecord) -> bool {
+    if !filter.id.is_empty() && !rec.id.as_str().starts_with(&filter.id) {
+        return false;
+    }
+    if let Some(state) = &filter.state {
+        if sandbox_state(rec.state) as i32 != state.state {
+            return false;
+        }
+    }
+    labels_match(&filter.label_selector, &rec.spec.labels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> cri::PodSandboxConfig {
+        cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: "web".into(),
+                uid: "u1".into(),
+                namespace: "default".into(),
+                attempt: 1,
+            }),
+            hostname: "web-0".into(),
+            log_directory: "/var/log/pods/default_web_u1".into(),
+            dns_config: Some(cri::DnsConfig {
+                servers: vec!["10.96.0.10".into()],
+                searches: vec!["default.svc.cluster.local".into()],
+                options: vec!["ndots:5".into()],
+            }),
+            port_mappings: vec![cri::PortMapping {
+                protocol: cri::Protocol::Udp as i32,
+                container_port: 53,
+                host_port: 5353,
+                host_ip: "127.0.0.1".into(),
+            }],
+            labels: [("app".to_string(), "web".to_string())].into(),
+            annotations: HashMap::new(),
+            linux: Some(cri::LinuxPodSandboxConfig {
+                cgroup_parent: "/kubepods/besteffort/podu1".into(),
+                security_context: Some(cri::LinuxSandboxSecurityContext {
+                    namespace_options: Some(cri::NamespaceOption {
+                        network: cri::NamespaceMode::Node as i32,
+                        pid: cri::NamespaceMode::Container as i32,
+                        ipc: cri::NamespaceMode::Pod as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            windows: None,
+        }
+    }
+
+    #[test]
+    fn converts_a_full_config() {
+        let s = sandbox_spec(Some(&config()), "runc").unwrap();
+        assert_eq!(
+            (
+                s.name.as_str(),
+                s.namespace.as_str(),
+                s.uid.as_str(),
+                s.attempt
+            ),
+            ("web", "default", "u1", 1)
+        );
+        assert_eq!(
+            s.log_directory.as_deref(),
+            Some(Path::new("/var/log/pods/default_web_u1"))
+        );
+        assert_eq!(s.dns.as_ref().unwrap().options, vec!["ndots:5"]);
+        assert_eq!(s.port_mappings[0].protocol, Protocol::Udp);
+        assert_eq!(
+            s.port_mappings[0].host_ip,
+            Some("127.0.0.1".parse().unwrap())
+        );
+        assert!(s.host_network());
+        assert_eq!(s.namespaces.pid, NamespaceMode::Container);
+        assert_eq!(
+            s.cgroup_parent.as_deref(),
+            Some("/kubepods/besteffort/podu1")
+        );
+        assert_eq!(s.runtime_handler, "runc");
+    }
+
+    #[test]
+    fn bad_inputs_name_the_field() {
+        type Mutate = Box<dyn Fn(&mut cri::PodSandboxConfig)>;
+        let cases: Vec<(Mutate, &str)> = vec![
+            (Box::new(|c| c.metadata = None), "config.metadata"),
+            (
+                Box::new(|c| c.metadata.as_mut().unwrap().name.clear()),
+                "config.metadata.name",
+            ),
+            (
+                Box::new(|c| c.metadata.as_mut().unwrap().namespace = "a/b".into()),
+                "config.metadata.namespace",
+            ),
+            (
+                Box::new(|c| c.metadata.as_mut().unwrap().uid.clear()),
+                "config.metadata.uid",
+            ),
+            (
+                Box::new(|c| c.log_directory = "relative/logs".into()),
+                "config.log_directory",
+            ),
+            (
+                Box::new(|c| c.log_directory = "/var/log/../../etc".into()),
+                "config.log_directory",
+            ),
+            (
+                Box::new(|c| c.dns_config.as_mut().unwrap().servers[0] = "dns".into()),
+                "config.dns_config.servers[0]",
+            ),
+            (
+                Box::new(|c| c.port_mappings[0].container_port = 70000),
+                "config.port_mappings[0].container_port",
+            ),
+            (
+                Box::new(|c| c.port_mappings[0].host_ip = "nope".into()),
+                "config.port_mappings[0].host_ip",
+            ),
+            (
+                Box::new(|c| c.linux.as_mut().unwrap().cgroup_parent = "/a/../../b".into()),
+                "config.linux.cgroup_parent",
+            ),
+        ];
+        for (mutate, field) in cases {
+            let mut c = config();
+            mutate(&mut c);
+            let e = sandbox_spec(Some(&c), "").unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(
+                e.to_string().starts_with(&format!("invalid {field}:")),
+                "{field}: {e}"
+            );
+        }
+        assert!(sandbox_spec(None, "")
+            .unwrap_err()
+            .to_string()
+            .starts_with("invalid config:"));
+    }
+
+    #[test]
+    fn ids_and_paths() {
+        assert!(sandbox_id("pod_sandbox_id", "").is_err());
+        assert!(sandbox_id("pod_sandbox_id", "../x").is_err());
+        assert!(sandbox_id("pod_sandbox_id", "abc").is_ok());
+        assert!(clean_absolute("f", "/a/b").is_ok());
+        assert!(clean_absolute("f", "/a/./b").is_err());
+        assert!(clean_relative("f", "c/0.log").is_ok());
+        assert!(clean_relative("f", "../0.log").is_err());
+        assert!(clean_relative("f", "/0.log").is_err());
+    }
+}

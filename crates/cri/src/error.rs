@@ -1,0 +1,142 @@
+//! The CRI shim's error type, and the one place errors become gRPC statuses.
+
+use cubelet_engine::{chain, EngineError, StepErrorKind};
+use cubelet_runtime::RuntimeError;
+use cubelet_store::StoreError;
+use tonic::{Code, Status};
+
+/// Everything a CRI call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum CriError {
+    /// A request field is missing or malformed.
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument {
+        /// Field path as in the CRI message, e.g. `config.metadata.name`.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// No object with that id.
+    #[error("{kind} {id:?} not found")]
+    NotFound {
+        /// Kind (`pod sandbox`, `container`, `image`).
+        kind: &'static str,
+        /// The id asked for.
+        id: String,
+    },
+    /// The name is in use by another object.
+    #[error("{kind} name {name:?} is already in use by {by}")]
+    AlreadyExists {
+        /// Kind.
+        kind: &'static str,
+        /// The name.
+        name: String,
+        /// Id of the object holding it.
+        by: String,
+    },
+    /// The object is not in a state that allows the call.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The call is not supported.
+    #[error("{0}")]
+    Unimplemented(String),
+    /// The call ran past its deadline.
+    #[error("{0}")]
+    DeadlineExceeded(String),
+    /// A flow failed, was rejected or cancelled.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// containerd failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// The node's store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl CriError {
+    /// A missing or malformed field.
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        CriError::InvalidArgument {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The gRPC code for this error (the single mapping of the project).
+    pub fn code(&self) -> Code {
+        match self {
+            CriError::InvalidArgument { .. } => Code::InvalidArgument,
+            CriError::NotFound { .. } => Code::NotFound,
+            CriError::AlreadyExists { .. } => Code::AlreadyExists,
+            CriError::FailedPrecondition(_) => Code::FailedPrecondition,
+            CriError::Unimplemented(_) => Code::Unimplemented,
+            CriError::DeadlineExceeded(_) => Code::DeadlineExceeded,
+            CriError::Engine(e) => match e {
+                EngineError::Rejected { .. } => Code::ResourceExhausted,
+                EngineError::Cancelled { .. } => Code::Cancelled,
+                _ => e.step_kind().map_or(Code::Internal, step_code),
+            },
+            CriError::Runtime(e) => step_code(e.kind()),
+            CriError::Store(_) => Code::Internal,
+        }
+    }
+}
+
+fn step_code(kind: StepErrorKind) -> Code {
+    match kind {
+        StepErrorKind::InvalidArgument => Code::InvalidArgument,
+        StepErrorKind::NotFound => Code::NotFound,
+        StepErrorKind::AlreadyExists => Code::AlreadyExists,
+        StepErrorKind::ResourceExhausted => Code::ResourceExhausted,
+        StepErrorKind::FailedPrecondition => Code::FailedPrecondition,
+        StepErrorKind::Cancelled => Code::Cancelled,
+        StepErrorKind::DeadlineExceeded => Code::DeadlineExceeded,
+        StepErrorKind::Internal => Code::Internal,
+    }
+}
+
+impl From<CriError> for Status {
+    fn from(e: CriError) -> Self {
+        // The message carries the whole cause chain, so `crictl` shows why.
+        Status::new(e.code(), chain(&e))
+    }
+}
+
+/// Result of a CRI handler.
+pub type CriResult<T> = Result<T, CriError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cubelet_engine::{FlowKind, SandboxId, StepError, StepFailure};
+
+    #[test]
+    fn codes() {
+        assert_eq!(
+            CriError::invalid("config.metadata", "missing").code(),
+            Code::InvalidArgument
+        );
+        let rejected = CriError::from(EngineError::Rejected {
+            flow: FlowKind::Create,
+            limit: 1,
+        });
+        assert_eq!(rejected.code(), Code::ResourceExhausted);
+        let failed = CriError::from(EngineError::Failed {
+            flow: FlowKind::Create,
+            sandbox_id: SandboxId::new_unchecked("a"),
+            failures: vec![StepFailure {
+                step: "network".into(),
+                error: StepError::new(StepErrorKind::ResourceExhausted, "no free address"),
+            }],
+            rollback: None,
+        });
+        assert_eq!(failed.code(), Code::ResourceExhausted);
+        let status = Status::from(failed);
+        assert!(
+            status.message().contains("network: no free address"),
+            "{}",
+            status.message()
+        );
+    }
+}

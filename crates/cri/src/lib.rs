@@ -1,0 +1,21 @@
+//! Cubelet's CRI shim.
+//!
+//! Serves the CRI v1 `RuntimeService` and `ImageService` (from `k8s-cri`) on a
+//! unix socket. It validates every request (naming the bad field), maps pod
+//! sandbox calls to engine flows (`create` with failover, `destroy`,
+//! `cleanup`), container and image calls to the `runtime` crate, keeps node
+//! state in the store, and turns every error into a gRPC status in one place
+//! ([`error`]). CRI wire types stay inside this crate; it does not know which
+//! providers run the flows.
+
+mod container;
+pub mod convert;
+pub mod error;
+mod image;
+mod sandbox;
+mod server;
+mod service;
+
+pub use error::{CriError, CriResult};
+pub use server::serve_unix;
+pub use service::{Cri, CriDeps, CriObserver, NodeConditions, NoopCriObserver};

@@ -1,0 +1,61 @@
+//! The CRI unix socket.
+
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use k8s_cri::v1::image_service_server::ImageServiceServer;
+use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::service::Cri;
+
+/// Largest CRI message accepted or sent (kubelet uses 16 MiB).
+const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+
+/// Binds `socket` (parent created, a stale socket file removed, mode 0660)
+/// and serves both CRI services until `shutdown` is cancelled.
+pub async fn serve_unix(
+    socket: std::path::PathBuf,
+    cri: Cri,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    let listener = bind(&socket)?;
+    tonic::transport::Server::builder()
+        .add_service(
+            RuntimeServiceServer::new(cri.clone())
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        )
+        .add_service(
+            ImageServiceServer::new(cri)
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        )
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(listener),
+            shutdown.cancelled_owned(),
+        )
+        .await
+        .map_err(io::Error::other)?;
+    // Leave no socket behind that would answer nothing.
+    let _ = std::fs::remove_file(&socket);
+    Ok(())
+}
+
+/// Binds the unix socket, replacing a stale one.
+pub(crate) fn bind(socket: &Path) -> io::Result<UnixListener> {
+    if let Some(parent) = socket.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::remove_file(socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = UnixListener::bind(socket)?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o660))?;
+    Ok(listener)
+}

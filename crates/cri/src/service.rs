@@ -1,0 +1,598 @@
+//! The CRI service object and the tonic trait implementations, which only
+//! measure, convert errors and delegate to the sandbox, container and image
+//! modules.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cubelet_engine::Engine;
+use cubelet_runtime::container::ContainerRuntime;
+use cubelet_runtime::image::ImageService as Images;
+use cubelet_store::Store;
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::image_service_server::ImageService;
+use k8s_cri::v1::runtime_service_server::RuntimeService;
+use tonic::{Request, Response, Status};
+
+use crate::error::{CriError, CriResult};
+
+/// Receives one call per CRI request (the binary exports these as metrics).
+pub trait CriObserver: Send + Sync + 'static {
+    /// A request to `method` ended with `code` after `elapsed`.
+    fn request(&self, method: &'static str, code: tonic::Code, elapsed: Duration);
+}
+
+/// An observer that ignores everything.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoopCriObserver;
+
+impl CriObserver for NoopCriObserver {
+    fn request(&self, _method: &'static str, _code: tonic::Code, _elapsed: Duration) {}
+}
+
+/// Node conditions for CRI `Status`, owned by the binary.
+pub trait NodeConditions: Send + Sync + 'static {
+    /// `(ready, reason, message)` of the runtime.
+    fn runtime_ready(&self) -> (bool, String, String);
+    /// `(ready, reason, message)` of the network.
+    fn network_ready(&self) -> (bool, String, String);
+}
+
+/// What the CRI shim is built from.
+pub struct CriDeps {
+    /// The workflow engine (sandbox flows).
+    pub engine: Engine,
+    /// Node state.
+    pub store: Arc<Store>,
+    /// Containers and tasks.
+    pub runtime: Arc<ContainerRuntime>,
+    /// Images.
+    pub images: Arc<Images>,
+    /// Status conditions.
+    pub conditions: Arc<dyn NodeConditions>,
+    /// Request metrics.
+    pub observer: Arc<dyn CriObserver>,
+    /// Cgroup driver reported by `RuntimeConfig`.
+    pub cgroup_driver: cri::CgroupDriver,
+    /// The pause image reference (never garbage collected, reported pinned).
+    pub pause_image: String,
+    /// Snapshotter root and content store root, measured by `ImageFsInfo`.
+    pub image_fs: (std::path::PathBuf, std::path::PathBuf),
+    /// Extra verbose info for `Status` (config, versions), as JSON strings.
+    pub status_info: HashMap<String, String>,
+}
+
+impl fmt::Debug for CriDeps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CriDeps")
+            .field("pause_image", &self.pause_image)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) deps: CriDeps,
+    /// Serialises RunPodSandbox per pod (namespace, name, uid, attempt) so a
+    /// retry joins the first call instead of racing it.
+    pub(crate) pod_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Serialises operations per container id.
+    pub(crate) container_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// The CRI shim: implements `RuntimeService` and `ImageService`.
+#[derive(Clone)]
+pub struct Cri {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Cri {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cri").finish_non_exhaustive()
+    }
+}
+
+impl Cri {
+    /// Builds the shim.
+    pub fn new(deps: CriDeps) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                deps,
+                pod_locks: Mutex::default(),
+                container_locks: Mutex::default(),
+            }),
+        }
+    }
+
+    pub(crate) fn deps(&self) -> &CriDeps {
+        &self.inner.deps
+    }
+
+    /// The engine the sandbox calls run on.
+    pub fn engine(&self) -> &Engine {
+        &self.inner.deps.engine
+    }
+
+    /// Removes a pod sandbox as RemovePodSandbox does (containers, then the
+    /// `cleanup` flow, then the records). Used by the garbage collector.
+    pub async fn remove_pod_sandbox(&self, id: &str) -> CriResult<()> {
+        self.remove_pod_sandbox_impl(id).await
+    }
+
+    /// Runs a handler body: measures it and maps its error to a status.
+    async fn call<T>(
+        &self,
+        method: &'static str,
+        body: impl Future<Output = CriResult<T>>,
+    ) -> Result<Response<T>, Status> {
+        let started = Instant::now();
+        let result = body.await;
+        let code = match &result {
+            Ok(_) => tonic::Code::Ok,
+            Err(e) => e.code(),
+        };
+        self.deps()
+            .observer
+            .request(method, code, started.elapsed());
+        match result {
+            Ok(v) => Ok(Response::new(v)),
+            Err(e) => {
+                if code == tonic::Code::Internal {
+                    tracing::warn!(method, error = %cubelet_engine::chain(&e), "request failed");
+                } else {
+                    tracing::debug!(method, error = %e, "request refused");
+                }
+                Err(Status::from(e))
+            }
+        }
+    }
+}
+
+/// A keyed async lock from a map, removed when no one holds or waits for it.
+pub(crate) async fn keyed_lock<'a>(
+    map: &'a Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    key: &str,
+) -> KeyedGuard<'a> {
+    let m = {
+        let mut guard = map.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(guard.entry(key.to_owned()).or_default())
+    };
+    let g = m.clone().lock_owned().await;
+    KeyedGuard {
+        map,
+        key: key.to_owned(),
+        guard: Some(g),
+    }
+}
+
+pub(crate) struct KeyedGuard<'a> {
+    map: &'a Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    key: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for KeyedGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if map
+            .get(&self.key)
+            .is_some_and(|m| Arc::strong_count(m) == 1)
+        {
+            map.remove(&self.key);
+        }
+    }
+}
+
+fn unimplemented<T>(what: &str) -> CriResult<T> {
+    Err(CriError::Unimplemented(format!(
+        "{what} is not supported by cubelet yet"
+    )))
+}
+
+type EventStream =
+    Pin<Box<dyn futures::Stream<Item = Result<cri::ContainerEventResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl RuntimeService for Cri {
+    async fn version(
+        &self,
+        _r: Request<cri::VersionRequest>,
+    ) -> Result<Response<cri::VersionResponse>, Status> {
+        self.call("Version", async {
+            Ok(cri::VersionResponse {
+                version: "0.1.0".into(),
+                runtime_name: "cubelet".into(),
+                runtime_version: env!("CARGO_PKG_VERSION").into(),
+                runtime_api_version: "v1".into(),
+            })
+        })
+        .await
+    }
+
+    async fn run_pod_sandbox(
+        &self,
+        r: Request<cri::RunPodSandboxRequest>,
+    ) -> Result<Response<cri::RunPodSandboxResponse>, Status> {
+        let r = r.into_inner();
+        self.call("RunPodSandbox", self.run_pod_sandbox_impl(r))
+            .await
+    }
+
+    async fn stop_pod_sandbox(
+        &self,
+        r: Request<cri::StopPodSandboxRequest>,
+    ) -> Result<Response<cri::StopPodSandboxResponse>, Status> {
+        let r = r.into_inner();
+        self.call("StopPodSandbox", async {
+            self.stop_pod_sandbox_impl(&r.pod_sandbox_id).await?;
+            Ok(cri::StopPodSandboxResponse {})
+        })
+        .await
+    }
+
+    async fn remove_pod_sandbox(
+        &self,
+        r: Request<cri::RemovePodSandboxRequest>,
+    ) -> Result<Response<cri::RemovePodSandboxResponse>, Status> {
+        let r = r.into_inner();
+        self.call("RemovePodSandbox", async {
+            self.remove_pod_sandbox_impl(&r.pod_sandbox_id).await?;
+            Ok(cri::RemovePodSandboxResponse {})
+        })
+        .await
+    }
+
+    async fn pod_sandbox_status(
+        &self,
+        r: Request<cri::PodSandboxStatusRequest>,
+    ) -> Result<Response<cri::PodSandboxStatusResponse>, Status> {
+        let r = r.into_inner();
+        self.call("PodSandboxStatus", self.pod_sandbox_status_impl(r))
+            .await
+    }
+
+    async fn list_pod_sandbox(
+        &self,
+        r: Request<cri::ListPodSandboxRequest>,
+    ) -> Result<Response<cri::ListPodSandboxResponse>, Status> {
+        let r = r.into_inner();
+        self.call("ListPodSandbox", async { self.list_pod_sandbox_impl(r) })
+            .await
+    }
+
+    async fn create_container(
+        &self,
+        r: Request<cri::CreateContainerRequest>,
+    ) -> Result<Response<cri::CreateContainerResponse>, Status> {
+        let r = r.into_inner();
+        self.call("CreateContainer", self.create_container_impl(r))
+            .await
+    }
+
+    async fn start_container(
+        &self,
+        r: Request<cri::StartContainerRequest>,
+    ) -> Result<Response<cri::StartContainerResponse>, Status> {
+        let r = r.into_inner();
+        self.call("StartContainer", async {
+            self.start_container_impl(&r.container_id).await?;
+            Ok(cri::StartContainerResponse {})
+        })
+        .await
+    }
+
+    async fn stop_container(
+        &self,
+        r: Request<cri::StopContainerRequest>,
+    ) -> Result<Response<cri::StopContainerResponse>, Status> {
+        let r = r.into_inner();
+        self.call("StopContainer", async {
+            self.stop_container_impl(&r.container_id, r.timeout).await?;
+            Ok(cri::StopContainerResponse {})
+        })
+        .await
+    }
+
+    async fn remove_container(
+        &self,
+        r: Request<cri::RemoveContainerRequest>,
+    ) -> Result<Response<cri::RemoveContainerResponse>, Status> {
+        let r = r.into_inner();
+        self.call("RemoveContainer", async {
+            self.remove_container_impl(&r.container_id).await?;
+            Ok(cri::RemoveContainerResponse {})
+        })
+        .await
+    }
+
+    async fn list_containers(
+        &self,
+        r: Request<cri::ListContainersRequest>,
+    ) -> Result<Response<cri::ListContainersResponse>, Status> {
+        let r = r.into_inner();
+        self.call("ListContainers", async { self.list_containers_impl(r) })
+            .await
+    }
+
+    async fn container_status(
+        &self,
+        r: Request<cri::ContainerStatusRequest>,
+    ) -> Result<Response<cri::ContainerStatusResponse>, Status> {
+        let r = r.into_inner();
+        self.call("ContainerStatus", self.container_status_impl(r))
+            .await
+    }
+
+    async fn update_container_resources(
+        &self,
+        r: Request<cri::UpdateContainerResourcesRequest>,
+    ) -> Result<Response<cri::UpdateContainerResourcesResponse>, Status> {
+        let r = r.into_inner();
+        self.call("UpdateContainerResources", async {
+            self.update_container_resources_impl(r).await?;
+            Ok(cri::UpdateContainerResourcesResponse {})
+        })
+        .await
+    }
+
+    async fn reopen_container_log(
+        &self,
+        r: Request<cri::ReopenContainerLogRequest>,
+    ) -> Result<Response<cri::ReopenContainerLogResponse>, Status> {
+        let r = r.into_inner();
+        self.call("ReopenContainerLog", async {
+            self.reopen_container_log_impl(&r.container_id).await?;
+            Ok(cri::ReopenContainerLogResponse {})
+        })
+        .await
+    }
+
+    async fn exec_sync(
+        &self,
+        r: Request<cri::ExecSyncRequest>,
+    ) -> Result<Response<cri::ExecSyncResponse>, Status> {
+        let r = r.into_inner();
+        self.call("ExecSync", self.exec_sync_impl(r)).await
+    }
+
+    async fn exec(
+        &self,
+        _r: Request<cri::ExecRequest>,
+    ) -> Result<Response<cri::ExecResponse>, Status> {
+        self.call("Exec", async {
+            unimplemented("the streaming server (Exec)")
+        })
+        .await
+    }
+
+    async fn attach(
+        &self,
+        _r: Request<cri::AttachRequest>,
+    ) -> Result<Response<cri::AttachResponse>, Status> {
+        self.call("Attach", async {
+            unimplemented("the streaming server (Attach)")
+        })
+        .await
+    }
+
+    async fn port_forward(
+        &self,
+        _r: Request<cri::PortForwardRequest>,
+    ) -> Result<Response<cri::PortForwardResponse>, Status> {
+        self.call("PortForward", async {
+            unimplemented("the streaming server (PortForward)")
+        })
+        .await
+    }
+
+    async fn container_stats(
+        &self,
+        _r: Request<cri::ContainerStatsRequest>,
+    ) -> Result<Response<cri::ContainerStatsResponse>, Status> {
+        self.call("ContainerStats", async { unimplemented("ContainerStats") })
+            .await
+    }
+
+    async fn list_container_stats(
+        &self,
+        _r: Request<cri::ListContainerStatsRequest>,
+    ) -> Result<Response<cri::ListContainerStatsResponse>, Status> {
+        self.call("ListContainerStats", async {
+            unimplemented("ListContainerStats")
+        })
+        .await
+    }
+
+    async fn pod_sandbox_stats(
+        &self,
+        _r: Request<cri::PodSandboxStatsRequest>,
+    ) -> Result<Response<cri::PodSandboxStatsResponse>, Status> {
+        self.call("PodSandboxStats", async {
+            unimplemented("PodSandboxStats")
+        })
+        .await
+    }
+
+    async fn list_pod_sandbox_stats(
+        &self,
+        _r: Request<cri::ListPodSandboxStatsRequest>,
+    ) -> Result<Response<cri::ListPodSandboxStatsResponse>, Status> {
+        self.call("ListPodSandboxStats", async {
+            unimplemented("ListPodSandboxStats")
+        })
+        .await
+    }
+
+    async fn update_runtime_config(
+        &self,
+        _r: Request<cri::UpdateRuntimeConfigRequest>,
+    ) -> Result<Response<cri::UpdateRuntimeConfigResponse>, Status> {
+        // kubelet sends the pod CIDR here; the bridge provider takes its
+        // subnet from configuration, so there is nothing to change.
+        self.call("UpdateRuntimeConfig", async {
+            Ok(cri::UpdateRuntimeConfigResponse {})
+        })
+        .await
+    }
+
+    async fn status(
+        &self,
+        r: Request<cri::StatusRequest>,
+    ) -> Result<Response<cri::StatusResponse>, Status> {
+        let verbose = r.into_inner().verbose;
+        self.call("Status", async {
+            let cond = |t: &str, (status, reason, message): (bool, String, String)| {
+                cri::RuntimeCondition {
+                    r#type: t.to_owned(),
+                    status,
+                    reason,
+                    message,
+                }
+            };
+            let c = &self.deps().conditions;
+            let info = if verbose {
+                self.deps().status_info.clone()
+            } else {
+                HashMap::new()
+            };
+            let handlers = self
+                .deps()
+                .runtime
+                .config()
+                .handlers
+                .keys()
+                .map(|name| cri::RuntimeHandler {
+                    name: name.clone(),
+                    features: Some(cri::RuntimeHandlerFeatures {
+                        recursive_read_only_mounts: false,
+                        user_namespaces: false,
+                    }),
+                })
+                .collect();
+            Ok(cri::StatusResponse {
+                status: Some(cri::RuntimeStatus {
+                    conditions: vec![
+                        cond("RuntimeReady", c.runtime_ready()),
+                        cond("NetworkReady", c.network_ready()),
+                    ],
+                }),
+                info,
+                runtime_handlers: handlers,
+                features: Some(cri::RuntimeFeatures {
+                    supplemental_groups_policy: false,
+                }),
+            })
+        })
+        .await
+    }
+
+    async fn checkpoint_container(
+        &self,
+        _r: Request<cri::CheckpointContainerRequest>,
+    ) -> Result<Response<cri::CheckpointContainerResponse>, Status> {
+        self.call("CheckpointContainer", async {
+            unimplemented("CheckpointContainer (needs CRIU, which this node does not have)")
+        })
+        .await
+    }
+
+    type GetContainerEventsStream = EventStream;
+
+    async fn get_container_events(
+        &self,
+        _r: Request<cri::GetEventsRequest>,
+    ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
+        self.call("GetContainerEvents", async {
+            unimplemented("GetContainerEvents")
+        })
+        .await
+    }
+
+    async fn list_metric_descriptors(
+        &self,
+        _r: Request<cri::ListMetricDescriptorsRequest>,
+    ) -> Result<Response<cri::ListMetricDescriptorsResponse>, Status> {
+        self.call("ListMetricDescriptors", async {
+            Ok(cri::ListMetricDescriptorsResponse {
+                descriptors: Vec::new(),
+            })
+        })
+        .await
+    }
+
+    async fn list_pod_sandbox_metrics(
+        &self,
+        _r: Request<cri::ListPodSandboxMetricsRequest>,
+    ) -> Result<Response<cri::ListPodSandboxMetricsResponse>, Status> {
+        self.call("ListPodSandboxMetrics", async {
+            Ok(cri::ListPodSandboxMetricsResponse {
+                pod_metrics: Vec::new(),
+            })
+        })
+        .await
+    }
+
+    async fn runtime_config(
+        &self,
+        _r: Request<cri::RuntimeConfigRequest>,
+    ) -> Result<Response<cri::RuntimeConfigResponse>, Status> {
+        self.call("RuntimeConfig", async {
+            Ok(cri::RuntimeConfigResponse {
+                linux: Some(cri::LinuxRuntimeConfiguration {
+                    cgroup_driver: self.deps().cgroup_driver as i32,
+                }),
+            })
+        })
+        .await
+    }
+}
+
+#[tonic::async_trait]
+impl ImageService for Cri {
+    async fn list_images(
+        &self,
+        r: Request<cri::ListImagesRequest>,
+    ) -> Result<Response<cri::ListImagesResponse>, Status> {
+        let r = r.into_inner();
+        self.call("ListImages", self.list_images_impl(r)).await
+    }
+
+    async fn image_status(
+        &self,
+        r: Request<cri::ImageStatusRequest>,
+    ) -> Result<Response<cri::ImageStatusResponse>, Status> {
+        let r = r.into_inner();
+        self.call("ImageStatus", self.image_status_impl(r)).await
+    }
+
+    async fn pull_image(
+        &self,
+        r: Request<cri::PullImageRequest>,
+    ) -> Result<Response<cri::PullImageResponse>, Status> {
+        let r = r.into_inner();
+        self.call("PullImage", self.pull_image_impl(r)).await
+    }
+
+    async fn remove_image(
+        &self,
+        r: Request<cri::RemoveImageRequest>,
+    ) -> Result<Response<cri::RemoveImageResponse>, Status> {
+        let r = r.into_inner();
+        self.call("RemoveImage", async {
+            self.remove_image_impl(r).await?;
+            Ok(cri::RemoveImageResponse {})
+        })
+        .await
+    }
+
+    async fn image_fs_info(
+        &self,
+        _r: Request<cri::ImageFsInfoRequest>,
+    ) -> Result<Response<cri::ImageFsInfoResponse>, Status> {
+        self.call("ImageFsInfo", self.image_fs_info_impl()).await
+    }
+}

@@ -1,0 +1,130 @@
+//! Glue between crates that must not know each other: the store as the
+//! network's lease store, metrics as the CRI observer, the image service as
+//! the sandbox step's pause image source, and readiness as CRI conditions.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use cubelet_engine::{BoxError, SandboxId};
+use cubelet_metrics::{Metrics, Readiness};
+use cubelet_network::LeaseStore;
+use cubelet_runtime::image::ImageService;
+use cubelet_runtime::sandbox::PauseImageSource;
+use cubelet_runtime::types::ImageInfo;
+use cubelet_runtime::RuntimeError;
+use cubelet_store::{IpLease, Store, StoreError};
+
+/// The redb store as the bridge provider's IPAM backend.
+#[derive(Debug)]
+pub(crate) struct StoreLeases(pub(crate) Arc<Store>);
+
+impl LeaseStore for StoreLeases {
+    fn add(&self, pool: &str, ip: IpAddr, sandbox: &SandboxId) -> Result<bool, BoxError> {
+        let lease = IpLease {
+            ip,
+            sandbox_id: sandbox.clone(),
+            pool: pool.to_owned(),
+            allocated_at: SystemTime::now(),
+        };
+        match self.0.add_lease(&lease) {
+            Ok(()) => Ok(true),
+            Err(StoreError::AlreadyLeased { .. }) => Ok(false),
+            Err(e) => Err(Box::new(e)),
+        }
+    }
+
+    fn release_sandbox(&self, pool: &str, sandbox: &SandboxId) -> Result<Vec<IpAddr>, BoxError> {
+        let mut freed = Vec::new();
+        for lease in self.0.list_leases(pool)? {
+            if &lease.sandbox_id == sandbox && self.0.release_lease(pool, lease.ip)? {
+                freed.push(lease.ip);
+            }
+        }
+        Ok(freed)
+    }
+
+    fn list(&self, pool: &str) -> Result<Vec<(IpAddr, SandboxId)>, BoxError> {
+        Ok(self
+            .0
+            .list_leases(pool)?
+            .into_iter()
+            .map(|l| (l.ip, l.sandbox_id))
+            .collect())
+    }
+}
+
+/// CRI request metrics.
+#[derive(Debug)]
+pub(crate) struct CriMetrics(pub(crate) Metrics);
+
+impl cubelet_cri::CriObserver for CriMetrics {
+    fn request(&self, method: &'static str, code: tonic::Code, elapsed: Duration) {
+        self.0.cri_request(method, &format!("{code:?}"), elapsed);
+    }
+}
+
+/// The pod infra image: the built-in one (imported from the static
+/// `cubelet-pause` binary) or a configured registry image.
+#[derive(Debug)]
+pub(crate) struct PauseImage {
+    pub(crate) images: Arc<ImageService>,
+    /// Configured registry image; `None` means the built-in one.
+    pub(crate) reference: Option<String>,
+    pub(crate) binary: PathBuf,
+}
+
+#[async_trait]
+impl PauseImageSource for PauseImage {
+    fn reference(&self) -> String {
+        self.reference
+            .clone()
+            .unwrap_or_else(cubelet_runtime::pause::pause_image_ref)
+    }
+
+    async fn pause_image(&self) -> Result<ImageInfo, RuntimeError> {
+        let reference = self.reference();
+        if let Some(info) = self.images.status(&reference).await? {
+            return Ok(info);
+        }
+        match &self.reference {
+            Some(r) => self.images.pull(r, None).await,
+            None => cubelet_runtime::pause::ensure_pause_image(&self.images, &self.binary).await,
+        }
+    }
+}
+
+/// CRI `Status` conditions from the agent's readiness.
+#[derive(Debug)]
+pub(crate) struct Conditions {
+    pub(crate) readiness: Readiness,
+    pub(crate) network_ready: AtomicBool,
+}
+
+impl cubelet_cri::NodeConditions for Conditions {
+    fn runtime_ready(&self) -> (bool, String, String) {
+        match self.readiness.reason() {
+            None if self.readiness.is_ready() => (true, String::new(), String::new()),
+            reason => (
+                false,
+                "CubeletNotReady".to_owned(),
+                reason.unwrap_or_else(|| "starting".to_owned()),
+            ),
+        }
+    }
+
+    fn network_ready(&self) -> (bool, String, String) {
+        if self.network_ready.load(Ordering::Acquire) {
+            (true, String::new(), String::new())
+        } else {
+            (
+                false,
+                "NetworkPluginNotReady".to_owned(),
+                "network provider not initialised".to_owned(),
+            )
+        }
+    }
+}

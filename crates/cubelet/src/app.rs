@@ -1,0 +1,385 @@
+//! Wiring: the only place that names concrete providers. Builds the store,
+//! metrics, containerd clients, providers and engine from the config,
+//! reconciles after a restart, then serves until a signal arrives.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use cubelet_cri::{Cri, CriDeps};
+use cubelet_engine::{EngineBuilder, EngineOptions, Flow};
+use cubelet_metrics::{AdminServer, Metrics, Readiness};
+use cubelet_network::{BridgeConfig, BridgeNetwork};
+use cubelet_runtime::container::{
+    ContainerRuntime, ContainerState as RtState, HandlerConfig, RuntimeConfig,
+};
+use cubelet_runtime::events::EventMonitor;
+use cubelet_runtime::image::ImageService;
+use cubelet_runtime::sandbox::SandboxProvider;
+use cubelet_runtime::Containerd;
+use cubelet_storage::{LocalStorage, ScratchConfig, StorageConfig};
+use cubelet_store::{ContainerState, SandboxState, Store};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::adapters::{Conditions, CriMetrics, PauseImage, StoreLeases};
+use crate::config::{CgroupDriver, Config, NetworkProvider};
+use crate::gc::Gc;
+
+/// Provider names the flows may use.
+pub const PROVIDERS: [&str; 3] = ["storage", "network", "sandbox"];
+
+/// How long shutdown waits for in-flight requests.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// Everything the running agent holds.
+pub(crate) struct Parts {
+    pub(crate) config: Config,
+    pub(crate) store: Arc<Store>,
+    pub(crate) metrics: Metrics,
+    pub(crate) cri: Cri,
+    pub(crate) network: Arc<BridgeNetwork>,
+    pub(crate) storage: Arc<LocalStorage>,
+    pub(crate) runtime: Arc<ContainerRuntime>,
+}
+
+async fn connect_containerd(config: &Config, readiness: &Readiness) -> Result<Containerd> {
+    let address = &config.containerd.address;
+    let mut delay = Duration::from_millis(100);
+    for attempt in 1.. {
+        match Containerd::connect(address, &config.containerd.namespace).await {
+            Ok(cd) => match cd.version().version(()).await {
+                Ok(v) => {
+                    info!(version = %v.into_inner().version, "connected to containerd");
+                    return Ok(cd);
+                }
+                Err(e) if attempt >= 30 => {
+                    bail!("containerd at {} does not answer: {e}", address.display())
+                }
+                Err(e) => readiness.set_not_ready(format!("containerd: {e}")),
+            },
+            Err(e) if attempt >= 30 => {
+                return Err(e)
+                    .with_context(|| format!("connect to containerd at {}", address.display()))
+            }
+            Err(e) => readiness.set_not_ready(format!("containerd: {e}")),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+    }
+    unreachable!("the loop returns or bails")
+}
+
+fn pause_binary(config: &Config) -> Result<PathBuf> {
+    if !config.images.pause_binary.as_os_str().is_empty() {
+        return Ok(config.images.pause_binary.clone());
+    }
+    let exe = std::env::current_exe().context("locate the cubelet executable")?;
+    Ok(exe.with_file_name("cubelet-pause"))
+}
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub async fn run(config: Config) -> Result<()> {
+    let shutdown = CancellationToken::new();
+    for dir in [&config.root_dir, &config.state_dir] {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
+
+    let store = Arc::new(Store::open(&config.root_dir.join("cubelet.redb"))?);
+    let registry = prometheus::Registry::new();
+    let metrics = Metrics::new(&registry, env!("CARGO_PKG_VERSION"))?;
+    let readiness = Readiness::new();
+    let admin = AdminServer::bind(config.metrics.address, registry.clone(), readiness.clone())?;
+    info!(address = %admin.local_addr(), "admin endpoint (/metrics /healthz /readyz)");
+    let admin_task = tokio::spawn(admin.serve(shutdown.clone()));
+
+    let cd = connect_containerd(&config, &readiness).await?;
+    let images = Arc::new(ImageService::new(
+        cd.clone(),
+        &config.images.registry_config_dir,
+    ));
+    let pause = Arc::new(PauseImage {
+        images: Arc::clone(&images),
+        reference: Some(config.images.pause_image.clone()).filter(|s| !s.is_empty()),
+        binary: pause_binary(&config)?,
+    });
+    let mut rt_config = RuntimeConfig::new(config.state_dir.join("runtime"));
+    rt_config.handlers = config
+        .runtime
+        .handlers
+        .iter()
+        .map(|(name, h)| {
+            let handler = HandlerConfig {
+                runtime_type: h.runtime_type.clone(),
+                binary: h.binary.clone(),
+                root: h.root.clone(),
+            };
+            (name.clone(), handler)
+        })
+        .collect();
+    rt_config.default_handler = config.runtime.default_handler.clone();
+    rt_config.restrict_oom_score_adj = config.runtime.restrict_oom_score_adj;
+    let runtime = Arc::new(ContainerRuntime::new(cd.clone(), rt_config));
+
+    let storage = Arc::new(LocalStorage::new(StorageConfig {
+        root_dir: config.root_dir.clone(),
+        shm_size: config.storage.shm_size.0,
+        host_resolv_conf: "/etc/resolv.conf".into(),
+        scratch: config.storage.scratch.enabled.then(|| ScratchConfig {
+            pool_dir: config.root_dir.join("scratch-pool"),
+            pool_size: config.storage.scratch.pool_size,
+            image_size: config.storage.scratch.size.0,
+        }),
+    }));
+    if config.network.provider != NetworkProvider::Bridge {
+        bail!(
+            "network.provider {:?} is not supported yet (only bridge is)",
+            config.network.provider
+        );
+    }
+    let network = Arc::new(BridgeNetwork::new(
+        BridgeConfig {
+            name: config.network.bridge.name.clone(),
+            subnet: config.network.bridge.subnet,
+            mtu: config.network.bridge.mtu,
+            state_dir: config.state_dir.clone(),
+        },
+        Arc::new(StoreLeases(Arc::clone(&store))),
+    )?);
+    let sandbox = Arc::new(SandboxProvider::new(Arc::clone(&runtime), pause.clone()));
+
+    let engine = EngineBuilder::new()
+        .provider("storage", Arc::clone(&storage) as Arc<dyn Flow>)
+        .provider("network", Arc::clone(&network) as Arc<dyn Flow>)
+        .provider("sandbox", sandbox as Arc<dyn Flow>)
+        .journal(store.clone())
+        .observer(metrics.observer())
+        .options(EngineOptions {
+            rollback_timeout: config.engine.rollback_timeout,
+            rollback_concurrency: config.engine.rollback_concurrency,
+        })
+        .build(&config.flows)?;
+
+    readiness.set_not_ready("initialising providers");
+    engine.init().await.context("initialise providers")?;
+    let conditions = Arc::new(Conditions {
+        readiness: readiness.clone(),
+        network_ready: AtomicBool::new(true),
+    });
+    let pause_ref = {
+        use cubelet_runtime::sandbox::PauseImageSource;
+        let info = pause
+            .pause_image()
+            .await
+            .context("prepare the pod infra image")?;
+        info!(image = %pause.reference(), id = %info.id, "pod infra image ready");
+        pause.reference()
+    };
+
+    let mut status_info = HashMap::new();
+    status_info.insert(
+        "config".to_owned(),
+        serde_json::to_string(&config).unwrap_or_default(),
+    );
+    let cri = Cri::new(CriDeps {
+        engine: engine.clone(),
+        store: Arc::clone(&store),
+        runtime: Arc::clone(&runtime),
+        images,
+        conditions: conditions.clone(),
+        observer: Arc::new(CriMetrics(metrics.clone())),
+        cgroup_driver: match config.runtime.cgroup_driver {
+            CgroupDriver::Cgroupfs => k8s_cri::v1::CgroupDriver::Cgroupfs,
+            CgroupDriver::Systemd => k8s_cri::v1::CgroupDriver::Systemd,
+        },
+        pause_image: pause_ref,
+        image_fs: (
+            config
+                .containerd
+                .root
+                .join("io.containerd.snapshotter.v1.overlayfs"),
+            config
+                .containerd
+                .root
+                .join("io.containerd.content.v1.content"),
+        ),
+        status_info,
+    });
+
+    let parts = Arc::new(Parts {
+        config: config.clone(),
+        store: Arc::clone(&store),
+        metrics: metrics.clone(),
+        cri: cri.clone(),
+        network,
+        storage,
+        runtime: Arc::clone(&runtime),
+    });
+
+    // Events first, so no exit is missed between reconciliation and serving.
+    let monitor = EventMonitor::spawn(cd.clone(), 1024);
+    let events_task = tokio::spawn(event_loop(Arc::clone(&parts), monitor, shutdown.clone()));
+
+    readiness.set_not_ready("reconciling");
+    reconcile(&parts).await?;
+    conditions.network_ready.store(true, Ordering::Release);
+    readiness.set_ready();
+    info!("reconciliation done; ready");
+    crate::gc::notify_systemd("READY=1");
+
+    let gc = Gc::new(Arc::clone(&parts));
+    let gc_task = tokio::spawn(gc.run(shutdown.clone()));
+
+    let cri_task = tokio::spawn(cubelet_cri::serve_unix(
+        config.socket.clone(),
+        cri,
+        shutdown.clone(),
+    ));
+    info!(socket = %config.socket.display(), "serving CRI");
+
+    wait_for_signal(&shutdown).await?;
+    info!("shutting down");
+    readiness.set_not_ready("shutting down");
+    shutdown.cancel();
+    let drained = tokio::time::timeout(GRACE, async {
+        let _ = cri_task.await;
+        let _ = gc_task.await;
+        let _ = events_task.await;
+        let _ = admin_task.await;
+    })
+    .await;
+    if drained.is_err() {
+        warn!("shutdown grace period of {GRACE:?} elapsed");
+    }
+    Ok(())
+}
+
+async fn wait_for_signal(shutdown: &CancellationToken) -> Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+        () = shutdown.cancelled() => {}
+    }
+    Ok(())
+}
+
+/// Settles interrupted flows, then brings the store in line with containerd.
+async fn reconcile(parts: &Parts) -> Result<()> {
+    let engine = parts.cri.engine();
+    let report = engine.recover().await?;
+    for (id, flow) in &report.settled {
+        info!(sandbox_id = %id, flow = %flow, "recovered interrupted flow");
+    }
+    for (id, err) in &report.failed {
+        warn!(sandbox_id = %id, error = %cubelet_engine::chain(err), "recovery failed; left for GC");
+    }
+    for rec in parts.store.list_sandboxes()? {
+        match rec.state {
+            // Its create never finished: recovery destroyed what it built;
+            // the GC removes the rest. kubelet never learned its id.
+            SandboxState::Creating => {
+                parts.store.update_sandbox(&rec.id, |r| {
+                    r.state = SandboxState::NeedsCleanup;
+                    r.last_error = Some("agent restarted during create".into());
+                })?;
+            }
+            SandboxState::Ready => {
+                let alive = matches!(
+                    parts.runtime.status(rec.id.as_str()).await,
+                    Ok(s) if s.state == RtState::Running
+                );
+                if !alive {
+                    warn!(sandbox_id = %rec.id, "infra process gone; sandbox not ready");
+                    parts
+                        .store
+                        .update_sandbox(&rec.id, |r| r.state = SandboxState::NotReady)?;
+                }
+            }
+            SandboxState::NotReady | SandboxState::NeedsCleanup => {}
+        }
+    }
+    for c in parts.store.list_containers()? {
+        match parts.runtime.status(&c.id).await {
+            Ok(s) if s.state == RtState::Running => {
+                if let Err(e) = parts.runtime.reattach(&c.id).await {
+                    warn!(container_id = %c.id, error = %cubelet_engine::chain(&e), "reattach logs");
+                }
+            }
+            Ok(s) => {
+                parts.store.update_container(&c.id, |r| {
+                    if r.state == ContainerState::Running {
+                        r.state = ContainerState::Exited;
+                        r.exit_code = s.exit_code.or(r.exit_code);
+                        r.finished_at = s.finished_at.or(r.finished_at);
+                    }
+                })?;
+            }
+            Err(e) if e.is_not_found() => {
+                parts.store.update_container(&c.id, |r| {
+                    if r.state != ContainerState::Exited {
+                        r.state = ContainerState::Unknown;
+                    }
+                })?;
+            }
+            Err(e) => return Err(e).with_context(|| format!("status of container {}", c.id)),
+        }
+    }
+    parts.metrics_sandboxes();
+    Ok(())
+}
+
+impl Parts {
+    /// Updates the `cubelet_sandboxes{state}` gauge from the store.
+    pub(crate) fn metrics_sandboxes(&self) {
+        let Ok(all) = self.store.list_sandboxes() else {
+            return;
+        };
+        for state in [
+            SandboxState::Creating,
+            SandboxState::Ready,
+            SandboxState::NotReady,
+            SandboxState::NeedsCleanup,
+        ] {
+            let n = all.iter().filter(|r| r.state == state).count();
+            self.metrics
+                .set_sandboxes(state.as_str(), i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+/// Applies containerd's exit/OOM events to the store.
+async fn event_loop(parts: Arc<Parts>, monitor: EventMonitor, shutdown: CancellationToken) {
+    let mut rx = monitor.subscribe();
+    loop {
+        let event = tokio::select! {
+            () = shutdown.cancelled() => return,
+            e = rx.recv() => e,
+        };
+        match event {
+            Ok(ev) => {
+                parts.cri.apply_event(&ev);
+                // The infra process of a sandbox exited: the pod is not ready.
+                if let Some(id) = cubelet_engine::SandboxId::parse(&ev.id) {
+                    if matches!(ev.kind, cubelet_runtime::events::ContainerEventKind::Exited { ref exec_id, .. } if exec_id.is_empty())
+                    {
+                        let _ = parts.store.update_sandbox(&id, |r| {
+                            if r.state == SandboxState::Ready {
+                                r.state = SandboxState::NotReady;
+                            }
+                        });
+                    }
+                }
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                error!(missed = n, "container events lagged");
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! The garbage collector: reclaims sandboxes whose teardown failed or that
+//! kubelet never removed, and orphans (netns pins, veths, leases, sandbox
+//! directories, mounts, journal entries) that belong to no known sandbox.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cubelet_engine::SandboxId;
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, info_span, warn, Instrument};
+
+use crate::app::Parts;
+
+/// Longest wait between retries of one failing item.
+const MAX_BACKOFF: Duration = Duration::from_secs(600);
+
+/// What one pass reclaimed, by kind.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct PassReport {
+    pub(crate) reclaimed: HashMap<&'static str, u64>,
+    pub(crate) failures: HashMap<&'static str, u64>,
+}
+
+/// Periodic garbage collector with per-item exponential backoff.
+pub(crate) struct Gc {
+    parts: Arc<Parts>,
+    /// Sandbox id → (failures so far, not before).
+    backoff: tokio::sync::Mutex<HashMap<SandboxId, (u32, Instant)>>,
+}
+
+impl Gc {
+    pub(crate) fn new(parts: Arc<Parts>) -> Self {
+        Self {
+            parts,
+            backoff: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Runs a pass every `gc.interval` until shutdown.
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
+        let interval = self.parts.config.gc.interval;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(interval) => {}
+            }
+            let report = self.pass().instrument(info_span!("gc")).await;
+            if !report.reclaimed.is_empty() {
+                info!(reclaimed = ?report.reclaimed, failures = ?report.failures, "gc pass");
+            }
+            notify_systemd("WATCHDOG=1");
+        }
+    }
+
+    /// One pass: sandboxes first (through the `cleanup` flow), then orphans.
+    pub(crate) async fn pass(&self) -> PassReport {
+        let parts = &self.parts;
+        parts.metrics.gc_run();
+        let mut report = PassReport::default();
+        let ttl = parts.config.gc.dead_sandbox_ttl;
+        let candidates = match parts.cri.gc_candidates(ttl) {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %cubelet_engine::chain(&e), "gc: list sandboxes");
+                *report.failures.entry("store").or_default() += 1;
+                parts.metrics.gc_failure("store");
+                return report;
+            }
+        };
+        parts
+            .metrics
+            .set_gc_pending(i64::try_from(candidates.len()).unwrap_or(i64::MAX));
+        let now = Instant::now();
+        let due: Vec<_> = {
+            let backoff = self.backoff.lock().await;
+            candidates
+                .into_iter()
+                .filter(|c| {
+                    backoff
+                        .get(&c.id)
+                        .is_none_or(|(_, not_before)| *not_before <= now)
+                })
+                .collect()
+        };
+        let results = futures::stream::iter(due)
+            .map(|rec| async move {
+                let result = parts.cri.remove_pod_sandbox(rec.id.as_str()).await;
+                (rec.id, result)
+            })
+            .buffer_unordered(parts.config.gc.concurrency.max(1))
+            .collect::<Vec<_>>()
+            .await;
+        {
+            let mut backoff = self.backoff.lock().await;
+            for (id, result) in results {
+                match result {
+                    Ok(()) => {
+                        backoff.remove(&id);
+                        *report.reclaimed.entry("sandbox").or_default() += 1;
+                    }
+                    Err(e) => {
+                        let entry = backoff.entry(id.clone()).or_insert((0, now));
+                        entry.0 += 1;
+                        let wait = parts
+                            .config
+                            .gc
+                            .interval
+                            .saturating_mul(1 << entry.0.min(10))
+                            .min(MAX_BACKOFF);
+                        entry.1 = Instant::now() + wait;
+                        warn!(sandbox_id = %id, retry_in = ?wait, error = %cubelet_engine::chain(&e), "gc: cleanup failed");
+                        *report.failures.entry("sandbox").or_default() += 1;
+                    }
+                }
+            }
+        }
+
+        // Orphans: anything of a sandbox the store does not know. Sandboxes
+        // being created are already in the store (recorded before their flow).
+        match parts.store.list_sandboxes() {
+            Ok(all) => {
+                let live: HashSet<SandboxId> = all.into_iter().map(|r| r.id).collect();
+                match parts.network.gc(&live).await {
+                    Ok(r) => {
+                        add(&mut report, "netns", r.netns);
+                        add(&mut report, "veth", r.veths);
+                        add(&mut report, "lease", r.leases);
+                        add(&mut report, "port_rule", r.port_rules);
+                    }
+                    Err(e) => fail(&mut report, "network", &e),
+                }
+                match parts.storage.gc(&live) {
+                    Ok(r) => {
+                        add(&mut report, "directory", r.dirs);
+                        add(&mut report, "mount", r.mounts);
+                        for e in &r.errors {
+                            fail(&mut report, "storage", e);
+                        }
+                    }
+                    Err(e) => fail(&mut report, "storage", &e),
+                }
+                match parts.store.list_flows() {
+                    Ok(flows) => {
+                        let orphans: HashSet<SandboxId> = flows
+                            .into_iter()
+                            .filter(|f| !f.state.is_open() && !live.contains(&f.sandbox_id))
+                            .map(|f| f.sandbox_id)
+                            .collect();
+                        for id in orphans {
+                            match cubelet_engine::Journal::forget(&*parts.store, &id) {
+                                Ok(n) => add(&mut report, "journal", n),
+                                Err(e) => fail(&mut report, "journal", &e),
+                            }
+                        }
+                    }
+                    Err(e) => fail(&mut report, "journal", &e),
+                }
+            }
+            Err(e) => fail(&mut report, "store", &e),
+        }
+        for (kind, n) in &report.reclaimed {
+            parts.metrics.gc_reclaimed(kind, *n);
+        }
+        for (kind, n) in &report.failures {
+            for _ in 0..*n {
+                parts.metrics.gc_failure(kind);
+            }
+        }
+        parts.metrics_sandboxes();
+        debug!(?report, "gc pass done");
+        report
+    }
+}
+
+fn add(report: &mut PassReport, kind: &'static str, n: usize) {
+    if n > 0 {
+        *report.reclaimed.entry(kind).or_default() += u64::try_from(n).unwrap_or(u64::MAX);
+    }
+}
+
+fn fail(report: &mut PassReport, kind: &'static str, e: &dyn std::error::Error) {
+    warn!(kind, error = %cubelet_engine::chain(e), "gc failure");
+    *report.failures.entry(kind).or_default() += 1;
+}
+
+/// Sends a `sd_notify` message when run under systemd `Type=notify`.
+pub(crate) fn notify_systemd(message: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let socket = match std::os::unix::net::UnixDatagram::unbound() {
+        Ok(s) => s,
+        Err(e) => return warn!(error = %e, "sd_notify socket"),
+    };
+    let bytes = path.as_encoded_bytes();
+    let result = if let Some(abstract_name) = bytes.strip_prefix(b"@") {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name)
+            .and_then(|addr| socket.send_to_addr(message.as_bytes(), &addr))
+    } else {
+        socket.send_to(message.as_bytes(), std::path::Path::new(&path))
+    };
+    if let Err(e) = result {
+        warn!(error = %e, message, "sd_notify");
+    }
+}

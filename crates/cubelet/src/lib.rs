@@ -1,0 +1,11 @@
+//! The Cubelet agent as a library: configuration, wiring and the garbage
+//! collector. The `cubelet` binary is a thin `main` over [`run`]. This is the
+//! only crate that names concrete providers (bridge network, local storage,
+//! containerd sandbox); everything else sees them as engine `Flow`s.
+
+mod adapters;
+mod app;
+pub mod config;
+mod gc;
+
+pub use app::{run, PROVIDERS};

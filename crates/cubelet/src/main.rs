@@ -1,0 +1,75 @@
+//! The `cubelet` node agent: parses flags and config, builds the app, serves
+//! CRI until SIGTERM/SIGINT, and exits with a code that says what happened
+//! (0 clean, 1 runtime failure, 2 bad configuration).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+/// Command-line flags.
+#[derive(Debug, Parser)]
+#[command(
+    name = "cubelet",
+    version,
+    about = "Kubernetes node agent serving CRI over a workflow engine"
+)]
+struct Args {
+    /// Configuration file.
+    #[arg(long, default_value = "/etc/cubelet/config.yaml")]
+    config: PathBuf,
+    /// Drop-in directory (`*.yaml`, applied in name order); default `config.d`
+    /// beside the configuration file.
+    #[arg(long)]
+    config_dir: Option<PathBuf>,
+    /// Only check the configuration and exit.
+    #[arg(long)]
+    check_config: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("CUBELET_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let config = match cubelet::config::Config::load(&args.config, args.config_dir.as_deref())
+        .and_then(|c| {
+            c.flows.validate(cubelet::PROVIDERS)?;
+            Ok(c)
+        }) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "cubelet: invalid configuration: {}",
+                cubelet_engine::chain(&e)
+            );
+            return ExitCode::from(2);
+        }
+    };
+    if args.check_config {
+        println!("configuration ok");
+        return ExitCode::SUCCESS;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cubelet: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(cubelet::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cubelet: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
