@@ -1,0 +1,831 @@
+//! End-to-end harness for Cubelet: starts the real `cubelet` daemon against
+//! the private test containerd and registry (see `hack/`), talks to it over
+//! its real CRI socket with the generated `k8s-cri` clients, audits the
+//! kernel and containerd for leaks, and tears everything down afterwards.
+//!
+//! This crate knows only the daemon's external contract (its config keys,
+//! its socket, `/readyz`, SIGTERM) and what it leaves on the host (netns
+//! pins, mounts, veths, nft tables, containerd objects). It must not link
+//! any Cubelet crate: what it tests is the binary, as kubelet sees it.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::{
+    ContainerConfig, ContainerMetadata, ImageSpec, ListContainersRequest, ListPodSandboxRequest,
+    PodSandboxConfig, PodSandboxMetadata, RemoveContainerRequest, RemovePodSandboxRequest,
+    StopContainerRequest, StopPodSandboxRequest,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub use k8s_cri::v1 as cri;
+
+/// Default socket of the private test containerd (`hack/containerd.sh`).
+pub const DEFAULT_CONTAINERD: &str = "/run/cubelet-test/containerd/containerd.sock";
+/// Root directory of the private test containerd.
+pub const CONTAINERD_ROOT: &str = "/var/lib/cubelet-test/containerd";
+/// State root of runc for the default handler.
+pub const RUNC_ROOT: &str = "/run/cubelet-test/runc";
+/// State root of runc for the `runc-alt` handler.
+pub const RUNC_ALT_ROOT: &str = "/run/cubelet-test/runc-alt";
+/// The private registry (`hack/registry.sh`).
+pub const REGISTRY: &str = "127.0.0.1:5000";
+/// Prefix of the veths the bridge provider creates (`cubelet_network::VETH_PREFIX`).
+pub const VETH_PREFIX: &str = "cb";
+
+/// Socket of the test containerd: `$CUBELET_TEST_CONTAINERD` or the default.
+pub fn containerd_socket() -> PathBuf {
+    std::env::var_os("CUBELET_TEST_CONTAINERD")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONTAINERD))
+}
+
+/// Why the end-to-end tests cannot run here, if they cannot.
+pub fn skip_reason() -> Option<String> {
+    let sock = containerd_socket();
+    if !sock.exists() {
+        return Some(format!(
+            "containerd socket {} missing (run hack/containerd.sh start)",
+            sock.display()
+        ));
+    }
+    if !nix::unistd::Uid::effective().is_root() {
+        return Some("not running as root".to_owned());
+    }
+    None
+}
+
+/// The workspace root (parent of this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// Opens a tonic channel to a CRI endpoint on a unix socket.
+pub async fn connect(socket: &Path) -> anyhow::Result<Channel> {
+    let path = socket.to_path_buf();
+    // The URI is ignored by the connector; tonic only needs a valid one.
+    Endpoint::try_from("http://[::1]:50051")?
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
+        .await
+        .with_context(|| format!("connect to {}", socket.display()))
+}
+
+/// Options for [`Daemon::start`].
+#[derive(Debug, Clone)]
+pub struct DaemonOpts {
+    /// Distinguishes daemons of one process (bridge name, subnet, dirs).
+    pub index: u8,
+    /// Extra YAML appended as a drop-in (`config.d/50-extra.yaml`).
+    pub extra_config: Option<String>,
+    /// How long to wait for `/readyz`.
+    pub ready_timeout: Duration,
+}
+
+impl Default for DaemonOpts {
+    fn default() -> Self {
+        Self {
+            index: 0,
+            extra_config: None,
+            ready_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+/// A running `cubelet` daemon with its own dirs, bridge, containerd namespace
+/// and CRI clients.
+#[derive(Debug)]
+pub struct Daemon {
+    child: Option<tokio::process::Child>,
+    /// The CRI socket.
+    pub socket: PathBuf,
+    /// `root_dir` of the daemon.
+    pub root_dir: PathBuf,
+    /// `state_dir` of the daemon.
+    pub state_dir: PathBuf,
+    /// `/var/lib/cubelet-e2e-<pid>-<n>`: root_dir, log dirs, daemon log.
+    pub lib_base: PathBuf,
+    /// `/run/cubelet-e2e-<pid>-<n>`: socket, state_dir.
+    pub run_base: PathBuf,
+    /// Where pods of the tests put their logs.
+    pub log_base: PathBuf,
+    /// The daemon's stdout and stderr.
+    pub daemon_log: PathBuf,
+    /// containerd namespace of this daemon.
+    pub namespace: String,
+    /// Test bridge name.
+    pub bridge: String,
+    /// Test pod subnet (a /24): network address.
+    pub subnet: Ipv4Addr,
+    /// The bridge's address (first host of the subnet).
+    pub gateway: Ipv4Addr,
+    /// Admin HTTP address (/readyz, /metrics).
+    pub metrics: SocketAddr,
+    /// The containerd socket the daemon uses.
+    pub containerd: PathBuf,
+    /// RuntimeService client.
+    pub runtime: RuntimeServiceClient<Channel>,
+    /// ImageService client.
+    pub images: ImageServiceClient<Channel>,
+    config_dir: tempfile::TempDir,
+    ip_forward_before: Option<String>,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").context("bind a free port")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// Picks a bridge index `n` whose `cbe2e<n>` does not exist yet.
+fn pick_net(index: u8) -> u8 {
+    let start = (std::process::id() % 200) as u8;
+    (0..200u8)
+        .map(|i| 20 + (start.wrapping_add(index).wrapping_add(i)) % 200)
+        .find(|n| !Path::new(&format!("/sys/class/net/cbe2e{n}")).exists())
+        .unwrap_or(20 + index)
+}
+
+impl Daemon {
+    /// Writes a config, spawns the daemon, waits for `/readyz` and connects.
+    pub async fn start(opts: DaemonOpts) -> anyhow::Result<Daemon> {
+        let pid = std::process::id();
+        let tag = format!("{pid}-{}", opts.index);
+        let run_base = PathBuf::from(format!("/run/cubelet-e2e-{tag}"));
+        let lib_base = PathBuf::from(format!("/var/lib/cubelet-e2e-{tag}"));
+        let socket = run_base.join("cubelet.sock");
+        let state_dir = run_base.join("state");
+        let root_dir = lib_base.join("root");
+        let log_base = lib_base.join("logs");
+        for d in [&run_base, &lib_base, &log_base] {
+            std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
+        }
+        let net = pick_net(opts.index);
+        let bridge = format!("cbe2e{net}");
+        let subnet = Ipv4Addr::new(10, 201, net, 0);
+        let gateway = Ipv4Addr::new(10, 201, net, 1);
+        let namespace = format!("cubelet-e2e-{tag}");
+        let metrics: SocketAddr = (Ipv4Addr::LOCALHOST, free_port()?).into();
+        let containerd = containerd_socket();
+        let pause = std::env::var_os("CUBELET_PAUSE_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| target_dir().join("cubelet-pause"));
+        let bin = std::env::var_os("CUBELET_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| target_dir().join("debug").join("cubelet"));
+        if !bin.is_file() {
+            bail!(
+                "{} missing: run `cargo build -p cubelet` first",
+                bin.display()
+            );
+        }
+        if !pause.is_file() {
+            bail!("{} missing: run hack/build-pause.sh first", pause.display());
+        }
+
+        let config_dir = tempfile::Builder::new()
+            .prefix("cubelet-e2e-config")
+            .tempdir()?;
+        let certs = config_dir.path().join("certs.d");
+        write_registry_config(&certs)?;
+        let config = format!(
+            "socket: {socket}\n\
+             root_dir: {root}\n\
+             state_dir: {state}\n\
+             containerd:\n  address: {ctrd}\n  namespace: {namespace}\n  root: {ctrd_root}\n\
+             metrics:\n  address: {metrics}\n\
+             images:\n  pause_binary: {pause}\n  registry_config_dir: {certs}\n\
+             runtime:\n  default_handler: runc\n  handlers:\n\
+             \x20   runc: {{ runtime_type: io.containerd.runc.v2, binary: /usr/sbin/runc, root: {runc} }}\n\
+             \x20   runc-alt: {{ runtime_type: io.containerd.runc.v2, binary: /usr/sbin/runc, root: {runc_alt} }}\n\
+             network:\n  provider: bridge\n  bridge: {{ name: {bridge}, subnet: {subnet}/24, mtu: 1500 }}\n\
+             gc:\n  interval: 10s\n",
+            socket = socket.display(),
+            root = root_dir.display(),
+            state = state_dir.display(),
+            ctrd = containerd.display(),
+            ctrd_root = CONTAINERD_ROOT,
+            pause = pause.display(),
+            certs = certs.display(),
+            runc = RUNC_ROOT,
+            runc_alt = RUNC_ALT_ROOT,
+        );
+        let config_file = config_dir.path().join("config.yaml");
+        std::fs::write(&config_file, config)?;
+        let drop_ins = config_dir.path().join("config.d");
+        std::fs::create_dir_all(&drop_ins)?;
+        if let Some(extra) = &opts.extra_config {
+            std::fs::write(drop_ins.join("50-extra.yaml"), extra)?;
+        }
+
+        let ip_forward_before = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").ok();
+        let daemon_log = lib_base.join("cubelet.log");
+        let log = std::fs::File::create(&daemon_log)?;
+        let child = tokio::process::Command::new(&bin)
+            .arg("--config")
+            .arg(&config_file)
+            .arg("--config-dir")
+            .arg(&drop_ins)
+            .env(
+                "RUST_LOG",
+                std::env::var("CUBELET_E2E_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("spawn {}", bin.display()))?;
+        eprintln!(
+            "e2e: started {} (pid {:?}), log {}",
+            bin.display(),
+            child.id(),
+            daemon_log.display()
+        );
+
+        // Build the value first so a failed start still tears down.
+        let mut partial = Partial {
+            child: Some(child),
+            log: daemon_log.clone(),
+        };
+        wait_ready(&mut partial, metrics, opts.ready_timeout).await?;
+        let channel = connect(&socket).await?;
+        let child = partial.child.take();
+        Ok(Daemon {
+            child,
+            socket,
+            root_dir,
+            state_dir,
+            lib_base,
+            run_base,
+            log_base,
+            daemon_log,
+            namespace,
+            bridge,
+            subnet,
+            gateway,
+            metrics,
+            containerd,
+            runtime: RuntimeServiceClient::new(channel.clone()),
+            images: ImageServiceClient::new(channel),
+            config_dir,
+            ip_forward_before,
+        })
+    }
+
+    /// The config file directory (config.yaml, config.d/, certs.d/).
+    pub fn config_dir(&self) -> &Path {
+        self.config_dir.path()
+    }
+
+    /// The daemon's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
+    /// The last `n` lines of the daemon's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        tail(&self.daemon_log, n)
+    }
+
+    /// SIGTERMs the daemon and waits (30 s, then SIGKILL). Returns its exit code.
+    pub async fn stop(&mut self) -> anyhow::Result<Option<i32>> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(None);
+        };
+        terminate(&mut child, Duration::from_secs(30)).await
+    }
+
+    /// Stops and removes every container and pod sandbox through CRI.
+    pub async fn remove_all(&self) -> anyhow::Result<()> {
+        let mut rt = self.runtime.clone();
+        let containers = rt
+            .list_containers(ListContainersRequest::default())
+            .await?
+            .into_inner();
+        for c in containers.containers {
+            rt.stop_container(StopContainerRequest {
+                container_id: c.id.clone(),
+                timeout: 2,
+            })
+            .await
+            .with_context(|| format!("stop container {}", c.id))?;
+            rt.remove_container(RemoveContainerRequest {
+                container_id: c.id.clone(),
+            })
+            .await
+            .with_context(|| format!("remove container {}", c.id))?;
+        }
+        let pods = rt
+            .list_pod_sandbox(ListPodSandboxRequest::default())
+            .await?
+            .into_inner();
+        for p in pods.items {
+            rt.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: p.id.clone(),
+            })
+            .await
+            .with_context(|| format!("stop pod {}", p.id))?;
+            rt.remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: p.id.clone(),
+            })
+            .await
+            .with_context(|| format!("remove pod {}", p.id))?;
+        }
+        Ok(())
+    }
+
+    /// Runs `ctr` against the test containerd in this daemon's namespace.
+    pub async fn ctr(&self, args: &[&str]) -> anyhow::Result<String> {
+        let sock = self.containerd.display().to_string();
+        let mut full = vec!["--address", sock.as_str(), "-n", self.namespace.as_str()];
+        full.extend_from_slice(args);
+        run("ctr", &full).await
+    }
+
+    /// Full teardown: pods via CRI, the daemon, the bridge and its nft table,
+    /// ip_forward, mounts and dirs, containerd objects and namespace.
+    /// Every step runs; the errors are returned together.
+    pub async fn teardown(mut self) -> anyhow::Result<()> {
+        let mut errors = Vec::new();
+        if self.child.is_some() {
+            if let Err(e) = self.remove_all().await {
+                errors.push(format!("remove pods via CRI: {e:#}"));
+            }
+        }
+        match self.stop().await {
+            Ok(Some(0)) | Ok(None) => {}
+            Ok(Some(code)) => errors.push(format!("daemon exited with {code}")),
+            Err(e) => errors.push(format!("stop daemon: {e:#}")),
+        }
+        // Mounts the daemon left (the shared netns dir, anything leaked).
+        let mut mounts = mounts_under(&[&self.run_base, &self.lib_base]);
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            if let Err(e) = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH) {
+                errors.push(format!("umount {m}: {e}"));
+            }
+        }
+        if Path::new("/sys/class/net").join(&self.bridge).exists() {
+            if let Err(e) = run("ip", &["link", "del", &self.bridge]).await {
+                errors.push(format!("{e:#}"));
+            }
+        }
+        let table = format!("cubelet_{}", self.bridge);
+        if run("nft", &["list", "table", "ip", &table]).await.is_ok() {
+            if let Err(e) = run("nft", &["delete", "table", "ip", &table]).await {
+                errors.push(format!("{e:#}"));
+            }
+        }
+        if let Some(v) = &self.ip_forward_before {
+            if let Err(e) = std::fs::write("/proc/sys/net/ipv4/ip_forward", v.trim()) {
+                errors.push(format!("restore ip_forward: {e}"));
+            }
+        }
+        if let Err(e) = self.clean_containerd().await {
+            errors.push(format!("containerd namespace {}: {e:#}", self.namespace));
+        }
+        for root in [RUNC_ROOT, RUNC_ALT_ROOT] {
+            // runc leaves an empty per-namespace dir behind.
+            let _ = std::fs::remove_dir(Path::new(root).join(&self.namespace));
+        }
+        for d in [&self.run_base, &self.lib_base] {
+            if let Err(e) = std::fs::remove_dir_all(d) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    errors.push(format!("remove {}: {e}", d.display()));
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            bail!("teardown: {}", errors.join("; "))
+        }
+    }
+
+    async fn clean_containerd(&self) -> anyhow::Result<()> {
+        let list = |out: String| -> Vec<String> {
+            out.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        // Leftover tasks and containers (only after a failed test).
+        for t in self
+            .ctr(&["tasks", "ls", "-q"])
+            .await
+            .map(list)
+            .unwrap_or_default()
+        {
+            let _ = self.ctr(&["tasks", "kill", "-s", "SIGKILL", &t]).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let _ = self.ctr(&["tasks", "rm", "-f", &t]).await;
+        }
+        for c in self
+            .ctr(&["containers", "ls", "-q"])
+            .await
+            .map(list)
+            .unwrap_or_default()
+        {
+            let _ = self.ctr(&["containers", "rm", &c]).await;
+        }
+        let images = self.ctr(&["images", "ls", "-q"]).await.map(list)?;
+        if !images.is_empty() {
+            let mut args = vec!["images", "rm", "--sync"];
+            args.extend(images.iter().map(String::as_str));
+            self.ctr(&args).await?;
+        }
+        for l in self
+            .ctr(&["leases", "ls", "-q"])
+            .await
+            .map(list)
+            .unwrap_or_default()
+        {
+            let _ = self.ctr(&["leases", "rm", &l]).await;
+        }
+        // Snapshots: children before parents; repeat until stable.
+        for _ in 0..20 {
+            let snaps = snapshots(&self.ctr(&["snapshots", "ls"]).await?);
+            if snaps.is_empty() {
+                break;
+            }
+            for (key, _) in snaps {
+                let _ = self.ctr(&["snapshots", "rm", &key]).await;
+            }
+        }
+        for c in self
+            .ctr(&["content", "ls", "-q"])
+            .await
+            .map(list)
+            .unwrap_or_default()
+        {
+            let _ = self.ctr(&["content", "rm", &c]).await;
+        }
+        let sock = self.containerd.display().to_string();
+        let mut last = None;
+        for _ in 0..10 {
+            match run(
+                "ctr",
+                &["--address", &sock, "namespaces", "rm", &self.namespace],
+            )
+            .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("namespace not removed")))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // Never leave the daemon running when a test panics past teardown.
+        if let Some(pid) = self.child.as_ref().and_then(|c| c.id()) {
+            let pid = nix::unistd::Pid::from_raw(pid as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        }
+    }
+}
+
+/// A daemon being started: killed if start fails.
+struct Partial {
+    child: Option<tokio::process::Child>,
+    log: PathBuf,
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.as_ref().and_then(|c| c.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+async fn wait_ready(p: &mut Partial, addr: SocketAddr, limit: Duration) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(child) = p.child.as_mut() {
+            if let Some(status) = child.try_wait()? {
+                bail!(
+                    "cubelet exited during startup ({status}); log tail:\n{}",
+                    tail(&p.log, 30)
+                );
+            }
+        }
+        if http_status(addr, "/readyz").await.ok() == Some(200) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "cubelet not ready on http://{addr}/readyz within {limit:?}; log tail:\n{}",
+                tail(&p.log, 30)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `GET path` on a plain HTTP/1.0 server; the status code.
+pub async fn http_status(addr: SocketAddr, path: &str) -> anyhow::Result<u16> {
+    let fut = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await?;
+        let text = String::from_utf8_lossy(&buf);
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .context("no status line")?;
+        anyhow::Ok(code)
+    };
+    tokio::time::timeout(Duration::from_secs(3), fut)
+        .await
+        .context("http timeout")?
+}
+
+async fn terminate(
+    child: &mut tokio::process::Child,
+    grace: Duration,
+) -> anyhow::Result<Option<i32>> {
+    if let Some(pid) = child.id() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => Ok(status?.code()),
+        Err(_) => {
+            child.kill().await?;
+            bail!("daemon ignored SIGTERM for {grace:?}; killed")
+        }
+    }
+}
+
+fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Runs a host command; stdout on success, an error with stderr otherwise.
+pub async fn run(prog: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = tokio::process::Command::new(prog)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .with_context(|| format!("run {prog}"))?;
+    if !out.status.success() {
+        bail!(
+            "`{prog} {}` failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Writes containerd-style host configs: the local registry over plain HTTP,
+/// and `registry.k8s.io` mirrored to it.
+fn write_registry_config(dir: &Path) -> anyhow::Result<()> {
+    let local = dir.join(REGISTRY);
+    std::fs::create_dir_all(&local)?;
+    std::fs::write(
+        local.join("hosts.toml"),
+        format!(
+            "server = \"http://{REGISTRY}\"\n\n[host.\"http://{REGISTRY}\"]\n  \
+             capabilities = [\"pull\", \"resolve\"]\n  skip_verify = true\n"
+        ),
+    )?;
+    let k8s = dir.join("registry.k8s.io");
+    std::fs::create_dir_all(&k8s)?;
+    std::fs::write(
+        k8s.join("hosts.toml"),
+        format!(
+            "server = \"http://{REGISTRY}\"\n\n[host.\"http://{REGISTRY}\"]\n  \
+             capabilities = [\"pull\", \"resolve\"]\n"
+        ),
+    )?;
+    Ok(())
+}
+
+/// Parses `ctr snapshots ls` (KEY PARENT KIND) into (key, kind).
+pub fn snapshots(listing: &str) -> Vec<(String, String)> {
+    listing
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            let key = cols.first()?;
+            let kind = cols.last()?;
+            Some(((*key).to_owned(), (*kind).to_owned()))
+        })
+        .collect()
+}
+
+/// Mount points at or under any of `dirs`, from /proc/self/mountinfo.
+pub fn mounts_under(dirs: &[&Path]) -> Vec<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| dirs.iter().any(|d| Path::new(m).starts_with(d)))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn dir_entries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Everything a clean daemon (no pods) must not have: one line per leak.
+pub async fn leaks(d: &Daemon) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut rt = d.runtime.clone();
+    let pods = rt
+        .list_pod_sandbox(ListPodSandboxRequest::default())
+        .await?
+        .into_inner();
+    out.extend(
+        pods.items
+            .iter()
+            .map(|p| format!("CRI pod sandbox {}", p.id)),
+    );
+    let cs = rt
+        .list_containers(ListContainersRequest::default())
+        .await?
+        .into_inner();
+    out.extend(
+        cs.containers
+            .iter()
+            .map(|c| format!("CRI container {}", c.id)),
+    );
+
+    let containers = d.ctr(&["containers", "ls", "-q"]).await?;
+    out.extend(
+        containers
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|c| format!("containerd container {c}")),
+    );
+    let tasks = d.ctr(&["tasks", "ls", "-q"]).await?;
+    out.extend(
+        tasks
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|t| format!("containerd task {t}")),
+    );
+    for (key, kind) in snapshots(&d.ctr(&["snapshots", "ls"]).await?) {
+        if kind != "Committed" {
+            out.push(format!("containerd snapshot {key} ({kind})"));
+        }
+    }
+
+    let netns = d.state_dir.join("netns");
+    out.extend(
+        dir_entries(&netns)
+            .into_iter()
+            .map(|n| format!("netns pin {}", netns.join(n).display())),
+    );
+    let task_dir = format!("/io.containerd.runtime.v2.task/{}/", d.namespace);
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for m in info.lines().filter_map(|l| l.split(' ').nth(4)) {
+        let under = [&d.root_dir, &d.state_dir, &d.lib_base]
+            .iter()
+            .any(|p| Path::new(m).starts_with(p));
+        // The netns dir itself is a shared bind mount kept for the daemon's life.
+        if (under && Path::new(m) != netns) || m.contains(&task_dir) {
+            out.push(format!("mount {m}"));
+        }
+    }
+    let brif = Path::new("/sys/class/net").join(&d.bridge).join("brif");
+    out.extend(
+        dir_entries(&brif)
+            .into_iter()
+            .filter(|n| n.starts_with(VETH_PREFIX))
+            .map(|n| format!("veth {n} on {}", d.bridge)),
+    );
+    let sandboxes = d.root_dir.join("sandboxes");
+    out.extend(
+        dir_entries(&sandboxes)
+            .into_iter()
+            .map(|s| format!("sandbox dir {}", sandboxes.join(s).display())),
+    );
+    Ok(out)
+}
+
+/// Panics listing every leak [`leaks`] finds (test helper).
+pub async fn assert_clean(d: &Daemon) {
+    match leaks(d).await {
+        Ok(l) if l.is_empty() => {}
+        Ok(l) => panic!("leaked after cleanup:\n  {}", l.join("\n  ")),
+        Err(e) => panic!("leak audit failed: {e:#}"),
+    }
+}
+
+/// A pod config with metadata, labels and a log directory.
+pub fn pod_config(name: &str, uid: &str, log_directory: &Path) -> PodSandboxConfig {
+    PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: name.to_owned(),
+            uid: uid.to_owned(),
+            namespace: "e2e".to_owned(),
+            attempt: 0,
+        }),
+        hostname: name.chars().take(63).collect(),
+        log_directory: log_directory.display().to_string(),
+        labels: [("app".to_owned(), name.to_owned())].into_iter().collect(),
+        ..Default::default()
+    }
+}
+
+/// A container config running `command` from `image`, logging to `<name>.log`.
+pub fn container_config(name: &str, image: &str, command: &[&str]) -> ContainerConfig {
+    ContainerConfig {
+        metadata: Some(ContainerMetadata {
+            name: name.to_owned(),
+            attempt: 0,
+        }),
+        image: Some(ImageSpec {
+            image: image.to_owned(),
+            ..Default::default()
+        }),
+        command: command.iter().map(|s| (*s).to_owned()).collect(),
+        log_path: format!("{name}.log"),
+        ..Default::default()
+    }
+}
+
+/// An image spec for `image`.
+pub fn image_spec(image: &str) -> ImageSpec {
+    ImageSpec {
+        image: image.to_owned(),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_snapshot_listing() {
+        let l = "KEY                    PARENT   KIND\nsha256:aa               Committed\nabc  sha256:aa  Active\n";
+        assert_eq!(
+            snapshots(l),
+            vec![
+                ("sha256:aa".to_owned(), "Committed".to_owned()),
+                ("abc".to_owned(), "Active".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn registry_config_marks_local_registry_plain_http() {
+        let dir = tempfile::tempdir().unwrap();
+        write_registry_config(dir.path()).unwrap();
+        let local = std::fs::read_to_string(dir.path().join(REGISTRY).join("hosts.toml")).unwrap();
+        assert!(
+            local.contains("server = \"http://127.0.0.1:5000\""),
+            "{local}"
+        );
+        let k8s = std::fs::read_to_string(dir.path().join("registry.k8s.io/hosts.toml")).unwrap();
+        assert!(k8s.contains("[host.\"http://127.0.0.1:5000\"]"), "{k8s}");
+    }
+}

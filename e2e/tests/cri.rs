@@ -1,0 +1,1164 @@
+//! CRI end-to-end scenarios against one real `cubelet` daemon.
+//!
+//! Custom runner (`harness = false`): the daemon is started once, scenarios
+//! run in order, each under a timeout, each followed by removing every pod
+//! through CRI and a leak audit of the kernel and containerd; the daemon,
+//! bridge, nft table, dirs and containerd namespace are torn down at the
+//! end. Positional arguments filter scenarios by substring; `--list` lists.
+//! Without the private containerd every scenario prints `SKIP:` and passes.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use cubelet_e2e::cri::*;
+use cubelet_e2e::{assert_clean, container_config, image_spec, pod_config, Daemon, DaemonOpts};
+use futures::FutureExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::Code;
+
+const BUSYBOX: &str = "127.0.0.1:5000/busybox:test";
+const BUSYBOX_OCI: &str = "127.0.0.1:5000/busybox-oci:test";
+const BUSYBOX_MULTI: &str = "127.0.0.1:5000/busybox-multi:test";
+
+type Fut<'a> = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + 'a>>;
+type Scenario = (&'static str, u64, for<'a> fn(&'a Daemon) -> Fut<'a>);
+
+fn scenarios() -> Vec<Scenario> {
+    vec![
+        ("version_status_runtime_config", 30, |d| {
+            Box::pin(version_status(d))
+        }),
+        ("images", 120, |d| Box::pin(images(d))),
+        ("pod_lifecycle", 60, |d| Box::pin(pod_lifecycle(d))),
+        ("list_pod_sandbox_filters", 60, |d| {
+            Box::pin(list_filters(d))
+        }),
+        ("container_exit_code_and_logs", 60, |d| {
+            Box::pin(container_exit(d))
+        }),
+        ("stop_container_escalates_to_sigkill", 60, |d| {
+            Box::pin(stop_escalates(d))
+        }),
+        ("exec_sync", 60, |d| Box::pin(exec_sync(d))),
+        ("runtime_handlers", 60, |d| Box::pin(handlers(d))),
+        ("idempotent_retries", 60, |d| Box::pin(idempotent(d))),
+        ("already_exists", 60, |d| Box::pin(already_exists(d))),
+        ("bad_inputs", 60, |d| Box::pin(bad_inputs(d))),
+        ("networking", 90, |d| Box::pin(networking(d))),
+    ]
+}
+
+fn main() -> ExitCode {
+    let mut filters = Vec::new();
+    let mut list = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--list" => list = true,
+            "--test-threads" | "--skip" | "--format" | "--color" | "-Z" | "--logfile" => {
+                args.next();
+            }
+            s if s.starts_with('-') => {}
+            s => filters.push(s.to_owned()),
+        }
+    }
+    let selected: Vec<Scenario> = scenarios()
+        .into_iter()
+        .filter(|(n, _, _)| filters.is_empty() || filters.iter().any(|f| n.contains(f.as_str())))
+        .collect();
+    if list {
+        for (n, _, _) in &selected {
+            println!("{n}: test");
+        }
+        return ExitCode::SUCCESS;
+    }
+    if let Some(reason) = cubelet_e2e::skip_reason() {
+        for (n, _, _) in &selected {
+            println!("SKIP: {n}: {reason}");
+        }
+        println!(
+            "\ntest result: ok. 0 passed; 0 failed; {} skipped",
+            selected.len()
+        );
+        return ExitCode::SUCCESS;
+    }
+    if selected.is_empty() {
+        println!("test result: ok. 0 passed; 0 failed (no scenario matches)");
+        return ExitCode::SUCCESS;
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if rt.block_on(run_all(selected)) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+async fn run_all(selected: Vec<Scenario>) -> bool {
+    let daemon = match Daemon::start(DaemonOpts::default()).await {
+        Ok(d) => d,
+        Err(e) => {
+            println!("e2e: daemon did not start: {e:#}");
+            return false;
+        }
+    };
+    println!(
+        "running {} scenarios against {}",
+        selected.len(),
+        daemon.socket.display()
+    );
+    let (mut passed, mut failed) = (0, Vec::new());
+    for (name, secs, f) in selected {
+        let body = std::panic::AssertUnwindSafe(f(&daemon)).catch_unwind();
+        let result = match tokio::time::timeout(Duration::from_secs(secs), body).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(format!("{e:#}")),
+            Ok(Err(panic)) => Err(panic_text(&panic)),
+            Err(_) => Err(format!("timed out after {secs} s")),
+        };
+        // Cleanup always runs, then the audit is part of the verdict.
+        let cleanup = tokio::time::timeout(Duration::from_secs(60), daemon.remove_all()).await;
+        let audit = match cleanup {
+            Ok(Ok(())) => std::panic::AssertUnwindSafe(assert_clean(&daemon))
+                .catch_unwind()
+                .await
+                .map_err(|p| panic_text(&p)),
+            Ok(Err(e)) => Err(format!("cleanup via CRI failed: {e:#}")),
+            Err(_) => Err("cleanup via CRI timed out".to_owned()),
+        };
+        match (result, audit) {
+            (Ok(()), Ok(())) => {
+                passed += 1;
+                println!("test {name} ... ok");
+            }
+            (r, a) => {
+                let why = [r.err(), a.err()]
+                    .into_iter()
+                    .flatten()
+                    .collect::<Vec<_>>()
+                    .join("\n  then: ");
+                println!("test {name} ... FAILED\n  {why}");
+                failed.push(name);
+            }
+        }
+    }
+    let log_tail = daemon.log_tail(40);
+    if !failed.is_empty() {
+        println!("--- daemon log tail ---\n{log_tail}\n---");
+    }
+    let teardown = daemon.teardown().await;
+    if let Err(e) = &teardown {
+        println!("e2e: {e:#}");
+    }
+    println!(
+        "\ntest result: {}. {passed} passed; {} failed{}",
+        if failed.is_empty() && teardown.is_ok() {
+            "ok"
+        } else {
+            "FAILED"
+        },
+        failed.len(),
+        if failed.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", failed.join(", "))
+        }
+    );
+    failed.is_empty() && teardown.is_ok()
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "panic".to_owned())
+}
+
+// ---------------------------------------------------------------- helpers
+
+fn log_dir(d: &Daemon, pod: &str) -> PathBuf {
+    d.log_base.join(pod)
+}
+
+async fn pull(d: &Daemon, image: &str) -> anyhow::Result<String> {
+    let r = d
+        .images
+        .clone()
+        .pull_image(PullImageRequest {
+            image: Some(image_spec(image)),
+            ..Default::default()
+        })
+        .await
+        .with_context(|| format!("PullImage {image}"))?;
+    Ok(r.into_inner().image_ref)
+}
+
+async fn run_pod(d: &Daemon, name: &str) -> anyhow::Result<(String, PodSandboxConfig)> {
+    run_pod_with(
+        d,
+        pod_config(name, &format!("uid-{name}"), &log_dir(d, name)),
+        "",
+    )
+    .await
+}
+
+async fn run_pod_with(
+    d: &Daemon,
+    config: PodSandboxConfig,
+    handler: &str,
+) -> anyhow::Result<(String, PodSandboxConfig)> {
+    let r = d
+        .runtime
+        .clone()
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: handler.to_owned(),
+        })
+        .await
+        .context("RunPodSandbox")?;
+    Ok((r.into_inner().pod_sandbox_id, config))
+}
+
+async fn pod_status(d: &Daemon, id: &str) -> Result<PodSandboxStatus, tonic::Status> {
+    let r = d
+        .runtime
+        .clone()
+        .pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: id.to_owned(),
+            verbose: false,
+        })
+        .await?;
+    r.into_inner()
+        .status
+        .ok_or_else(|| tonic::Status::internal("no status in response"))
+}
+
+async fn start_container(
+    d: &Daemon,
+    pod: &str,
+    pod_cfg: &PodSandboxConfig,
+    cfg: ContainerConfig,
+) -> anyhow::Result<String> {
+    let mut rt = d.runtime.clone();
+    let id = rt
+        .create_container(CreateContainerRequest {
+            pod_sandbox_id: pod.to_owned(),
+            config: Some(cfg),
+            sandbox_config: Some(pod_cfg.clone()),
+        })
+        .await
+        .context("CreateContainer")?
+        .into_inner()
+        .container_id;
+    rt.start_container(StartContainerRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .context("StartContainer")?;
+    Ok(id)
+}
+
+async fn container_status(d: &Daemon, id: &str) -> Result<ContainerStatus, tonic::Status> {
+    let r = d
+        .runtime
+        .clone()
+        .container_status(ContainerStatusRequest {
+            container_id: id.to_owned(),
+            verbose: false,
+        })
+        .await?;
+    r.into_inner()
+        .status
+        .ok_or_else(|| tonic::Status::internal("no status in response"))
+}
+
+/// Polls until the container has exited (bounded by the scenario timeout).
+async fn wait_exited(d: &Daemon, id: &str) -> anyhow::Result<ContainerStatus> {
+    loop {
+        let s = container_status(d, id).await?;
+        if s.state == ContainerState::ContainerExited as i32 {
+            return Ok(s);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn exec(
+    d: &Daemon,
+    id: &str,
+    cmd: &[&str],
+    timeout: i64,
+) -> Result<ExecSyncResponse, tonic::Status> {
+    d.runtime
+        .clone()
+        .exec_sync(ExecSyncRequest {
+            container_id: id.to_owned(),
+            cmd: cmd.iter().map(|s| (*s).to_owned()).collect(),
+            timeout,
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+fn expect_code<T: std::fmt::Debug>(
+    r: Result<T, tonic::Status>,
+    code: Code,
+    needle: &str,
+    what: &str,
+) -> anyhow::Result<()> {
+    match r {
+        Ok(v) => bail!("{what}: expected {code:?}, got OK {v:?}"),
+        Err(s) => {
+            ensure!(
+                s.code() == code,
+                "{what}: expected {code:?}, got {:?}: {}",
+                s.code(),
+                s.message()
+            );
+            ensure!(
+                s.message().contains(needle),
+                "{what}: message {:?} does not name {needle:?}",
+                s.message()
+            );
+            Ok(())
+        }
+    }
+}
+
+// ---------------------------------------------------------------- scenarios
+
+async fn version_status(d: &Daemon) -> anyhow::Result<()> {
+    let mut rt = d.runtime.clone();
+    let v = rt
+        .version(VersionRequest {
+            version: "v1".into(),
+        })
+        .await?
+        .into_inner();
+    ensure!(
+        v.runtime_api_version == "v1",
+        "runtime_api_version {:?}",
+        v.runtime_api_version
+    );
+    ensure!(
+        !v.runtime_name.is_empty() && !v.runtime_version.is_empty(),
+        "version {v:?}"
+    );
+    let s = rt
+        .status(StatusRequest { verbose: false })
+        .await?
+        .into_inner();
+    let conds = s.status.context("no runtime status")?.conditions;
+    for want in ["RuntimeReady", "NetworkReady"] {
+        let c = conds
+            .iter()
+            .find(|c| c.r#type == want)
+            .with_context(|| format!("no {want} in {conds:?}"))?;
+        ensure!(c.status, "{want} false: {c:?}");
+    }
+    let rc = rt
+        .runtime_config(RuntimeConfigRequest {})
+        .await?
+        .into_inner();
+    let linux = rc.linux.context("RuntimeConfig without linux")?;
+    ensure!(
+        linux.cgroup_driver == CgroupDriver::Cgroupfs as i32,
+        "cgroup driver {}",
+        linux.cgroup_driver
+    );
+    Ok(())
+}
+
+async fn images(d: &Daemon) -> anyhow::Result<()> {
+    let mut im = d.images.clone();
+    let r1 = pull(d, BUSYBOX).await?;
+    let r2 = pull(d, BUSYBOX_OCI).await?;
+    let r3 = pull(d, BUSYBOX_MULTI).await?;
+    ensure!(
+        r1.starts_with("sha256:") && r2.starts_with("sha256:"),
+        "image refs {r1} {r2}"
+    );
+    // The manifest list resolves to the amd64 child, which is busybox:test.
+    ensure!(
+        r3 == r1,
+        "multi-arch pull chose {r3}, not the amd64 image {r1}"
+    );
+
+    let list = im
+        .list_images(ListImagesRequest { filter: None })
+        .await?
+        .into_inner()
+        .images;
+    for tag in [BUSYBOX, BUSYBOX_OCI, BUSYBOX_MULTI] {
+        let img = list
+            .iter()
+            .find(|i| i.repo_tags.iter().any(|t| t == tag))
+            .with_context(|| format!("{tag} not in ListImages: {list:?}"))?;
+        ensure!(img.size > 100_000, "{tag} size {}", img.size);
+        let repo = tag.rsplit_once(':').map(|(r, _)| r).unwrap_or(tag);
+        ensure!(
+            img.repo_digests
+                .iter()
+                .any(|dg| dg.starts_with(&format!("{repo}@sha256:"))),
+            "{tag} repo_digests {:?}",
+            img.repo_digests
+        );
+    }
+
+    let im2 = im.clone();
+    let status = |image: &str| {
+        let mut im = im2.clone();
+        let spec = image_spec(image);
+        async move {
+            let r = im
+                .image_status(ImageStatusRequest {
+                    image: Some(spec),
+                    verbose: false,
+                })
+                .await?;
+            anyhow::Ok(r.into_inner().image)
+        }
+    };
+    let oci = status(BUSYBOX_OCI)
+        .await?
+        .context("busybox-oci has no status")?;
+    ensure!(oci.id == r2, "ImageStatus id {} != pulled {r2}", oci.id);
+    ensure!(
+        oci.username == "tester" && oci.uid.is_none(),
+        "user of busybox-oci: {:?} {:?}",
+        oci.uid,
+        oci.username
+    );
+    let bb = status(BUSYBOX).await?.context("busybox has no status")?;
+    ensure!(
+        bb.repo_tags.iter().any(|t| t == BUSYBOX),
+        "tags {:?}",
+        bb.repo_tags
+    );
+    // By id and by digest as well as by tag.
+    let by_id = status(&r1).await?.context("status by image id")?;
+    ensure!(by_id.id == r1, "status by id {}", by_id.id);
+    let digest = bb.repo_digests.first().context("no repo digest")?.clone();
+    ensure!(
+        status(&digest).await?.map(|i| i.id) == Some(r1.clone()),
+        "status by digest {digest}"
+    );
+    ensure!(
+        status("127.0.0.1:5000/busybox:absent").await?.is_none(),
+        "absent image has a status"
+    );
+
+    let fs = im.image_fs_info(ImageFsInfoRequest {}).await?.into_inner();
+    let first = fs
+        .image_filesystems
+        .first()
+        .context("no image filesystem")?;
+    let mp = first
+        .fs_id
+        .as_ref()
+        .map(|f| f.mountpoint.clone())
+        .unwrap_or_default();
+    ensure!(
+        mp.starts_with(cubelet_e2e::CONTAINERD_ROOT),
+        "image fs mountpoint {mp:?}"
+    );
+    ensure!(
+        first.used_bytes.as_ref().map(|u| u.value).unwrap_or(0) > 0,
+        "image fs used {first:?}"
+    );
+
+    for _ in 0..2 {
+        im.remove_image(RemoveImageRequest {
+            image: Some(image_spec(BUSYBOX_OCI)),
+        })
+        .await
+        .context("RemoveImage busybox-oci (idempotent)")?;
+    }
+    ensure!(
+        status(BUSYBOX_OCI).await?.is_none(),
+        "busybox-oci still present after RemoveImage"
+    );
+    im.remove_image(RemoveImageRequest {
+        image: Some(image_spec("127.0.0.1:5000/never:pulled")),
+    })
+    .await
+    .context("RemoveImage of an unknown image")?;
+    // Pull by digest.
+    ensure!(pull(d, &digest).await? == r1, "pull by digest");
+    Ok(())
+}
+
+async fn pod_lifecycle(d: &Daemon) -> anyhow::Result<()> {
+    let (id, _) = run_pod(d, "lifecycle").await?;
+    let s = pod_status(d, &id).await?;
+    ensure!(
+        s.state == PodSandboxState::SandboxReady as i32,
+        "state {}",
+        s.state
+    );
+    let ip: std::net::Ipv4Addr = s
+        .network
+        .as_ref()
+        .context("no network status")?
+        .ip
+        .parse()
+        .context("pod ip")?;
+    ensure!(
+        ip.octets()[..3] == d.subnet.octets()[..3] && ip != d.gateway,
+        "ip {ip} not a pod address in {}/24",
+        d.subnet
+    );
+    // The netns pin lives under <state_dir>/netns and is a mounted nsfs.
+    let pins: Vec<PathBuf> = std::fs::read_dir(d.state_dir.join("netns"))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .collect();
+    ensure!(pins.len() == 1, "expected one netns pin, found {pins:?}");
+    let mounted = cubelet_e2e::mounts_under(&[pins[0].as_path()]);
+    ensure!(
+        !mounted.is_empty(),
+        "netns pin {} is not mounted",
+        pins[0].display()
+    );
+    let dir = d.root_dir.join("sandboxes").join(&id);
+    ensure!(dir.is_dir(), "no sandbox dir {}", dir.display());
+    ensure!(
+        s.metadata.as_ref().map(|m| m.name.as_str()) == Some("lifecycle"),
+        "metadata {:?}",
+        s.metadata
+    );
+
+    let mut rt = d.runtime.clone();
+    rt.stop_pod_sandbox(StopPodSandboxRequest {
+        pod_sandbox_id: id.clone(),
+    })
+    .await
+    .context("StopPodSandbox")?;
+    let s = pod_status(d, &id).await?;
+    ensure!(
+        s.state == PodSandboxState::SandboxNotready as i32,
+        "state after stop {}",
+        s.state
+    );
+    rt.remove_pod_sandbox(RemovePodSandboxRequest {
+        pod_sandbox_id: id.clone(),
+    })
+    .await
+    .context("RemovePodSandbox")?;
+    expect_code(
+        pod_status(d, &id).await,
+        Code::NotFound,
+        "",
+        "PodSandboxStatus after remove",
+    )?;
+    Ok(())
+}
+
+async fn list_filters(d: &Daemon) -> anyhow::Result<()> {
+    let mut rt = d.runtime.clone();
+    let (a, _) = run_pod(d, "filter-a").await?;
+    let (b, _) = run_pod(d, "filter-b").await?;
+    rt.stop_pod_sandbox(StopPodSandboxRequest {
+        pod_sandbox_id: b.clone(),
+    })
+    .await?;
+    let list = |filter: PodSandboxFilter| {
+        let mut rt = rt.clone();
+        async move {
+            let r = rt
+                .list_pod_sandbox(ListPodSandboxRequest {
+                    filter: Some(filter),
+                })
+                .await?;
+            let mut ids: Vec<String> = r.into_inner().items.into_iter().map(|p| p.id).collect();
+            ids.sort();
+            anyhow::Ok(ids)
+        }
+    };
+    let mut both = vec![a.clone(), b.clone()];
+    both.sort();
+    ensure!(
+        list(PodSandboxFilter::default()).await? == both,
+        "unfiltered list"
+    );
+    ensure!(
+        list(PodSandboxFilter {
+            id: a[..8].to_owned(),
+            ..Default::default()
+        })
+        .await?
+            == vec![a.clone()],
+        "id prefix"
+    );
+    let state = |s: PodSandboxState| Some(PodSandboxStateValue { state: s as i32 });
+    ensure!(
+        list(PodSandboxFilter {
+            state: state(PodSandboxState::SandboxReady),
+            ..Default::default()
+        })
+        .await?
+            == vec![a.clone()],
+        "state ready"
+    );
+    ensure!(
+        list(PodSandboxFilter {
+            state: state(PodSandboxState::SandboxNotready),
+            ..Default::default()
+        })
+        .await?
+            == vec![b.clone()],
+        "state notready"
+    );
+    let labels = |v: &str| {
+        [("app".to_owned(), v.to_owned())]
+            .into_iter()
+            .collect::<HashMap<_, _>>()
+    };
+    ensure!(
+        list(PodSandboxFilter {
+            label_selector: labels("filter-b"),
+            ..Default::default()
+        })
+        .await?
+            == vec![b.clone()],
+        "label selector"
+    );
+    ensure!(
+        list(PodSandboxFilter {
+            label_selector: labels("nobody"),
+            ..Default::default()
+        })
+        .await?
+        .is_empty(),
+        "label selector without match"
+    );
+    Ok(())
+}
+
+/// Parses CRI log lines into (stream, tag, text).
+fn parse_cri_log(text: &str) -> anyhow::Result<Vec<(String, String, String)>> {
+    text.lines()
+        .map(|l| {
+            let mut it = l.splitn(4, ' ');
+            let (ts, stream, tag, msg) = (it.next(), it.next(), it.next(), it.next().unwrap_or(""));
+            let ts = ts.context("empty line")?;
+            ensure!(
+                ts.len() >= 20 && ts.contains('T') && (ts.ends_with('Z') || ts.contains('+')),
+                "timestamp {ts:?} in {l:?}"
+            );
+            ensure!(ts.contains('.'), "timestamp without fraction {ts:?}");
+            let stream = stream.context("no stream")?;
+            ensure!(
+                stream == "stdout" || stream == "stderr",
+                "stream {stream:?} in {l:?}"
+            );
+            let tag = tag.context("no tag")?;
+            ensure!(tag == "P" || tag == "F", "tag {tag:?} in {l:?}");
+            Ok((stream.to_owned(), tag.to_owned(), msg.to_owned()))
+        })
+        .collect()
+}
+
+async fn container_exit(d: &Daemon) -> anyhow::Result<()> {
+    pull(d, BUSYBOX).await?;
+    let (pod, cfg) = run_pod(d, "exitcode").await?;
+    let cid = start_container(
+        d,
+        &pod,
+        &cfg,
+        container_config(
+            "exit3",
+            BUSYBOX,
+            &["sh", "-c", "echo out; echo err >&2; exit 3"],
+        ),
+    )
+    .await?;
+    let s = wait_exited(d, &cid).await?;
+    ensure!(s.exit_code == 3, "exit code {}", s.exit_code);
+    ensure!(s.reason == "Error", "reason {:?}", s.reason);
+    ensure!(
+        s.started_at > 0 && s.finished_at >= s.started_at && s.created_at > 0,
+        "times {s:?}"
+    );
+    let log_path = PathBuf::from(&cfg.log_directory).join("exit3.log");
+    ensure!(
+        s.log_path == "exit3.log" || Path::new(&s.log_path) == log_path,
+        "status log_path {:?}",
+        s.log_path
+    );
+    let mut lines = Vec::new();
+    for _ in 0..50 {
+        let text = tokio::fs::read_to_string(&log_path)
+            .await
+            .unwrap_or_default();
+        lines = parse_cri_log(&text)?;
+        if lines.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let want = [("stdout", "F", "out"), ("stderr", "F", "err")];
+    for w in want {
+        ensure!(
+            lines
+                .iter()
+                .any(|(s, t, m)| (s.as_str(), t.as_str(), m.as_str()) == w),
+            "log {} lacks {w:?}: {lines:?}",
+            log_path.display()
+        );
+    }
+    // A container that exits 0 is Completed.
+    let ok = start_container(d, &pod, &cfg, container_config("exit0", BUSYBOX, &["true"])).await?;
+    let s = wait_exited(d, &ok).await?;
+    ensure!(
+        s.exit_code == 0 && s.reason == "Completed",
+        "exit0: {} {:?}",
+        s.exit_code,
+        s.reason
+    );
+    Ok(())
+}
+
+async fn stop_escalates(d: &Daemon) -> anyhow::Result<()> {
+    pull(d, BUSYBOX).await?;
+    let (pod, cfg) = run_pod(d, "stubborn").await?;
+    let script = "trap 'echo ignored TERM' TERM; echo ready; while true; do sleep 1; done";
+    let cid = start_container(
+        d,
+        &pod,
+        &cfg,
+        container_config("stubborn", BUSYBOX, &["sh", "-c", script]),
+    )
+    .await?;
+    let s = container_status(d, &cid).await?;
+    ensure!(
+        s.state == ContainerState::ContainerRunning as i32,
+        "state {}",
+        s.state
+    );
+    d.runtime
+        .clone()
+        .stop_container(StopContainerRequest {
+            container_id: cid.clone(),
+            timeout: 2,
+        })
+        .await
+        .context("StopContainer timeout 2")?;
+    let s = container_status(d, &cid).await?;
+    ensure!(
+        s.state == ContainerState::ContainerExited as i32,
+        "not exited after StopContainer: {}",
+        s.state
+    );
+    ensure!(
+        s.exit_code == 137,
+        "exit code {} (want 137, SIGKILL)",
+        s.exit_code
+    );
+    Ok(())
+}
+
+async fn exec_sync(d: &Daemon) -> anyhow::Result<()> {
+    pull(d, BUSYBOX).await?;
+    let (pod, cfg) = run_pod(d, "exec").await?;
+    let cid = start_container(
+        d,
+        &pod,
+        &cfg,
+        container_config("sleeper", BUSYBOX, &["sleep", "3600"]),
+    )
+    .await?;
+    let r = exec(d, &cid, &["sh", "-c", "echo hi; echo oops >&2; exit 5"], 10).await?;
+    ensure!(
+        r.stdout == b"hi\n",
+        "stdout {:?}",
+        String::from_utf8_lossy(&r.stdout)
+    );
+    ensure!(
+        r.stderr == b"oops\n",
+        "stderr {:?}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    ensure!(r.exit_code == 5, "exit code {}", r.exit_code);
+    let r = exec(d, &cid, &["id", "-u"], 10).await?;
+    ensure!(r.stdout == b"0\n" && r.exit_code == 0, "id -u: {r:?}");
+    expect_code(
+        exec(d, &cid, &["sleep", "30"], 1).await,
+        Code::DeadlineExceeded,
+        "",
+        "ExecSync timeout 1 s",
+    )?;
+    expect_code(
+        exec(d, "0123456789abcdef", &["true"], 5).await,
+        Code::NotFound,
+        "",
+        "ExecSync unknown container",
+    )?;
+    Ok(())
+}
+
+async fn handlers(d: &Daemon) -> anyhow::Result<()> {
+    pull(d, BUSYBOX).await?;
+    let cfg = pod_config("alt", "uid-alt", &log_dir(d, "alt"));
+    let (pod, cfg) = run_pod_with(d, cfg, "runc-alt").await?;
+    let s = pod_status(d, &pod).await?;
+    ensure!(
+        s.runtime_handler == "runc-alt",
+        "runtime_handler {:?}",
+        s.runtime_handler
+    );
+    let cid = start_container(
+        d,
+        &pod,
+        &cfg,
+        container_config("alt", BUSYBOX, &["sleep", "3600"]),
+    )
+    .await?;
+    let state = Path::new(cubelet_e2e::RUNC_ALT_ROOT)
+        .join(&d.namespace)
+        .join(&cid);
+    ensure!(
+        state.is_dir(),
+        "{} missing: container not run by runc-alt",
+        state.display()
+    );
+    let default_state = Path::new(cubelet_e2e::RUNC_ROOT)
+        .join(&d.namespace)
+        .join(&cid);
+    ensure!(
+        !default_state.exists(),
+        "{} exists too",
+        default_state.display()
+    );
+    let r = exec(d, &cid, &["echo", "alt"], 10).await?;
+    ensure!(r.stdout == b"alt\n", "exec in runc-alt container: {r:?}");
+
+    let bad = pod_config("nohandler", "uid-nohandler", &log_dir(d, "nohandler"));
+    let r = d
+        .runtime
+        .clone()
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(bad),
+            runtime_handler: "kata-nope".into(),
+        })
+        .await;
+    expect_code(
+        r,
+        Code::InvalidArgument,
+        "runtime_handler",
+        "unknown handler",
+    )
+}
+
+async fn idempotent(d: &Daemon) -> anyhow::Result<()> {
+    pull(d, BUSYBOX).await?;
+    let mut rt = d.runtime.clone();
+    let (p1, cfg) = run_pod(d, "idem").await?;
+    let (p2, _) = run_pod_with(d, cfg.clone(), "").await?;
+    ensure!(p1 == p2, "RunPodSandbox retry gave {p2}, first {p1}");
+    let cid = start_container(
+        d,
+        &p1,
+        &cfg,
+        container_config("idem", BUSYBOX, &["sleep", "3600"]),
+    )
+    .await?;
+    for i in 0..2 {
+        rt.stop_container(StopContainerRequest {
+            container_id: cid.clone(),
+            timeout: 1,
+        })
+        .await
+        .with_context(|| format!("StopContainer #{i}"))?;
+    }
+    for i in 0..2 {
+        rt.remove_container(RemoveContainerRequest {
+            container_id: cid.clone(),
+        })
+        .await
+        .with_context(|| format!("RemoveContainer #{i}"))?;
+    }
+    expect_code(
+        container_status(d, &cid).await,
+        Code::NotFound,
+        "",
+        "ContainerStatus after remove",
+    )?;
+    for i in 0..2 {
+        rt.stop_pod_sandbox(StopPodSandboxRequest {
+            pod_sandbox_id: p1.clone(),
+        })
+        .await
+        .with_context(|| format!("StopPodSandbox #{i}"))?;
+    }
+    for i in 0..2 {
+        rt.remove_pod_sandbox(RemovePodSandboxRequest {
+            pod_sandbox_id: p1.clone(),
+        })
+        .await
+        .with_context(|| format!("RemovePodSandbox #{i}"))?;
+    }
+    let unknown = "e2e0000000000000000000000000000000000000000000000000000000000000";
+    rt.stop_pod_sandbox(StopPodSandboxRequest {
+        pod_sandbox_id: unknown.into(),
+    })
+    .await
+    .context("StopPodSandbox unknown")?;
+    rt.remove_pod_sandbox(RemovePodSandboxRequest {
+        pod_sandbox_id: unknown.into(),
+    })
+    .await
+    .context("RemovePodSandbox unknown")?;
+    rt.stop_container(StopContainerRequest {
+        container_id: unknown.into(),
+        timeout: 1,
+    })
+    .await
+    .context("StopContainer unknown")?;
+    rt.remove_container(RemoveContainerRequest {
+        container_id: unknown.into(),
+    })
+    .await
+    .context("RemoveContainer unknown")?;
+    Ok(())
+}
+
+async fn already_exists(d: &Daemon) -> anyhow::Result<()> {
+    let (_p1, _) = run_pod(d, "twin").await?;
+    let other = pod_config("twin", "uid-twin-other", &log_dir(d, "twin"));
+    let r = d
+        .runtime
+        .clone()
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(other),
+            runtime_handler: String::new(),
+        })
+        .await;
+    expect_code(
+        r,
+        Code::AlreadyExists,
+        "",
+        "second pod with the same name/namespace/attempt",
+    )
+}
+
+async fn bad_inputs(d: &Daemon) -> anyhow::Result<()> {
+    pull(d, BUSYBOX).await?;
+    let mut rt = d.runtime.clone();
+    let run = |cfg: PodSandboxConfig| {
+        let mut rt = rt.clone();
+        async move {
+            rt.run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(cfg),
+                runtime_handler: String::new(),
+            })
+            .await
+        }
+    };
+    let mut cfg = pod_config("bad", "uid-bad", &log_dir(d, "bad"));
+    cfg.metadata.as_mut().context("metadata")?.name = String::new();
+    expect_code(
+        run(cfg).await,
+        Code::InvalidArgument,
+        "name",
+        "empty pod name",
+    )?;
+    let mut cfg = pod_config("bad", "uid-bad", &log_dir(d, "bad"));
+    cfg.log_directory = "relative/logs".into();
+    expect_code(
+        run(cfg).await,
+        Code::InvalidArgument,
+        "log_directory",
+        "relative log_directory",
+    )?;
+
+    let (pod, cfg) = run_pod(d, "badc").await?;
+    let create = |c: ContainerConfig| {
+        let mut rt = rt.clone();
+        let req = CreateContainerRequest {
+            pod_sandbox_id: pod.clone(),
+            config: Some(c),
+            sandbox_config: Some(cfg.clone()),
+        };
+        async move { rt.create_container(req).await }
+    };
+    let mut c = container_config("badlog", BUSYBOX, &["true"]);
+    c.log_path = "../escape.log".into();
+    expect_code(
+        create(c).await,
+        Code::InvalidArgument,
+        "log_path",
+        "`..` in log_path",
+    )?;
+    let mut c = container_config("badmount", BUSYBOX, &["true"]);
+    c.mounts.push(Mount {
+        container_path: "/data".into(),
+        host_path: "/tmp/../etc".into(),
+        ..Default::default()
+    });
+    expect_code(
+        create(c).await,
+        Code::InvalidArgument,
+        "mounts",
+        "`..` in a mount host_path",
+    )?;
+    let mut c = container_config("badmount2", BUSYBOX, &["true"]);
+    c.mounts.push(Mount {
+        container_path: "/data/../../x".into(),
+        host_path: "/tmp".into(),
+        ..Default::default()
+    });
+    expect_code(
+        create(c).await,
+        Code::InvalidArgument,
+        "mounts",
+        "`..` in a mount container_path",
+    )?;
+    let mut c = container_config("", BUSYBOX, &["true"]);
+    c.log_path = "empty.log".into();
+    expect_code(
+        create(c).await,
+        Code::InvalidArgument,
+        "name",
+        "empty container name",
+    )?;
+
+    let unknown = "e2e1111111111111111111111111111111111111111111111111111111111111";
+    expect_code(
+        pod_status(d, unknown).await,
+        Code::NotFound,
+        "",
+        "PodSandboxStatus unknown",
+    )?;
+    expect_code(
+        container_status(d, unknown).await,
+        Code::NotFound,
+        "",
+        "ContainerStatus unknown",
+    )?;
+    let r = rt
+        .create_container(CreateContainerRequest {
+            pod_sandbox_id: unknown.into(),
+            config: Some(container_config("orphan", BUSYBOX, &["true"])),
+            sandbox_config: Some(cfg.clone()),
+        })
+        .await;
+    expect_code(r, Code::NotFound, "", "CreateContainer in an unknown pod")?;
+    // Nothing half-created by the rejected requests.
+    let cs = rt
+        .list_containers(ListContainersRequest::default())
+        .await?
+        .into_inner()
+        .containers;
+    ensure!(cs.is_empty(), "rejected CreateContainer left {cs:?}");
+    Ok(())
+}
+
+/// Serves one HTTP response on `listener` and returns what the client sent.
+async fn serve_once(listener: tokio::net::TcpListener) -> anyhow::Result<String> {
+    let (mut s, _) = listener.accept().await?;
+    let mut buf = vec![0u8; 1024];
+    let n = s.read(&mut buf).await?;
+    s.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 8\r\n\r\ngateway\n")
+        .await?;
+    s.shutdown().await?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+async fn networking(d: &Daemon) -> anyhow::Result<()> {
+    pull(d, BUSYBOX).await?;
+    let (pa, ca) = run_pod(d, "net-server").await?;
+    let (pb, cb) = run_pod(d, "net-client").await?;
+    let ip_a = pod_status(d, &pa).await?.network.context("net a")?.ip;
+    let ip_b = pod_status(d, &pb).await?.network.context("net b")?.ip;
+    ensure!(ip_a != ip_b, "two pods share {ip_a}");
+    start_container(
+        d,
+        &pa,
+        &ca,
+        container_config(
+            "httpd",
+            BUSYBOX,
+            &["httpd", "-f", "-p", "8080", "-h", "/www"],
+        ),
+    )
+    .await?;
+    let client = start_container(
+        d,
+        &pb,
+        &cb,
+        container_config("client", BUSYBOX, &["sleep", "3600"]),
+    )
+    .await?;
+
+    // Pod to pod over the bridge (retry while httpd starts).
+    let url = format!("http://{ip_a}:8080/index.html");
+    let mut last = None;
+    for _ in 0..30 {
+        let r = exec(d, &client, &["wget", "-q", "-T", "3", "-O", "-", &url], 10).await?;
+        if r.exit_code == 0 {
+            last = None;
+            ensure!(
+                r.stdout == b"cubelet test\n",
+                "pod-to-pod body {:?}",
+                String::from_utf8_lossy(&r.stdout)
+            );
+            break;
+        }
+        last = Some(String::from_utf8_lossy(&r.stderr).into_owned());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    if let Some(e) = last {
+        bail!("pod {ip_b} cannot reach {url}: {e}");
+    }
+
+    // Host to pod.
+    let mut s = tokio::net::TcpStream::connect((ip_a.parse::<std::net::Ipv4Addr>()?, 8080)).await?;
+    s.write_all(b"GET /index.html HTTP/1.0\r\n\r\n").await?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).await?;
+    ensure!(
+        body.ends_with("cubelet test\n"),
+        "host-to-pod response {body:?}"
+    );
+
+    // Pod to the gateway (the bridge address, served by this test).
+    let listener = tokio::net::TcpListener::bind((d.gateway, 0)).await?;
+    let port = listener.local_addr()?.port();
+    let server = tokio::spawn(serve_once(listener));
+    let gw_url = format!("http://{}:{port}/from-pod", d.gateway);
+    let r = exec(
+        d,
+        &client,
+        &["wget", "-q", "-T", "5", "-O", "-", &gw_url],
+        15,
+    )
+    .await?;
+    ensure!(
+        r.exit_code == 0 && r.stdout == b"gateway\n",
+        "pod to gateway: {r:?}"
+    );
+    let req = server.await??;
+    ensure!(req.starts_with("GET /from-pod"), "gateway got {req:?}");
+    // The pod's own interface carries its IP.
+    let r = exec(d, &client, &["ip", "-4", "-o", "addr", "show"], 10).await?;
+    ensure!(
+        String::from_utf8_lossy(&r.stdout).contains(&format!("{ip_b}/24")),
+        "ip addr: {r:?}"
+    );
+    Ok(())
+}
