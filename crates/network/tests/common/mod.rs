@@ -50,19 +50,16 @@ where
         )
         .context("make / private")?;
         run(&["ip", "link", "set", "lo", "up"])?;
-        let dir = tempfile::Builder::new()
-            .prefix("cubelet-net-test")
-            .tempdir()?;
-        let state_dir = dir.path().to_path_buf();
+        let dir = StateDir(
+            tempfile::Builder::new()
+                .prefix("cubelet-net-test")
+                .tempdir()?,
+        );
+        let state_dir = dir.0.path().to_path_buf();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let out = rt.block_on(body(Env {
-            state_dir: state_dir.clone(),
-        }));
-        drop(rt);
-        let _ = umount2(&state_dir.join("netns"), MntFlags::MNT_DETACH);
-        out
+        rt.block_on(body(Env { state_dir }))
     })
     .join();
     match res {
