@@ -32,6 +32,36 @@ pub trait PauseImageSource: Send + Sync + std::fmt::Debug + 'static {
     async fn pause_image(&self) -> Result<ImageInfo, RuntimeError>;
 }
 
+/// The built-in `cubelet-pause` image, built from the pause binary and
+/// imported on first use (see [`crate::pause::ensure_pause_image`]).
+#[derive(Debug, Clone)]
+pub struct BuiltinPauseImage {
+    images: crate::image::ImageService,
+    binary: std::path::PathBuf,
+}
+
+impl BuiltinPauseImage {
+    /// The pause image imported through `images` from the `cubelet-pause`
+    /// binary at `binary`.
+    pub fn new(images: crate::image::ImageService, binary: impl Into<std::path::PathBuf>) -> Self {
+        Self {
+            images,
+            binary: binary.into(),
+        }
+    }
+}
+
+#[async_trait]
+impl PauseImageSource for BuiltinPauseImage {
+    fn reference(&self) -> String {
+        crate::pause::pause_image_ref()
+    }
+
+    async fn pause_image(&self) -> Result<ImageInfo, RuntimeError> {
+        crate::pause::ensure_pause_image(&self.images, &self.binary).await
+    }
+}
+
 /// The `sandbox` flow provider.
 #[derive(Debug)]
 pub struct SandboxProvider {

@@ -13,7 +13,7 @@ use cubelet_engine::{Flow, FlowContext, SandboxId, SandboxSpec, StepErrorKind};
 use cubelet_runtime::container::ContainerState;
 use cubelet_runtime::events::{ContainerEventKind, EventMonitor};
 use cubelet_runtime::logs::parse_entry;
-use cubelet_runtime::sandbox::{PauseImageSource, SandboxProvider};
+use cubelet_runtime::sandbox::{BuiltinPauseImage, PauseImageSource, SandboxProvider};
 use cubelet_runtime::spec::{Resources, UserRequest};
 use cubelet_runtime::types::ImageInfo;
 use cubelet_runtime::RuntimeError;
@@ -479,5 +479,61 @@ async fn reattach_resumes_logging_after_restart() {
         .unwrap();
     env.wait_for_text(&log, "second").await;
     restarted.remove(&id).await.unwrap();
+    env.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_with_the_builtin_pause_image() {
+    let test = "sandbox_with_the_builtin_pause_image";
+    let bin = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/cubelet-pause");
+    let bin = std::env::var_os("PAUSE_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or(bin);
+    if !bin.exists() {
+        eprintln!(
+            "SKIP {test}: no cubelet-pause binary at {} (hack/build-pause.sh)",
+            bin.display()
+        );
+        return;
+    }
+    let Some(env) = support::setup(test).await else {
+        return;
+    };
+    let images = cubelet_runtime::image::ImageService::new(
+        env.client.clone(),
+        "/nonexistent/cubelet-test-certs.d",
+    );
+    let pause = Arc::new(BuiltinPauseImage::new(images.clone(), &bin));
+    let provider = SandboxProvider::new(env.runtime.clone(), pause);
+    let sid = SandboxId::parse(&env.id("real")).unwrap();
+    let spec = SandboxSpec {
+        name: "real".into(),
+        cgroup_parent: Some(env.cgroup_parent.clone()),
+        ..Default::default()
+    };
+    let ctx = FlowContext::new(sid.clone(), Arc::new(spec));
+    provider.create(&ctx).await.unwrap();
+    let pid = ctx.get::<SandboxProcess>().unwrap().pid;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    assert!(
+        cmdline.starts_with(b"/pause"),
+        "{}",
+        String::from_utf8_lossy(&cmdline)
+    );
+    assert_eq!(
+        env.runtime.status(sid.as_str()).await.unwrap().state,
+        ContainerState::Running
+    );
+    provider.cleanup(&ctx).await.unwrap();
+    assert!(env
+        .runtime
+        .status(sid.as_str())
+        .await
+        .unwrap_err()
+        .is_not_found());
+    images
+        .remove(&cubelet_runtime::pause::pause_image_ref())
+        .await
+        .unwrap();
     env.teardown().await;
 }
