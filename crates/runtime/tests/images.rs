@@ -7,6 +7,9 @@
 //! test also proves it left nothing behind. Without the services the tests
 //! print SKIP and pass.
 
+// Helpers are test code too: a failed unwrap prints the error.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -167,7 +167,7 @@ impl RegistryClient {
         if resp.status() == StatusCode::NOT_FOUND {
             return Err(RuntimeError::NotFound {
                 kind: "blob",
-                id: format!("{url}"),
+                id: url,
             });
         }
         let resp = check_status(&url, resp).await?;
