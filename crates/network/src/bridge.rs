@@ -94,7 +94,37 @@ pub struct BridgeNetwork {
     table: String,
     /// Serialises host-port checks and updates (check-then-add must not race).
     ports: tokio::sync::Mutex<()>,
+    /// Sandboxes whose create is running; `gc` treats them as live.
+    inflight: Arc<Mutex<HashSet<SandboxId>>>,
     failpoint: Mutex<Option<SubStep>>,
+}
+
+/// Marks a sandbox's create as in flight until dropped.
+struct Inflight {
+    set: Arc<Mutex<HashSet<SandboxId>>>,
+    id: SandboxId,
+}
+
+impl Inflight {
+    fn new(set: &Arc<Mutex<HashSet<SandboxId>>>, id: &SandboxId) -> Self {
+        lock(set).insert(id.clone());
+        Self {
+            set: Arc::clone(set),
+            id: id.clone(),
+        }
+    }
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        lock(&self.set).remove(&self.id);
+    }
+}
+
+/// Locks a std mutex whose data stays consistent even if a holder panicked
+/// (every update is a single insert, remove or assignment).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl std::fmt::Debug for BridgeNetwork {
@@ -141,6 +171,7 @@ impl BridgeNetwork {
             ipam,
             config,
             ports: tokio::sync::Mutex::new(()),
+            inflight: Arc::default(),
             failpoint: Mutex::new(None),
         })
     }
@@ -174,11 +205,11 @@ impl BridgeNetwork {
     /// for any other failure). `None` disables it.
     #[doc(hidden)]
     pub fn fail_after(&self, step: Option<SubStep>) {
-        *self.failpoint.lock().unwrap_or_else(|p| p.into_inner()) = step;
+        *lock(&self.failpoint) = step;
     }
 
     fn check_failpoint(&self, step: SubStep, sandbox: &SandboxId) -> Result<(), NetworkError> {
-        let armed = *self.failpoint.lock().unwrap_or_else(|p| p.into_inner());
+        let armed = *lock(&self.failpoint);
         if armed == Some(step) {
             return Err(NetworkError::Injected {
                 step,
@@ -198,8 +229,13 @@ impl BridgeNetwork {
         let nft = self.nft()?;
         let handle = host_handle()?;
         let name = &self.config.name;
-        let index = match link_index(&handle, name).await? {
-            Some(i) => i,
+        let index = match link_message(&handle, name).await? {
+            Some(m) if is_bridge(&m) => m.header.index,
+            Some(_) => {
+                return Err(NetworkError::InvalidConfig {
+                    reason: format!("link {name} exists and is not a bridge"),
+                })
+            }
             None => {
                 let msg = LinkBridge::new(name).mtu(self.config.mtu).build();
                 match handle.link().add(msg).execute().await {
@@ -265,6 +301,7 @@ impl BridgeNetwork {
 
     /// [`Self::create_sandbox`], stopping (and rolling back) between
     /// sub-steps once `cancelled` returns true.
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox_id = %sandbox))]
     async fn create_with(
         &self,
         sandbox: &SandboxId,
@@ -284,6 +321,7 @@ impl BridgeNetwork {
                 interface: None,
             });
         }
+        let _inflight = Inflight::new(&self.inflight, sandbox);
         if cancelled() {
             return Err(NetworkError::Cancelled {
                 sandbox: sandbox.clone(),
@@ -382,6 +420,7 @@ impl BridgeNetwork {
     /// Removes everything the sandbox holds: host-port rules (when it had
     /// any), the veth pair, the namespace pin and the lease. Absent parts are
     /// fine. Every part is attempted; the first error is returned.
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox_id = %sandbox))]
     pub async fn teardown(&self, sandbox: &SandboxId, had_ports: bool) -> Result<(), NetworkError> {
         let mut first: Option<NetworkError> = None;
         let mut note = |r: Result<(), NetworkError>| {
@@ -428,9 +467,14 @@ impl BridgeNetwork {
     }
 
     /// Removes namespace pins, host veths on our bridge, leases and host-port
-    /// rules that belong to no sandbox in `live`.
+    /// rules that belong to no sandbox in `live`. Sandboxes whose create is
+    /// running in this provider count as live too, so a snapshot of `live`
+    /// taken just before a create cannot reclaim it halfway.
     pub async fn gc(&self, live: &HashSet<SandboxId>) -> Result<GcReport, NetworkError> {
         let mut report = GcReport::default();
+        let mut live = live.clone();
+        live.extend(lock(&self.inflight).iter().cloned());
+        let live = &live;
 
         // Veths first: removing a pin lets the kernel tear the namespace
         // down, which takes the pair with it asynchronously.
@@ -517,6 +561,16 @@ fn port_of(msg: &LinkMessage, bridge: u32) -> Option<String> {
     }
     let name = name?;
     (on_bridge && is_veth && name.starts_with(VETH_PREFIX)).then_some(name)
+}
+
+/// True when `msg` describes a bridge.
+fn is_bridge(msg: &LinkMessage) -> bool {
+    msg.attributes.iter().any(|a| match a {
+        LinkAttribute::LinkInfo(infos) => infos
+            .iter()
+            .any(|i| matches!(i, LinkInfo::Kind(InfoKind::Bridge))),
+        _ => false,
+    })
 }
 
 /// Inside the pod namespace: loopback and eth0 up, the address, the default route.

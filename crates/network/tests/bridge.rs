@@ -488,3 +488,18 @@ fn a_pod_reaches_another_pods_host_port_through_the_bridge_address() {
         assert_clean(&env, &leases, &net)
     });
 }
+
+#[test]
+fn init_refuses_a_link_of_the_bridge_name_that_is_not_a_bridge() {
+    isolated(|env| async move {
+        run(&[
+            "ip", "link", "add", BRIDGE, "type", "veth", "peer", "name", "tup9",
+        ])?;
+        let (net, _) = provider(&env, "10.91.0.0/24");
+        let err = net.init().await.unwrap_err();
+        assert_eq!(err.kind(), StepErrorKind::InvalidArgument, "{err}");
+        assert!(err.to_string().contains("not a bridge"), "{err}");
+        run(&["ip", "link", "del", BRIDGE])?;
+        Ok(())
+    });
+}
