@@ -1063,7 +1063,46 @@ impl ContainerRuntime {
         id: &str,
         resources: &Resources,
     ) -> Result<(), RuntimeError> {
-        let r = linux_resources(resources)?;
+        let mut r = linux_resources(resources)?;
+        // Record the new limits in the container's spec first, so a later
+        // restart of the task (or an inspect) sees them; keep the device rules.
+        let container = self.get_container(id).await?;
+        let any = container.spec.as_ref().ok_or_else(|| {
+            RuntimeError::FailedPrecondition(format!("container {id} has no spec"))
+        })?;
+        let mut spec: oci_spec::runtime::Spec =
+            serde_json::from_slice(&any.value).map_err(|source| RuntimeError::Json {
+                what: "oci spec",
+                source,
+            })?;
+        if let Some(linux) = spec.linux_mut() {
+            let devices = linux
+                .resources()
+                .as_ref()
+                .and_then(|old| old.devices().clone());
+            r.set_devices(devices);
+            linux.set_resources(Some(r.clone()));
+        }
+        let update = Container {
+            id: id.to_owned(),
+            spec: Some(json_any(SPEC_TYPE_URL, "oci spec", &spec)?),
+            ..Default::default()
+        };
+        self.client
+            .containers()
+            .update(self.client.request(UpdateContainerRequest {
+                container: Some(update),
+                update_mask: Some(prost_types::FieldMask {
+                    paths: vec!["spec".to_owned()],
+                }),
+            }))
+            .await
+            .map_err(cd("containers.update"))?;
+        match self.get_task(id).await? {
+            Some(p) if p.status == TaskStatus::Running as i32 => {}
+            // Not running: the spec update is all there is to do.
+            _ => return Ok(()),
+        }
         self.client
             .tasks()
             .update(self.client.request(UpdateTaskRequest {
@@ -1072,16 +1111,7 @@ impl ContainerRuntime {
                 annotations: HashMap::new(),
             }))
             .await
-            .map_err(|s| {
-                if s.code() == tonic::Code::NotFound {
-                    RuntimeError::NotFound {
-                        kind: "task",
-                        id: id.to_owned(),
-                    }
-                } else {
-                    RuntimeError::containerd("tasks.update", s)
-                }
-            })?;
+            .map_err(cd("tasks.update"))?;
         Ok(())
     }
 }

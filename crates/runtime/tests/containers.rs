@@ -259,6 +259,27 @@ async fn oom_score_adj_is_clamped_and_resources_update() {
         std::fs::read_to_string(&limit_file).unwrap().trim(),
         (128u64 << 20).to_string()
     );
+    // The new limit is recorded in the container's spec too.
+    let c = env
+        .client
+        .containers()
+        .get(
+            env.client
+                .request(containerd_client::services::v1::GetContainerRequest { id: low.clone() }),
+        )
+        .await
+        .unwrap()
+        .into_inner()
+        .container
+        .unwrap();
+    let spec: serde_json::Value = serde_json::from_slice(&c.spec.unwrap().value).unwrap();
+    assert_eq!(
+        spec["linux"]["resources"]["memory"]["limit"],
+        serde_json::json!(128u64 << 20)
+    );
+    assert!(spec["linux"]["resources"]["devices"]
+        .as_array()
+        .is_some_and(|d| !d.is_empty()));
     env.teardown().await;
 }
 
