@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cubelet_engine::spec::{DnsConfig, NamespaceMode, NamespaceOptions, PortMapping, Protocol};
@@ -35,10 +35,8 @@ pub fn clean_absolute(field: &str, path: &str) -> CriResult<PathBuf> {
             format!("{path:?} is not an absolute path"),
         ));
     }
-    if p.components()
-        .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
-        || path.contains('\0')
-    {
+    // `Path::components` drops inner `.` components, so look at the text.
+    if path.split('/').any(|c| c == "." || c == "..") || path.contains('\0') {
         return Err(CriError::invalid(
             field,
             format!("{path:?} must not contain '.' or '..'"),
@@ -56,7 +54,7 @@ pub fn clean_relative(field: &str, path: &str) -> CriResult<PathBuf> {
             format!("{path:?} must be a non-empty relative path"),
         ));
     }
-    if p.components().any(|c| matches!(c, Component::ParentDir)) {
+    if path.split('/').any(|c| c == "..") {
         return Err(CriError::invalid(
             field,
             format!("{path:?} must not contain '..'"),

@@ -433,25 +433,25 @@ impl Inner {
             }
         };
         let plan = self.plan(kind)?;
-        let id = self
-            .journal
-            .begin(FlowStart {
+        let id = blocking(|| {
+            self.journal.begin(FlowStart {
                 kind,
                 sandbox_id,
                 spec: ctx.spec(),
                 compensates: None,
             })
-            .map_err(|source| EngineError::Journal {
-                flow: kind,
-                sandbox_id: sandbox_id.clone(),
-                source,
-            })?;
+        })
+        .map_err(|source| EngineError::Journal {
+            flow: kind,
+            sandbox_id: sandbox_id.clone(),
+            source,
+        })?;
 
         let outcome = self
             .run_stages(kind, id, &plan.stages, ctx, ctx.cancel_token())
             .await;
         let finish_error = match &outcome {
-            Ok(()) => self.journal.finish(id, FlowState::Succeeded, None).err(),
+            Ok(()) => blocking(|| self.journal.finish(id, FlowState::Succeeded, None)).err(),
             Err(_) => None,
         };
         let failure = match (outcome, finish_error) {
@@ -503,7 +503,7 @@ impl Inner {
             }
         };
         let summary = chain(&err);
-        if let Err(e) = self.journal.finish(id, state, Some(&summary)) {
+        if let Err(e) = blocking(|| self.journal.finish(id, state, Some(&summary))) {
             error!(error = %chain(&e), "journal finish failed");
         }
         Err(err)
@@ -530,11 +530,13 @@ impl Inner {
                 }]))
             }
         };
-        let id = match self.journal.begin(FlowStart {
-            kind: teardown,
-            sandbox_id: ctx.sandbox_id(),
-            spec: ctx.spec(),
-            compensates,
+        let id = match blocking(|| {
+            self.journal.begin(FlowStart {
+                kind: teardown,
+                sandbox_id: ctx.sandbox_id(),
+                spec: ctx.spec(),
+                compensates,
+            })
         }) {
             Ok(id) => id,
             Err(e) => {
@@ -565,7 +567,7 @@ impl Inner {
         self.observer
             .flow_finished(teardown, outcome, started.elapsed());
         let msg = result.as_ref().err().map(ToString::to_string);
-        if let Err(e) = self.journal.finish(id, state, msg.as_deref()) {
+        if let Err(e) = blocking(|| self.journal.finish(id, state, msg.as_deref())) {
             warn!(error = %chain(&e), "journal finish failed for rollback");
         }
         result
@@ -704,6 +706,16 @@ impl Inner {
             step: name.to_owned(),
             error,
         })
+    }
+}
+
+/// Runs a durable journal write (an fsync) without stalling the other tasks
+/// of a multi-threaded runtime's worker; on a current-thread runtime (tests)
+/// it just runs.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 

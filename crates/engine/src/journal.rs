@@ -162,6 +162,7 @@ impl Journal for NoopJournal {
 #[derive(Debug, Default)]
 pub struct MemJournal {
     records: Mutex<Vec<FlowRecord>>,
+    next_id: std::sync::atomic::AtomicU64,
 }
 
 impl MemJournal {
@@ -190,7 +191,11 @@ fn unknown_flow(op: &'static str, id: FlowId) -> JournalError {
 impl Journal for MemJournal {
     fn begin(&self, start: FlowStart<'_>) -> Result<FlowId, JournalError> {
         let mut recs = self.lock();
-        let id = recs.last().map_or(1, |r| r.id + 1);
+        // Ids are never reused, even after `forget`, as in the durable journal.
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
         recs.push(FlowRecord {
             id,
             kind: start.kind,
