@@ -4,9 +4,10 @@
 //! namespace per sandbox (pinned by a bind mount under `<state_dir>/netns`),
 //! the veth pair joining them, IPv4 address management over the bridge
 //! subnet, and the nftables rules for masquerading and host ports. It is the
-//! only crate that calls `setns`/`unshare` or speaks netlink, and all of that
-//! happens on dedicated threads in [`netns`](self) code, never across an
-//! `.await`.
+//! only crate that calls `setns`/`unshare` or speaks netlink. Namespace entry
+//! lives in one module (`netns.rs`) and happens only on dedicated threads
+//! that exit afterwards, never across an `.await`; host-side netlink runs on
+//! the caller's runtime in the node's namespace. No `unsafe` is used.
 //!
 //! It knows the engine's [`Flow`](cubelet_engine::Flow) contract and spec
 //! types only. It does not know the database: leases go through the
