@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (`.ci/run` execs this): installs
+# packages, checks formatting and lints, builds, starts a private containerd
+# and registry with test images, runs every test (unit, root, e2e, chart
+# checks), stops the services and audits the host for leaks.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$REPO_ROOT"
+
+"$HACK_DIR/deps.sh"
+
+log "cargo fmt --check"
+cargo fmt --all -- --check
+log "cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+log "building"
+cargo build --workspace
+"$HACK_DIR/build-pause.sh" >/dev/null
+
+started=()
+cleanup() {
+    local rc=$?
+    for svc in "${started[@]}"; do "$HACK_DIR/$svc.sh" stop || true; done
+    exit "$rc"
+}
+trap cleanup EXIT
+"$HACK_DIR/containerd.sh" start && started+=(containerd)
+"$HACK_DIR/registry.sh" start && started+=(registry)
+"$HACK_DIR/test-images.sh"
+
+log "chart checks"
+python3 "$HACK_DIR/check-chart.py"
+
+log "cargo test"
+cargo test --workspace --no-fail-fast -- --test-threads="${TEST_THREADS:-2}"
+
+log "leak audit"
+"$HACK_DIR/leak-audit.sh"
