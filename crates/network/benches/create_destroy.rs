@@ -1,6 +1,6 @@
 //! Create + destroy latency of the bridge provider: 200 sandboxes one after
-//! another, then 200 with 16 in flight, inside a private network and mount
-//! namespace (the host is not touched). Prints p50/p99/max; asserts nothing.
+//! another, then 200 with 16 in flight, on a 2-worker runtime inside a
+//! private network and mount namespace (the host is not touched). Prints p50/p99/max; asserts nothing.
 //!
 //! Run with `cargo bench -p cubelet-network` (needs root).
 
@@ -33,7 +33,10 @@ fn main() {
         let dir = tempfile::Builder::new()
             .prefix("cubelet-net-bench")
             .tempdir()?;
-        let rt = tokio::runtime::Builder::new_current_thread()
+        let rt = // Workers are spawned from this thread, so they share its
+        // private namespaces.
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
             .enable_all()
             .build()?;
         let out = rt.block_on(run(dir.path().to_path_buf()));
@@ -86,16 +89,16 @@ async fn run(
     for chunk in (0..N).collect::<Vec<_>>().chunks(IN_FLIGHT) {
         let runs = chunk.iter().map(|&n| {
             let net = Arc::clone(&net);
-            async move {
+            tokio::spawn(async move {
                 let c = ctx(N + n);
                 let t = Instant::now();
                 net.create(&c).await?;
                 net.destroy(&c).await?;
                 Ok::<_, cubelet_engine::StepError>(t.elapsed())
-            }
+            })
         });
         for r in futures::future::join_all(runs).await {
-            both.push(r?);
+            both.push(r??);
         }
     }
     let wall = started.elapsed();
