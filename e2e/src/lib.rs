@@ -56,6 +56,12 @@ pub fn skip_reason() -> Option<String> {
             sock.display()
         ));
     }
+    if let Err(e) = std::os::unix::net::UnixStream::connect(&sock) {
+        return Some(format!(
+            "containerd socket {} does not answer: {e} (run hack/containerd.sh start)",
+            sock.display()
+        ));
+    }
     if !nix::unistd::Uid::effective().is_root() {
         return Some("not running as root".to_owned());
     }
@@ -378,6 +384,51 @@ impl Daemon {
             Ok(Some(code)) => errors.push(format!("daemon exited with {code}")),
             Err(e) => errors.push(format!("stop daemon: {e:#}")),
         }
+        if let Err(e) = self.host().cleanup().await {
+            errors.push(format!("{e:#}"));
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            bail!("teardown: {}", errors.join("; "))
+        }
+    }
+
+    fn host(&self) -> Host {
+        Host {
+            run_base: self.run_base.clone(),
+            lib_base: self.lib_base.clone(),
+            bridge: self.bridge.clone(),
+            namespace: self.namespace.clone(),
+            containerd: self.containerd.clone(),
+            ip_forward_before: self.ip_forward_before.clone(),
+        }
+    }
+}
+
+/// What one daemon put on the host, for cleanup with or without the daemon.
+#[derive(Debug, Clone)]
+struct Host {
+    run_base: PathBuf,
+    lib_base: PathBuf,
+    bridge: String,
+    namespace: String,
+    containerd: PathBuf,
+    ip_forward_before: Option<String>,
+}
+
+impl Host {
+    async fn ctr(&self, args: &[&str]) -> anyhow::Result<String> {
+        let sock = self.containerd.display().to_string();
+        let mut full = vec!["--address", sock.as_str(), "-n", self.namespace.as_str()];
+        full.extend_from_slice(args);
+        run("ctr", &full).await
+    }
+
+    /// Mounts, bridge, nft table, ip_forward, containerd namespace, runc
+    /// dirs, test dirs. Every step runs; errors are returned together.
+    async fn cleanup(&self) -> anyhow::Result<()> {
+        let mut errors = Vec::new();
         // Mounts the daemon left (the shared netns dir, anything leaked).
         let mut mounts = mounts_under(&[&self.run_base, &self.lib_base]);
         mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
@@ -419,7 +470,7 @@ impl Daemon {
         if errors.is_empty() {
             Ok(())
         } else {
-            bail!("teardown: {}", errors.join("; "))
+            bail!("host cleanup: {}", errors.join("; "))
         }
     }
 
@@ -492,6 +543,7 @@ impl Daemon {
             .await
             {
                 Ok(_) => return Ok(()),
+                Err(e) if format!("{e:#}").contains("not found") => return Ok(()),
                 Err(e) => last = Some(e),
             }
             tokio::time::sleep(Duration::from_millis(500)).await;

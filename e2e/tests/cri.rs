@@ -1086,7 +1086,7 @@ async fn networking(d: &Daemon) -> anyhow::Result<()> {
     let ip_a = pod_status(d, &pa).await?.network.context("net a")?.ip;
     let ip_b = pod_status(d, &pb).await?.network.context("net b")?.ip;
     ensure!(ip_a != ip_b, "two pods share {ip_a}");
-    start_container(
+    let server = start_container(
         d,
         &pa,
         &ca,
@@ -1105,26 +1105,46 @@ async fn networking(d: &Daemon) -> anyhow::Result<()> {
     )
     .await?;
 
-    // Pod to pod over the bridge (retry while httpd starts).
-    let url = format!("http://{ip_a}:8080/index.html");
-    let mut last = None;
+    // Pod to pod over the bridge (retry while httpd starts). busybox `nc`,
+    // not `wget`: this static busybox's wget segfaults (exit 139) on
+    // busybox httpd's reply in any container, which is not Cubelet's doing.
+    let get = format!("printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {ip_a} 8080");
+    let mut last = String::new();
+    let mut reached = false;
     for _ in 0..30 {
-        let r = exec(d, &client, &["wget", "-q", "-T", "3", "-O", "-", &url], 10).await?;
-        if r.exit_code == 0 {
-            last = None;
+        let r = exec(d, &client, &["sh", "-c", &get], 10).await?;
+        let out = String::from_utf8_lossy(&r.stdout).into_owned();
+        if r.exit_code == 0 && out.starts_with("HTTP/1.1 200") {
             ensure!(
-                r.stdout == b"cubelet test\n",
-                "pod-to-pod body {:?}",
-                String::from_utf8_lossy(&r.stdout)
+                out.ends_with("\r\n\r\ncubelet test\n"),
+                "pod-to-pod response {out:?}"
             );
+            reached = true;
             break;
         }
-        last = Some(String::from_utf8_lossy(&r.stderr).into_owned());
+        last = format!(
+            "exit {} out {out:?} err {:?}",
+            r.exit_code,
+            String::from_utf8_lossy(&r.stderr)
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    if let Some(e) = last {
-        bail!("pod {ip_b} cannot reach {url}: {e}");
+    if !reached {
+        let st = container_status(d, &server).await?;
+        bail!(
+            "pod {ip_b} cannot reach {ip_a}:8080: {last} (httpd state {} exit {})",
+            st.state,
+            st.exit_code
+        );
     }
+    let r = exec(
+        d,
+        &client,
+        &["sh", "-c", &format!("ping -c1 -W2 {ip_a}")],
+        10,
+    )
+    .await?;
+    ensure!(r.exit_code == 0, "ping {ip_a} from {ip_b}: {r:?}");
 
     // Host to pod.
     let mut s = tokio::net::TcpStream::connect((ip_a.parse::<std::net::Ipv4Addr>()?, 8080)).await?;
@@ -1140,21 +1160,21 @@ async fn networking(d: &Daemon) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind((d.gateway, 0)).await?;
     let port = listener.local_addr()?.port();
     let server = tokio::spawn(serve_once(listener));
-    let gw_url = format!("http://{}:{port}/from-pod", d.gateway);
-    let r = exec(
-        d,
-        &client,
-        &["wget", "-q", "-T", "5", "-O", "-", &gw_url],
-        15,
-    )
-    .await?;
+    let gw = format!(
+        "printf 'GET /from-pod HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {} {port}",
+        d.gateway
+    );
+    let r = exec(d, &client, &["sh", "-c", &gw], 15).await?;
     ensure!(
-        r.exit_code == 0 && r.stdout == b"gateway\n",
+        r.exit_code == 0 && r.stdout.ends_with(b"\r\n\r\ngateway\n"),
         "pod to gateway: {r:?}"
     );
     let req = server.await??;
     ensure!(req.starts_with("GET /from-pod"), "gateway got {req:?}");
     // The pod's own interface carries its IP.
+    let ping_gw = format!("ping -c1 -W2 {}", d.gateway);
+    let r = exec(d, &client, &["sh", "-c", &ping_gw], 10).await?;
+    ensure!(r.exit_code == 0, "{ping_gw}: {r:?}");
     let r = exec(d, &client, &["ip", "-4", "-o", "addr", "show"], 10).await?;
     ensure!(
         String::from_utf8_lossy(&r.stdout).contains(&format!("{ip_b}/24")),
