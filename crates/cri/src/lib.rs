@@ -8,6 +8,7 @@
 //! ([`error`]). CRI wire types stay inside this crate; it does not know which
 //! providers run the flows.
 
+pub mod authority;
 mod container;
 pub mod convert;
 pub mod error;

@@ -7,7 +7,6 @@ use std::path::Path;
 use k8s_cri::v1::image_service_server::ImageServiceServer;
 use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
 use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::service::Cri;
@@ -34,8 +33,10 @@ pub async fn serve_unix(
                 .max_decoding_message_size(MAX_MESSAGE)
                 .max_encoding_message_size(MAX_MESSAGE),
         )
+        // Through the `:authority` fix-up: Go clients that send the socket
+        // path as authority would otherwise get every stream reset by h2.
         .serve_with_incoming_shutdown(
-            UnixListenerStream::new(listener),
+            crate::authority::incoming(listener),
             shutdown.cancelled_owned(),
         )
         .await
