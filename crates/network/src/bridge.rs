@@ -648,7 +648,7 @@ async fn link_message(h: &Handle, name: &str) -> Result<Option<LinkMessage>, Net
 
 /// The first global IPv4 address on the interface of the default route, if
 /// any. Best effort: host-network pods still work without it.
-async fn host_primary_ipv4() -> Option<Ipv4Addr> {
+pub(crate) async fn host_primary_ipv4() -> Option<Ipv4Addr> {
     let h = host_handle().ok()?;
     let mut routes = h
         .route()

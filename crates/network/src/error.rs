@@ -119,6 +119,63 @@ pub enum NetworkError {
         /// Last sub-step that completed, if any.
         after: Option<SubStep>,
     },
+    /// The CNI configuration directory holds no usable network config.
+    #[error("no network config found in {}", conf_dir.display())]
+    NoCniConfig {
+        /// The directory searched.
+        conf_dir: PathBuf,
+    },
+    /// A CNI network config file cannot be used.
+    #[error("invalid cni config {}: {reason}", path.display())]
+    CniConfig {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A CNI plugin binary named by the config is not installed.
+    #[error("cni plugin {plugin} not found in {dirs}")]
+    CniPluginNotFound {
+        /// Plugin type.
+        plugin: String,
+        /// The directories searched, colon-separated.
+        dirs: String,
+    },
+    /// A CNI plugin could not be run.
+    #[error("running cni plugin {plugin} ({command}) failed")]
+    CniExec {
+        /// Plugin type.
+        plugin: String,
+        /// CNI command (`ADD`, `DEL`, `CHECK`, `VERSION`).
+        command: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A CNI plugin reported an error.
+    #[error("cni plugin {plugin} {command} failed{}: {msg}{}", code.map(|c| format!(" (code {c})")).unwrap_or_default(), if details.is_empty() { String::new() } else { format!(": {details}") })]
+    CniPlugin {
+        /// Plugin type.
+        plugin: String,
+        /// CNI command.
+        command: &'static str,
+        /// The CNI error code, when the plugin printed one.
+        code: Option<u32>,
+        /// The plugin's message (or its stderr when it printed no error object).
+        msg: String,
+        /// The plugin's details.
+        details: String,
+    },
+    /// A CNI plugin printed output that is not a valid result.
+    #[error("cni plugin {plugin} {command} returned an unusable result: {reason}")]
+    CniOutput {
+        /// Plugin type.
+        plugin: String,
+        /// CNI command.
+        command: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Creating failed and undoing the partial work failed too.
     #[error("{error}; rollback also failed: {rollback}")]
     RollbackFailed {
@@ -139,7 +196,13 @@ impl NetworkError {
             }
             NetworkError::PoolExhausted { .. } => StepErrorKind::ResourceExhausted,
             NetworkError::PortConflict { .. } => StepErrorKind::AlreadyExists,
-            NetworkError::NftMissing => StepErrorKind::FailedPrecondition,
+            NetworkError::NftMissing
+            | NetworkError::NoCniConfig { .. }
+            | NetworkError::CniPluginNotFound { .. } => StepErrorKind::FailedPrecondition,
+            NetworkError::CniConfig { .. } => StepErrorKind::InvalidArgument,
+            // CNI error codes 1 (incompatible version) and 7 (invalid
+            // network config) say the node's setup is wrong, not the request.
+            NetworkError::CniPlugin { code: Some(1 | 7), .. } => StepErrorKind::FailedPrecondition,
             NetworkError::Cancelled { .. } => StepErrorKind::Cancelled,
             NetworkError::LinkNotFound { .. } => StepErrorKind::NotFound,
             NetworkError::RollbackFailed { error, .. } => error.kind(),

@@ -13,9 +13,14 @@
 //! types only. It does not know the database: leases go through the
 //! [`LeaseStore`] trait, which the binary implements over the real store
 //! ([`MemLeases`] is the in-memory one for tests). It knows nothing of CRI,
-//! containerd or the other providers. A CNI provider is not implemented yet.
+//! containerd or the other providers.
+//!
+//! [`CniNetwork`] is the alternative provider on standard CNI plugin
+//! binaries: it pins the namespace with the same code, then runs the node's
+//! CNI config against it and caches each result on disk for DEL.
 
 mod bridge;
+mod cni;
 mod error;
 mod ipam;
 mod lease;
@@ -25,6 +30,7 @@ mod nft;
 pub use bridge::{
     veth_name, BridgeConfig, BridgeNetwork, GcReport, SubStep, POD_INTERFACE, VETH_PREFIX,
 };
+pub use cni::{CniConfig, CniGcReport, CniNetwork, PluginVersion, Readiness};
 pub use error::NetworkError;
 pub use ipam::Ipam;
 pub use lease::{LeaseStore, MemLeases};
