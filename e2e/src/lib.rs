@@ -82,6 +82,13 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("target"))
 }
 
+/// The daemon binary: `$CUBELET_BIN` or `target/debug/cubelet`.
+pub fn cubelet_bin() -> PathBuf {
+    std::env::var_os("CUBELET_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("debug").join("cubelet"))
+}
+
 /// Opens a tonic channel to a CRI endpoint on a unix socket.
 pub async fn connect(socket: &Path) -> anyhow::Result<Channel> {
     let path = socket.to_path_buf();
@@ -197,9 +204,7 @@ impl Daemon {
         let pause = std::env::var_os("CUBELET_PAUSE_BIN")
             .map(PathBuf::from)
             .unwrap_or_else(|| target_dir().join("cubelet-pause"));
-        let bin = std::env::var_os("CUBELET_BIN")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| target_dir().join("debug").join("cubelet"));
+        let bin = cubelet_bin();
         if !bin.is_file() {
             bail!(
                 "{} missing: run `cargo build -p cubelet` first",
@@ -605,19 +610,28 @@ async fn wait_ready(p: &mut Partial, addr: SocketAddr, limit: Duration) -> anyho
 
 /// `GET path` on a plain HTTP/1.0 server; the status code.
 pub async fn http_status(addr: SocketAddr, path: &str) -> anyhow::Result<u16> {
+    Ok(http_get(addr, path).await?.0)
+}
+
+/// `GET path` on a plain HTTP/1.0 server; status code and body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
     let fut = async {
         let mut s = tokio::net::TcpStream::connect(addr).await?;
         s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
             .await?;
         let mut buf = Vec::new();
         s.read_to_end(&mut buf).await?;
-        let text = String::from_utf8_lossy(&buf);
+        let text = String::from_utf8_lossy(&buf).into_owned();
         let code = text
             .split_whitespace()
             .nth(1)
             .and_then(|c| c.parse().ok())
             .context("no status line")?;
-        anyhow::Ok(code)
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        anyhow::Ok((code, body))
     };
     tokio::time::timeout(Duration::from_secs(3), fut)
         .await

@@ -50,6 +50,8 @@ fn scenarios() -> Vec<Scenario> {
         ("already_exists", 60, |d| Box::pin(already_exists(d))),
         ("bad_inputs", 60, |d| Box::pin(bad_inputs(d))),
         ("networking", 90, |d| Box::pin(networking(d))),
+        ("metrics_after_traffic", 30, |d| Box::pin(metrics(d))),
+        ("bad_config_exits_2", 30, |d| Box::pin(bad_config(d))),
     ]
 }
 
@@ -1106,8 +1108,8 @@ async fn networking(d: &Daemon) -> anyhow::Result<()> {
     .await?;
 
     // Pod to pod over the bridge (retry while httpd starts). busybox `nc`,
-    // not `wget`: this static busybox's wget segfaults (exit 139) on
-    // busybox httpd's reply in any container, which is not Cubelet's doing.
+    // not `wget -T`: Debian's busybox-static wget segfaults with -T (also
+    // on the host, outside any container), which is not Cubelet's doing.
     let get = format!("printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {ip_a} 8080");
     let mut last = String::new();
     let mut reached = false;
@@ -1180,5 +1182,60 @@ async fn networking(d: &Daemon) -> anyhow::Result<()> {
         String::from_utf8_lossy(&r.stdout).contains(&format!("{ip_b}/24")),
         "ip addr: {r:?}"
     );
+    Ok(())
+}
+
+async fn metrics(d: &Daemon) -> anyhow::Result<()> {
+    // Traffic of earlier scenarios (or this one) is counted per method and code.
+    let (id, _) = run_pod(d, "metrics").await?;
+    let (code, body) = cubelet_e2e::http_get(d.metrics, "/metrics").await?;
+    ensure!(code == 200, "/metrics answered {code}");
+    for want in [
+        "cubelet_cri_requests_total{",
+        "method=\"RunPodSandbox\"",
+        "cubelet_cri_request_duration_seconds",
+        "cubelet_flow_duration_seconds",
+        "cubelet_build_info",
+    ] {
+        ensure!(body.contains(want), "/metrics lacks {want}");
+    }
+    ensure!(
+        !body.contains(&id),
+        "/metrics names sandbox id {id} in a label"
+    );
+    Ok(())
+}
+
+async fn bad_config(d: &Daemon) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let socket = dir.path().join("never.sock");
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!("socket: {}\nno_such_key: 1\n", socket.display()),
+    )?;
+    let out = tokio::process::Command::new(cubelet_e2e::cubelet_bin())
+        .arg("--config")
+        .arg(&config)
+        .arg("--config-dir")
+        .arg(dir.path().join("config.d"))
+        .output()
+        .await?;
+    ensure!(
+        out.status.code() == Some(2),
+        "bad config: exit {:?}",
+        out.status
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        stderr.contains("no_such_key"),
+        "error does not name the key: {stderr}"
+    );
+    ensure!(
+        !socket.exists(),
+        "bad config still bound {}",
+        socket.display()
+    );
+    let _ = d;
     Ok(())
 }

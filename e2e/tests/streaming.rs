@@ -1,0 +1,558 @@
+//! Streaming end-to-end scenarios (Exec, Attach, PortForward over WebSocket)
+//! against one real `cubelet` daemon, with a WebSocket client written here.
+//!
+//! Custom runner (`harness = false`) as in `cri.rs`: one daemon whose
+//! streaming idle timeout is short, scenarios in order, each followed by
+//! removing every pod through CRI and a leak audit; teardown at the end.
+//! Without the private containerd every scenario prints `SKIP:` and passes.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use cubelet_e2e::cri::*;
+use cubelet_e2e::{assert_clean, container_config, image_spec, pod_config, Daemon, DaemonOpts};
+use futures::{FutureExt, SinkExt, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::WebSocketStream;
+use tonic::Code;
+
+const BUSYBOX: &str = "127.0.0.1:5000/busybox:test";
+/// Short, so the expiry scenario need not wait 4 minutes.
+const IDLE_TIMEOUT_SECS: u64 = 3;
+
+type Fut<'a> = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + 'a>>;
+type Scenario = (&'static str, u64, for<'a> fn(&'a Daemon) -> Fut<'a>);
+
+fn scenarios() -> Vec<Scenario> {
+    vec![
+        ("exec_output_and_exit_code", 90, |d| Box::pin(exec_plain(d))),
+        ("exec_stdin_cat", 60, |d| Box::pin(exec_stdin(d))),
+        ("exec_tty_resize", 60, |d| Box::pin(exec_tty(d))),
+        ("exec_token_expires", 60, |d| Box::pin(token_expires(d))),
+        ("exec_spdy_refused", 60, |d| Box::pin(spdy_refused(d))),
+        ("attach_stdin_echo", 60, |d| Box::pin(attach(d))),
+        ("port_forward_http", 90, |d| Box::pin(port_forward(d))),
+    ]
+}
+
+fn main() -> ExitCode {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let selected: Vec<Scenario> = scenarios()
+        .into_iter()
+        .filter(|(n, _, _)| filters.is_empty() || filters.iter().any(|f| n.contains(f.as_str())))
+        .collect();
+    if std::env::args().any(|a| a == "--list") {
+        for (n, _, _) in &selected {
+            println!("{n}: test");
+        }
+        return ExitCode::SUCCESS;
+    }
+    if let Some(reason) = cubelet_e2e::skip_reason() {
+        for (n, _, _) in &selected {
+            println!("SKIP: {n}: {reason}");
+        }
+        println!("\ntest result: ok. 0 passed; 0 failed; {} skipped", selected.len());
+        return ExitCode::SUCCESS;
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if rt.block_on(run_all(selected)) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+async fn run_all(selected: Vec<Scenario>) -> bool {
+    let opts = DaemonOpts {
+        index: 1,
+        extra_config: Some(format!(
+            "streaming:\n  idle_timeout: {IDLE_TIMEOUT_SECS}s\n"
+        )),
+        ..Default::default()
+    };
+    let daemon = match Daemon::start(opts).await {
+        Ok(d) => d,
+        Err(e) => {
+            println!("e2e: daemon did not start: {e:#}");
+            return false;
+        }
+    };
+    let (mut passed, mut failed) = (0, Vec::new());
+    for (name, secs, f) in selected {
+        let body = std::panic::AssertUnwindSafe(f(&daemon)).catch_unwind();
+        let result = match tokio::time::timeout(Duration::from_secs(secs), body).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(format!("{e:#}")),
+            Ok(Err(_)) => Err("panicked".to_owned()),
+            Err(_) => Err(format!("timed out after {secs} s")),
+        };
+        let cleanup = tokio::time::timeout(Duration::from_secs(60), daemon.remove_all()).await;
+        let audit = match cleanup {
+            Ok(Ok(())) => std::panic::AssertUnwindSafe(assert_clean(&daemon))
+                .catch_unwind()
+                .await
+                .map_err(|_| "leak audit failed".to_owned()),
+            Ok(Err(e)) => Err(format!("cleanup via CRI failed: {e:#}")),
+            Err(_) => Err("cleanup via CRI timed out".to_owned()),
+        };
+        match (result, audit) {
+            (Ok(()), Ok(())) => {
+                passed += 1;
+                println!("test {name} ... ok");
+            }
+            (r, a) => {
+                let why = [r.err(), a.err()].into_iter().flatten().collect::<Vec<_>>();
+                println!("test {name} ... FAILED\n  {}", why.join("\n  then: "));
+                failed.push(name);
+            }
+        }
+    }
+    if !failed.is_empty() {
+        println!("--- daemon log tail ---\n{}\n---", daemon.log_tail(40));
+    }
+    let teardown = daemon.teardown().await;
+    if let Err(e) = &teardown {
+        println!("e2e: {e:#}");
+    }
+    let ok = failed.is_empty() && teardown.is_ok();
+    println!(
+        "\ntest result: {}. {passed} passed; {} failed",
+        if ok { "ok" } else { "FAILED" },
+        failed.len()
+    );
+    ok
+}
+
+// ---------------------------------------------------------------- helpers
+
+fn log_dir(d: &Daemon, pod: &str) -> PathBuf {
+    d.log_base.join(pod)
+}
+
+/// Pulls busybox, runs pod `name` and starts `cfg` in it.
+async fn pod_with(d: &Daemon, name: &str, cfg: ContainerConfig) -> anyhow::Result<(String, String)> {
+    let mut images = d.images.clone();
+    images
+        .pull_image(PullImageRequest {
+            image: Some(image_spec(BUSYBOX)),
+            ..Default::default()
+        })
+        .await
+        .context("PullImage")?;
+    let pod_cfg = pod_config(name, &format!("uid-{name}"), &log_dir(d, name));
+    let mut rt = d.runtime.clone();
+    let pod = rt
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(pod_cfg.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .context("RunPodSandbox")?
+        .into_inner()
+        .pod_sandbox_id;
+    let cid = rt
+        .create_container(CreateContainerRequest {
+            pod_sandbox_id: pod.clone(),
+            config: Some(cfg),
+            sandbox_config: Some(pod_cfg),
+        })
+        .await
+        .context("CreateContainer")?
+        .into_inner()
+        .container_id;
+    rt.start_container(StartContainerRequest {
+        container_id: cid.clone(),
+    })
+    .await
+    .context("StartContainer")?;
+    Ok((pod, cid))
+}
+
+async fn sleeper(d: &Daemon, name: &str) -> anyhow::Result<String> {
+    let (_, cid) = pod_with(d, name, container_config("sleeper", BUSYBOX, &["sleep", "3600"])).await?;
+    Ok(cid)
+}
+
+fn exec_req(cid: &str, cmd: &[&str], stdin: bool, stderr: bool, tty: bool) -> ExecRequest {
+    ExecRequest {
+        container_id: cid.to_owned(),
+        cmd: cmd.iter().map(|s| (*s).to_owned()).collect(),
+        tty,
+        stdin,
+        stdout: true,
+        stderr,
+    }
+}
+
+async fn exec_url(d: &Daemon, req: ExecRequest) -> Result<String, tonic::Status> {
+    Ok(d.runtime.clone().exec(req).await?.into_inner().url)
+}
+
+type Ws = WebSocketStream<TcpStream>;
+
+/// Opens a WebSocket to `url` offering `protocol`.
+async fn ws_connect(url: &str, protocol: &str) -> Result<Ws, WsError> {
+    let mut req = url.into_client_request()?;
+    let authority = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_owned())
+        .unwrap_or_default();
+    req.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        protocol.parse().map_err(|_| WsError::Utf8("protocol".into()))?,
+    );
+    let tcp = TcpStream::connect(authority).await.map_err(WsError::Io)?;
+    let (ws, resp) = tokio_tungstenite::client_async(req, tcp).await?;
+    let got = resp
+        .headers()
+        .get("Sec-WebSocket-Protocol")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    assert_eq!(got, protocol, "negotiated subprotocol");
+    Ok(ws)
+}
+
+async fn send(ws: &mut Ws, channel: u8, data: &[u8]) -> anyhow::Result<()> {
+    let mut v = vec![channel];
+    v.extend_from_slice(data);
+    ws.send(Message::Binary(v.into())).await?;
+    Ok(())
+}
+
+#[derive(Debug, Default)]
+struct Output {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    error: Vec<u8>,
+}
+
+impl Output {
+    fn add(&mut self, m: Message) {
+        if let Message::Binary(b) = m {
+            if let Some((&ch, rest)) = b.split_first() {
+                match ch {
+                    1 => self.stdout.extend_from_slice(rest),
+                    2 => self.stderr.extend_from_slice(rest),
+                    3 => self.error.extend_from_slice(rest),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    fn status(&self) -> anyhow::Result<serde_json::Value> {
+        serde_json::from_slice(&self.error)
+            .with_context(|| format!("error channel {:?}", String::from_utf8_lossy(&self.error)))
+    }
+}
+
+/// Reads until stdout contains `want` (or the stream ends).
+async fn read_until(ws: &mut Ws, out: &mut Output, want: &str) -> anyhow::Result<()> {
+    while !out.stdout().contains(want) {
+        match ws.next().await {
+            Some(Ok(m)) => out.add(m),
+            other => bail!("stream ended waiting for {want:?}: {other:?}; got {out:?}"),
+        }
+    }
+    Ok(())
+}
+
+/// Reads everything until the server closes.
+async fn read_all(ws: &mut Ws, out: &mut Output) {
+    while let Some(Ok(m)) = ws.next().await {
+        if matches!(m, Message::Close(_)) {
+            break;
+        }
+        out.add(m);
+    }
+}
+
+fn http_status(e: &WsError) -> Option<u16> {
+    match e {
+        WsError::Http(r) => Some(r.status().as_u16()),
+        _ => None,
+    }
+}
+
+fn expect_code<T: std::fmt::Debug>(
+    r: Result<T, tonic::Status>,
+    code: Code,
+    what: &str,
+) -> anyhow::Result<()> {
+    match r {
+        Err(s) if s.code() == code => Ok(()),
+        other => bail!("{what}: expected {code:?}, got {other:?}"),
+    }
+}
+
+// -------------------------------------------------------------- scenarios
+
+async fn exec_plain(d: &Daemon) -> anyhow::Result<()> {
+    let cid = sleeper(d, "stream-exec").await?;
+    let cmd = ["sh", "-c", "echo hi; echo oops >&2; exit 3"];
+    for proto in ["v5.channel.k8s.io", "v4.channel.k8s.io"] {
+        let url = exec_url(d, exec_req(&cid, &cmd, false, true, false)).await?;
+        ensure!(url.starts_with("http://127.0.0.1:") && url.contains("/exec/"), "url {url}");
+        let mut ws = ws_connect(&url, proto).await?;
+        let mut out = Output::default();
+        read_all(&mut ws, &mut out).await;
+        ensure!(out.stdout == b"hi\n", "{proto} stdout {out:?}");
+        ensure!(out.stderr == b"oops\n", "{proto} stderr {out:?}");
+        let st = out.status()?;
+        ensure!(st["status"] == "Failure" && st["reason"] == "NonZeroExitCode", "{st}");
+        ensure!(st["details"]["causes"][0]["reason"] == "ExitCode", "{st}");
+        ensure!(st["details"]["causes"][0]["message"] == "3", "{st}");
+        // Single use: the same URL again is refused.
+        let again = ws_connect(&url, proto).await;
+        ensure!(
+            again.as_ref().err().and_then(http_status) == Some(404),
+            "reused token: {:?}",
+            again.map(|_| ())
+        );
+    }
+    // Success reports status Success.
+    let url = exec_url(d, exec_req(&cid, &["true"], false, true, false)).await?;
+    let mut ws = ws_connect(&url, "v5.channel.k8s.io").await?;
+    let mut out = Output::default();
+    read_all(&mut ws, &mut out).await;
+    ensure!(out.status()?["status"] == "Success", "{out:?}");
+    // Validation as kubelet does it.
+    expect_code(
+        exec_url(d, exec_req(&cid, &["sh"], false, true, true)).await,
+        Code::InvalidArgument,
+        "tty with stderr",
+    )?;
+    expect_code(
+        exec_url(d, exec_req(&cid, &[], false, true, false)).await,
+        Code::InvalidArgument,
+        "empty cmd",
+    )?;
+    expect_code(
+        exec_url(d, exec_req("0123456789abcdef", &["true"], false, true, false)).await,
+        Code::NotFound,
+        "unknown container",
+    )?;
+    Ok(())
+}
+
+async fn exec_stdin(d: &Daemon) -> anyhow::Result<()> {
+    let cid = sleeper(d, "stream-stdin").await?;
+    let url = exec_url(d, exec_req(&cid, &["cat"], true, true, false)).await?;
+    let mut ws = ws_connect(&url, "v5.channel.k8s.io").await?;
+    let mut out = Output::default();
+    send(&mut ws, 0, b"hello cat\n").await?;
+    read_until(&mut ws, &mut out, "hello cat\n").await?;
+    send(&mut ws, 0, b"second\n").await?;
+    read_until(&mut ws, &mut out, "second\n").await?;
+    // v5: close stdin, cat sees end of file and exits 0.
+    send(&mut ws, 255, &[0]).await?;
+    read_all(&mut ws, &mut out).await;
+    ensure!(out.stdout() == "hello cat\nsecond\n", "{out:?}");
+    ensure!(out.status()?["status"] == "Success", "{out:?}");
+    Ok(())
+}
+
+async fn exec_tty(d: &Daemon) -> anyhow::Result<()> {
+    let cid = sleeper(d, "stream-tty").await?;
+    let url = exec_url(
+        d,
+        exec_req(&cid, &["sh", "-c", "read x; stty size"], true, false, true),
+    )
+    .await?;
+    let mut ws = ws_connect(&url, "v5.channel.k8s.io").await?;
+    // The resize is applied before the newline reaches `read`.
+    send(&mut ws, 4, br#"{"Width":123,"Height":45}"#).await?;
+    send(&mut ws, 0, b"\n").await?;
+    let mut out = Output::default();
+    read_all(&mut ws, &mut out).await;
+    ensure!(out.stdout().contains("45 123"), "stty size: {out:?}");
+    ensure!(out.stderr.is_empty(), "tty has no stderr channel: {out:?}");
+    ensure!(out.status()?["status"] == "Success", "{out:?}");
+    Ok(())
+}
+
+async fn token_expires(d: &Daemon) -> anyhow::Result<()> {
+    let cid = sleeper(d, "stream-expire").await?;
+    let url = exec_url(d, exec_req(&cid, &["true"], false, true, false)).await?;
+    tokio::time::sleep(Duration::from_secs(IDLE_TIMEOUT_SECS + 1)).await;
+    let r = ws_connect(&url, "v5.channel.k8s.io").await;
+    ensure!(
+        r.as_ref().err().and_then(http_status) == Some(404),
+        "expired token: {:?}",
+        r.map(|_| ())
+    );
+    Ok(())
+}
+
+async fn spdy_refused(d: &Daemon) -> anyhow::Result<()> {
+    let cid = sleeper(d, "stream-spdy").await?;
+    let url = exec_url(d, exec_req(&cid, &["true"], false, true, false)).await?;
+    let rest = url.strip_prefix("http://").context("http url")?;
+    let (authority, path) = rest.split_once('/').context("path")?;
+    let mut s = TcpStream::connect(authority).await?;
+    let req = format!(
+        "GET /{path} HTTP/1.1\r\nHost: {authority}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
+         X-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await?;
+    let mut buf = vec![0u8; 4096];
+    let n = s.read(&mut buf).await?;
+    let text = String::from_utf8_lossy(&buf[..n]);
+    ensure!(text.starts_with("HTTP/1.1 400"), "{text}");
+    // Clients that fall back still get the answer: read the body if split.
+    let mut all = text.into_owned();
+    if !all.contains("SPDY") {
+        let n = s.read(&mut buf).await?;
+        all.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    ensure!(all.contains("SPDY/3.1") && all.contains("not implemented"), "{all}");
+    Ok(())
+}
+
+async fn attach(d: &Daemon) -> anyhow::Result<()> {
+    let mut cfg = container_config("echo", BUSYBOX, &["cat"]);
+    cfg.stdin = true;
+    let (_, cid) = pod_with(d, "stream-attach", cfg).await?;
+    let url = d
+        .runtime
+        .clone()
+        .attach(AttachRequest {
+            container_id: cid.clone(),
+            stdin: true,
+            tty: false,
+            stdout: true,
+            stderr: true,
+        })
+        .await?
+        .into_inner()
+        .url;
+    ensure!(url.contains("/attach/"), "{url}");
+    let mut ws = ws_connect(&url, "v5.channel.k8s.io").await?;
+    let mut out = Output::default();
+    send(&mut ws, 0, b"ping attach\n").await?;
+    read_until(&mut ws, &mut out, "ping attach\n").await?;
+    ws.close(None).await?;
+    // Leaving the attach leaves the container running.
+    let st = d
+        .runtime
+        .clone()
+        .container_status(ContainerStatusRequest {
+            container_id: cid.clone(),
+            verbose: false,
+        })
+        .await?
+        .into_inner()
+        .status
+        .context("status")?;
+    ensure!(st.state == ContainerState::ContainerRunning as i32, "{st:?}");
+    expect_code(
+        d.runtime
+            .clone()
+            .attach(AttachRequest {
+                container_id: "0123456789abcdef".into(),
+                stdout: true,
+                ..Default::default()
+            })
+            .await,
+        Code::NotFound,
+        "attach unknown container",
+    )?;
+    Ok(())
+}
+
+async fn port_forward(d: &Daemon) -> anyhow::Result<()> {
+    let script = "mkdir -p /tmp/www && echo hello-port-forward > /tmp/www/index.html \
+                  && exec httpd -f -p 8080 -h /tmp/www";
+    let (pod, _) = pod_with(
+        d,
+        "stream-pf",
+        container_config("httpd", BUSYBOX, &["sh", "-c", script]),
+    )
+    .await?;
+    // httpd may not listen yet: retry on a fresh URL while the error channel
+    // reports a refused connection.
+    let mut last = String::new();
+    for _ in 0..50 {
+        let url = d
+            .runtime
+            .clone()
+            .port_forward(PortForwardRequest {
+                pod_sandbox_id: pod.clone(),
+                port: vec![8080],
+            })
+            .await?
+            .into_inner()
+            .url;
+        ensure!(url.contains("/portforward/"), "{url}");
+        let mut ws = ws_connect(&format!("{url}?port=8080"), "v4.channel.k8s.io").await?;
+        // Each channel first carries the port, little-endian.
+        let mut firsts = Vec::new();
+        while firsts.len() < 2 {
+            match ws.next().await {
+                Some(Ok(Message::Binary(b))) => firsts.push(b.to_vec()),
+                other => bail!("port-forward preamble: {other:?}"),
+            }
+        }
+        ensure!(firsts == vec![vec![0, 0x90, 0x1f], vec![1, 0x90, 0x1f]], "{firsts:?}");
+        send(&mut ws, 0, b"GET /index.html HTTP/1.0\r\nHost: pod\r\n\r\n").await?;
+        let mut data = Vec::new();
+        let mut error = Vec::new();
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(10), ws.next()).await;
+            match next {
+                Ok(Some(Ok(Message::Binary(b)))) => match b.split_first() {
+                    Some((0, rest)) => data.extend_from_slice(rest),
+                    Some((1, rest)) => error.extend_from_slice(rest),
+                    _ => {}
+                },
+                Ok(Some(Ok(_))) => {}
+                _ => break,
+            }
+            let text = String::from_utf8_lossy(&data);
+            if text.contains("hello-port-forward") || !error.is_empty() {
+                break;
+            }
+        }
+        let text = String::from_utf8_lossy(&data).into_owned();
+        let _ = ws.close(None).await;
+        if text.contains("hello-port-forward") {
+            ensure!(text.starts_with("HTTP/1."), "{text}");
+            expect_code(
+                d.runtime
+                    .clone()
+                    .port_forward(PortForwardRequest {
+                        pod_sandbox_id: "nosuchsandbox".into(),
+                        port: vec![80],
+                    })
+                    .await,
+                Code::NotFound,
+                "port-forward unknown sandbox",
+            )?;
+            return Ok(());
+        }
+        last = format!("data {text:?}, error {:?}", String::from_utf8_lossy(&error));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("port-forward never reached httpd: {last}")
+}
