@@ -75,7 +75,11 @@ fn hash(m: &BTreeMap<String, String>) -> std::collections::HashMap<String, Strin
 }
 
 impl Cri {
-    fn find_container(&self, field: &str, id: &str) -> CriResult<Option<ContainerRecord>> {
+    pub(crate) fn find_container(
+        &self,
+        field: &str,
+        id: &str,
+    ) -> CriResult<Option<ContainerRecord>> {
         if id.is_empty() {
             return Err(CriError::invalid(field, "must not be empty"));
         }
@@ -95,7 +99,7 @@ impl Cri {
         }
     }
 
-    fn require_container(&self, id: &str) -> CriResult<ContainerRecord> {
+    pub(crate) fn require_container(&self, id: &str) -> CriResult<ContainerRecord> {
         self.find_container("container_id", id)?
             .ok_or_else(|| CriError::NotFound {
                 kind: "container",
@@ -349,6 +353,11 @@ impl Cri {
             store.delete_container(&id)?;
             return Err(e.into());
         }
+        self.emit(
+            &id,
+            &sandbox.id,
+            cri::ContainerEventType::ContainerCreatedEvent,
+        );
         Ok(cri::CreateContainerResponse { container_id: id })
     }
 
@@ -363,14 +372,23 @@ impl Cri {
         }
         match self.deps().runtime.start(&rec.id).await {
             Ok(pid) => {
+                let mut started = false;
                 self.deps().store.update_container(&rec.id, |c| {
                     // The exit event may already have landed for a short-lived process.
                     if c.state == ContainerState::Created {
                         c.state = ContainerState::Running;
+                        started = true;
                     }
                     c.pid = Some(pid);
                     c.started_at.get_or_insert_with(SystemTime::now);
                 })?;
+                if started {
+                    self.emit(
+                        &rec.id,
+                        &rec.sandbox_id,
+                        cri::ContainerEventType::ContainerStartedEvent,
+                    );
+                }
                 Ok(())
             }
             Err(e) => {
@@ -410,7 +428,9 @@ impl Cri {
             Err(e) if e.is_not_found() => None,
             Err(e) => return Err(e.into()),
         };
+        let mut stopped = None;
         self.deps().store.update_container(id, |c| {
+            let was_exited = c.state == ContainerState::Exited;
             if let Some(s) = &status {
                 if s.state == RtState::Exited || c.state == ContainerState::Running {
                     if let Some(code) = s.exit_code {
@@ -425,7 +445,17 @@ impl Cri {
                 c.state = ContainerState::Exited;
                 c.finished_at.get_or_insert_with(SystemTime::now);
             }
+            if !was_exited && c.state == ContainerState::Exited {
+                stopped = Some(c.sandbox_id.clone());
+            }
         })?;
+        if let Some(sandbox_id) = stopped {
+            self.emit(
+                id,
+                &sandbox_id,
+                cri::ContainerEventType::ContainerStoppedEvent,
+            );
+        }
         Ok(())
     }
 
@@ -444,6 +474,11 @@ impl Cri {
         }
         self.deps().runtime.remove(&rec.id).await?;
         self.deps().store.delete_container(&rec.id)?;
+        self.emit(
+            &rec.id,
+            &rec.sandbox_id,
+            cri::ContainerEventType::ContainerDeletedEvent,
+        );
         Ok(())
     }
 
@@ -638,10 +673,15 @@ impl Cri {
     /// Applies a containerd event to the stored container state.
     pub fn apply_event(&self, event: &ContainerEvent) {
         let store = &self.deps().store;
+        // (sandbox, state before) of a container this exit stopped.
+        let mut stopped = None;
         let result = match &event.kind {
             ContainerEventKind::Exited {
                 code, at, exec_id, ..
             } if exec_id.is_empty() => store.update_container(&event.id, |c| {
+                if c.state != ContainerState::Exited {
+                    stopped = Some((c.sandbox_id.clone(), c.state));
+                }
                 c.state = ContainerState::Exited;
                 c.exit_code = Some(i32::try_from(*code).unwrap_or(i32::MAX));
                 c.finished_at = Some(at.unwrap_or_else(SystemTime::now));
@@ -651,6 +691,21 @@ impl Cri {
             }),
             _ => return,
         };
+        if let Some((sandbox_id, before)) = stopped {
+            // The exit overtook StartContainer's own update: it did start.
+            if before == ContainerState::Created {
+                self.emit(
+                    &event.id,
+                    &sandbox_id,
+                    cri::ContainerEventType::ContainerStartedEvent,
+                );
+            }
+            self.emit(
+                &event.id,
+                &sandbox_id,
+                cri::ContainerEventType::ContainerStoppedEvent,
+            );
+        }
         match result {
             Ok(_) => {}
             // Events for the infra container or for removed containers.

@@ -10,12 +10,15 @@
 
 pub mod authority;
 mod container;
+mod events;
 pub mod convert;
 pub mod error;
 mod image;
+mod metrics_cri;
 mod sandbox;
 mod server;
 mod service;
+mod stats;
 
 pub use error::{CriError, CriResult};
 pub use server::serve_unix;

@@ -104,6 +104,16 @@ impl Cri {
                     rec.process = ctx.get::<SandboxProcess>();
                 })?;
                 info!(sandbox_id = %id, pod = %key, "pod sandbox ready");
+                self.emit(
+                    id.as_str(),
+                    &id,
+                    cri::ContainerEventType::ContainerCreatedEvent,
+                );
+                self.emit(
+                    id.as_str(),
+                    &id,
+                    cri::ContainerEventType::ContainerStartedEvent,
+                );
                 Ok(cri::RunPodSandboxResponse {
                     pod_sandbox_id: id.to_string(),
                 })
@@ -198,6 +208,11 @@ impl Cri {
             r.stopped_at.get_or_insert_with(SystemTime::now);
             r.process = None;
         })?;
+        self.emit(
+            rec.id.as_str(),
+            &rec.id,
+            cri::ContainerEventType::ContainerStoppedEvent,
+        );
         Ok(())
     }
 
@@ -228,6 +243,11 @@ impl Cri {
             return Err(e.into());
         }
         store.delete_sandbox(&rec.id)?;
+        self.emit(
+            rec.id.as_str(),
+            &rec.id,
+            cri::ContainerEventType::ContainerDeletedEvent,
+        );
         self.deps()
             .engine
             .journal()

@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,6 +23,9 @@ use crate::error::{CriError, CriResult};
 pub trait CriObserver: Send + Sync + 'static {
     /// A request to `method` ended with `code` after `elapsed`.
     fn request(&self, method: &'static str, code: tonic::Code, elapsed: Duration);
+
+    /// A `GetContainerEvents` subscriber fell behind and lost `n` events.
+    fn events_dropped(&self, _n: u64) {}
 }
 
 /// An observer that ignores everything.
@@ -81,6 +83,10 @@ pub(crate) struct Inner {
     pub(crate) pod_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Serialises operations per container id.
     pub(crate) container_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Cgroup layout and previous CPU samples for stats.
+    pub(crate) stats: crate::stats::StatsState,
+    /// Container lifecycle events for `GetContainerEvents`.
+    pub(crate) events: crate::events::EventHub,
 }
 
 /// The CRI shim: implements `RuntimeService` and `ImageService`.
@@ -103,6 +109,8 @@ impl Cri {
                 deps,
                 pod_locks: Mutex::default(),
                 container_locks: Mutex::default(),
+                stats: crate::stats::StatsState::default(),
+                events: crate::events::EventHub::default(),
             }),
         }
     }
@@ -192,9 +200,6 @@ fn unimplemented<T>(what: &str) -> CriResult<T> {
         "{what} is not supported by cubelet yet"
     )))
 }
-
-type EventStream =
-    Pin<Box<dyn futures::Stream<Item = Result<cri::ContainerEventResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl RuntimeService for Cri {
@@ -391,40 +396,38 @@ impl RuntimeService for Cri {
 
     async fn container_stats(
         &self,
-        _r: Request<cri::ContainerStatsRequest>,
+        r: Request<cri::ContainerStatsRequest>,
     ) -> Result<Response<cri::ContainerStatsResponse>, Status> {
-        self.call("ContainerStats", async { unimplemented("ContainerStats") })
+        let r = r.into_inner();
+        self.call("ContainerStats", self.container_stats_impl(r))
             .await
     }
 
     async fn list_container_stats(
         &self,
-        _r: Request<cri::ListContainerStatsRequest>,
+        r: Request<cri::ListContainerStatsRequest>,
     ) -> Result<Response<cri::ListContainerStatsResponse>, Status> {
-        self.call("ListContainerStats", async {
-            unimplemented("ListContainerStats")
-        })
-        .await
+        let r = r.into_inner();
+        self.call("ListContainerStats", self.list_container_stats_impl(r))
+            .await
     }
 
     async fn pod_sandbox_stats(
         &self,
-        _r: Request<cri::PodSandboxStatsRequest>,
+        r: Request<cri::PodSandboxStatsRequest>,
     ) -> Result<Response<cri::PodSandboxStatsResponse>, Status> {
-        self.call("PodSandboxStats", async {
-            unimplemented("PodSandboxStats")
-        })
-        .await
+        let r = r.into_inner();
+        self.call("PodSandboxStats", self.pod_sandbox_stats_impl(r))
+            .await
     }
 
     async fn list_pod_sandbox_stats(
         &self,
-        _r: Request<cri::ListPodSandboxStatsRequest>,
+        r: Request<cri::ListPodSandboxStatsRequest>,
     ) -> Result<Response<cri::ListPodSandboxStatsResponse>, Status> {
-        self.call("ListPodSandboxStats", async {
-            unimplemented("ListPodSandboxStats")
-        })
-        .await
+        let r = r.into_inner();
+        self.call("ListPodSandboxStats", self.list_pod_sandbox_stats_impl(r))
+            .await
     }
 
     async fn update_runtime_config(
@@ -495,21 +498,25 @@ impl RuntimeService for Cri {
         _r: Request<cri::CheckpointContainerRequest>,
     ) -> Result<Response<cri::CheckpointContainerResponse>, Status> {
         self.call("CheckpointContainer", async {
-            unimplemented("CheckpointContainer (needs CRIU, which this node does not have)")
+            if crate::stats::on_path("criu") {
+                unimplemented(
+                    "CheckpointContainer (criu is installed, but checkpointing is not implemented)",
+                )
+            } else {
+                unimplemented("CheckpointContainer (needs CRIU, which this node does not have)")
+            }
         })
         .await
     }
 
-    type GetContainerEventsStream = EventStream;
+    type GetContainerEventsStream = crate::events::EventStream;
 
     async fn get_container_events(
         &self,
         _r: Request<cri::GetEventsRequest>,
     ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
-        self.call("GetContainerEvents", async {
-            unimplemented("GetContainerEvents")
-        })
-        .await
+        self.call("GetContainerEvents", async { Ok(self.container_events()) })
+            .await
     }
 
     async fn list_metric_descriptors(
@@ -518,7 +525,7 @@ impl RuntimeService for Cri {
     ) -> Result<Response<cri::ListMetricDescriptorsResponse>, Status> {
         self.call("ListMetricDescriptors", async {
             Ok(cri::ListMetricDescriptorsResponse {
-                descriptors: Vec::new(),
+                descriptors: crate::metrics_cri::descriptors(),
             })
         })
         .await
@@ -529,9 +536,7 @@ impl RuntimeService for Cri {
         _r: Request<cri::ListPodSandboxMetricsRequest>,
     ) -> Result<Response<cri::ListPodSandboxMetricsResponse>, Status> {
         self.call("ListPodSandboxMetrics", async {
-            Ok(cri::ListPodSandboxMetricsResponse {
-                pod_metrics: Vec::new(),
-            })
+            self.list_pod_sandbox_metrics_impl()
         })
         .await
     }

@@ -65,6 +65,10 @@ impl cubelet_cri::CriObserver for CriMetrics {
     fn request(&self, method: &'static str, code: tonic::Code, elapsed: Duration) {
         self.0.cri_request(method, &format!("{code:?}"), elapsed);
     }
+
+    fn events_dropped(&self, n: u64) {
+        self.0.events_dropped(n);
+    }
 }
 
 /// The pod infra image: the built-in one (imported from the static

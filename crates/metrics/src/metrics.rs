@@ -324,6 +324,11 @@ impl Metrics {
         self.inner.events_dropped.inc();
     }
 
+    /// Counts `n` container events dropped for a slow subscriber.
+    pub fn events_dropped(&self, n: u64) {
+        self.inner.events_dropped.inc_by(n);
+    }
+
     /// Counts one storage request served from the warm pool (`hit`) or
     /// built on demand (miss).
     pub fn storage_pool(&self, hit: bool) {

@@ -19,6 +19,7 @@ pub mod io;
 pub mod logs;
 pub mod events;
 pub mod sandbox;
+pub mod stats;
 
 pub use client::Containerd;
 pub use error::RuntimeError;

@@ -1,0 +1,407 @@
+//! `ContainerStats`, `ListContainerStats`, `PodSandboxStats` and
+//! `ListPodSandboxStats`: cgroup readings from the runtime crate, turned into
+//! CRI messages. CPU rates (`usage_nano_cores`) come from the previous sample
+//! of the same container or pod, kept here in memory.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, OnceLock};
+use std::time::SystemTime;
+
+use cubelet_runtime::spec::cgroup_path;
+use cubelet_runtime::stats::{
+    cpu_nano_cores, read_net_dev, CgroupLayout, CgroupStats, CpuSample, InterfaceStats,
+};
+use cubelet_store::{ContainerRecord, SandboxRecord, SandboxState};
+use k8s_cri::v1 as cri;
+use tracing::debug;
+
+use crate::convert::{self, nanos};
+use crate::error::{CriError, CriResult};
+use crate::service::Cri;
+
+/// Stats state of the shim: the cgroup layout (detected once) and the last
+/// CPU sample per container or pod.
+#[derive(Debug, Default)]
+pub(crate) struct StatsState {
+    layout: OnceLock<CgroupLayout>,
+    cpu: Mutex<HashMap<String, CpuSample>>,
+}
+
+impl StatsState {
+    pub(crate) fn layout(&self) -> &CgroupLayout {
+        self.layout.get_or_init(|| {
+            CgroupLayout::detect().unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cgroup layout unknown; assuming v2 at /sys/fs/cgroup");
+                CgroupLayout::V2 {
+                    root: "/sys/fs/cgroup".into(),
+                }
+            })
+        })
+    }
+
+    /// CPU usage of `key` at `now`, with the rate since its previous sample.
+    fn cpu(&self, key: &str, usage_ns: Option<u64>, now: i64) -> Option<cri::CpuUsage> {
+        let usage_ns = usage_ns?;
+        let cur = CpuSample {
+            timestamp_ns: now,
+            usage_ns,
+        };
+        let mut samples = self.cpu.lock().unwrap_or_else(|p| p.into_inner());
+        let rate = match samples.get(key) {
+            Some(prev) => match cpu_nano_cores(prev, &cur) {
+                Some(r) => {
+                    samples.insert(key.to_owned(), cur);
+                    Some(r)
+                }
+                // Two calls in the same instant: keep the older sample.
+                None => None,
+            },
+            None => {
+                samples.insert(key.to_owned(), cur);
+                None
+            }
+        };
+        Some(cri::CpuUsage {
+            timestamp: now,
+            usage_core_nano_seconds: Some(u64v(usage_ns)),
+            usage_nano_cores: rate.map(u64v),
+        })
+    }
+
+    /// Forgets the samples of containers and pods that no longer exist.
+    fn retain(&self, live: &HashSet<String>) {
+        let mut samples = self.cpu.lock().unwrap_or_else(|p| p.into_inner());
+        samples.retain(|k, _| live.contains(k));
+    }
+}
+
+/// True if an executable file `name` is in a `PATH` directory.
+pub(crate) fn on_path(name: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|d| {
+            std::fs::metadata(d.join(name))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
+fn u64v(value: u64) -> cri::UInt64Value {
+    cri::UInt64Value { value }
+}
+
+fn hash(m: &std::collections::BTreeMap<String, String>) -> HashMap<String, String> {
+    m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+fn memory(stats: &CgroupStats, now: i64) -> Option<cri::MemoryUsage> {
+    let m = stats.memory?;
+    Some(cri::MemoryUsage {
+        timestamp: now,
+        working_set_bytes: Some(u64v(m.working_set_bytes)),
+        available_bytes: m.available_bytes().map(u64v),
+        usage_bytes: Some(u64v(m.usage_bytes)),
+        rss_bytes: Some(u64v(m.rss_bytes)),
+        page_faults: Some(u64v(m.page_faults)),
+        major_page_faults: Some(u64v(m.major_page_faults)),
+    })
+}
+
+/// The network usage of a pod from its interfaces; `eth0` (else the first)
+/// is the default interface.
+fn network(ifaces: &[InterfaceStats], now: i64) -> Option<cri::NetworkUsage> {
+    if ifaces.is_empty() {
+        return None;
+    }
+    let conv = |i: &InterfaceStats| cri::NetworkInterfaceUsage {
+        name: i.name.clone(),
+        rx_bytes: Some(u64v(i.rx_bytes)),
+        rx_errors: Some(u64v(i.rx_errors)),
+        tx_bytes: Some(u64v(i.tx_bytes)),
+        tx_errors: Some(u64v(i.tx_errors)),
+    };
+    let default = ifaces
+        .iter()
+        .find(|i| i.name == "eth0")
+        .or_else(|| ifaces.first())
+        .map(conv);
+    Some(cri::NetworkUsage {
+        timestamp: now,
+        default_interface: default,
+        interfaces: ifaces.iter().map(conv).collect(),
+    })
+}
+
+impl Cri {
+    /// Cgroup readings of a container (empty if its cgroup is gone).
+    pub(crate) fn container_cgroup(
+        &self,
+        c: &ContainerRecord,
+        sb: Option<&SandboxRecord>,
+    ) -> CgroupStats {
+        let parent = sb.and_then(|s| s.spec.cgroup_parent.as_deref());
+        self.inner.stats.layout().read(&cgroup_path(parent, &c.id))
+    }
+
+    /// Cgroup readings of a pod: its parent cgroup when it has one, else the
+    /// sum of its infra container and containers.
+    pub(crate) fn pod_cgroup(&self, sb: &SandboxRecord, containers: &[CgroupStats]) -> CgroupStats {
+        let layout = self.inner.stats.layout();
+        if let Some(parent) = sb.spec.cgroup_parent.as_deref().filter(|p| !p.is_empty()) {
+            let s = layout.read(parent);
+            if !s.is_empty() {
+                return s;
+            }
+        }
+        let mut total = layout.read(&cgroup_path(
+            sb.spec.cgroup_parent.as_deref(),
+            sb.id.as_str(),
+        ));
+        for c in containers {
+            total.accumulate(c);
+        }
+        total
+    }
+
+    /// The interfaces of a ready pod's network namespace.
+    pub(crate) fn pod_interfaces(&self, sb: &SandboxRecord) -> Vec<InterfaceStats> {
+        if sb.state != SandboxState::Ready || sb.spec.host_network() {
+            return Vec::new();
+        }
+        let Some(pid) = sb.process.as_ref().map(|p| p.pid) else {
+            return Vec::new();
+        };
+        read_net_dev(pid).unwrap_or_else(|e| {
+            debug!(sandbox_id = %sb.id, error = %e, "pod network stats");
+            Vec::new()
+        })
+    }
+
+    async fn container_stats_of(
+        &self,
+        c: &ContainerRecord,
+        sb: Option<&SandboxRecord>,
+    ) -> (cri::ContainerStats, CgroupStats) {
+        let cg = self.container_cgroup(c, sb);
+        let now = nanos(SystemTime::now());
+        let writable_layer = match self.deps().runtime.snapshot_usage(&c.id).await {
+            Ok(u) => Some(cri::FilesystemUsage {
+                timestamp: now,
+                fs_id: Some(cri::FilesystemIdentifier {
+                    mountpoint: self.deps().image_fs.0.display().to_string(),
+                }),
+                used_bytes: Some(u64v(u.bytes)),
+                inodes_used: Some(u64v(u.inodes)),
+            }),
+            Err(e) => {
+                debug!(container_id = %c.id, error = %e, "writable layer usage");
+                None
+            }
+        };
+        let stats = cri::ContainerStats {
+            attributes: Some(cri::ContainerAttributes {
+                id: c.id.clone(),
+                metadata: Some(cri::ContainerMetadata {
+                    name: c.name.clone(),
+                    attempt: c.attempt,
+                }),
+                labels: hash(&c.labels),
+                annotations: hash(&c.annotations),
+            }),
+            cpu: self.inner.stats.cpu(&c.id, cg.cpu_usage_ns, now),
+            memory: memory(&cg, now),
+            writable_layer,
+            swap: None,
+        };
+        (stats, cg)
+    }
+
+    async fn pod_stats_of(&self, sb: &SandboxRecord) -> CriResult<cri::PodSandboxStats> {
+        let containers = self.deps().store.list_containers_of(&sb.id)?;
+        let mut stats = Vec::with_capacity(containers.len());
+        let mut cgroups = Vec::with_capacity(containers.len());
+        for c in &containers {
+            let (s, cg) = self.container_stats_of(c, Some(sb)).await;
+            stats.push(s);
+            cgroups.push(cg);
+        }
+        let pod = self.pod_cgroup(sb, &cgroups);
+        let now = nanos(SystemTime::now());
+        Ok(cri::PodSandboxStats {
+            attributes: Some(cri::PodSandboxAttributes {
+                id: sb.id.to_string(),
+                metadata: Some(cri::PodSandboxMetadata {
+                    name: sb.spec.name.clone(),
+                    uid: sb.spec.uid.clone(),
+                    namespace: sb.spec.namespace.clone(),
+                    attempt: sb.spec.attempt,
+                }),
+                labels: hash(&sb.spec.labels),
+                annotations: hash(&sb.spec.annotations),
+            }),
+            linux: Some(cri::LinuxPodSandboxStats {
+                cpu: self.inner.stats.cpu(sb.id.as_str(), pod.cpu_usage_ns, now),
+                memory: memory(&pod, now),
+                network: network(&self.pod_interfaces(sb), now),
+                process: pod.processes.map(|n| cri::ProcessUsage {
+                    timestamp: now,
+                    process_count: Some(u64v(n)),
+                }),
+                containers: stats,
+            }),
+            windows: None,
+        })
+    }
+
+    /// Drops CPU samples of objects that are gone.
+    fn prune_samples(&self) -> CriResult<()> {
+        let store = &self.deps().store;
+        let mut live: HashSet<String> =
+            store.list_containers()?.into_iter().map(|c| c.id).collect();
+        live.extend(
+            store
+                .list_sandboxes()?
+                .into_iter()
+                .map(|s| s.id.to_string()),
+        );
+        self.inner.stats.retain(&live);
+        Ok(())
+    }
+
+    pub(crate) async fn container_stats_impl(
+        &self,
+        r: cri::ContainerStatsRequest,
+    ) -> CriResult<cri::ContainerStatsResponse> {
+        if r.container_id.is_empty() {
+            return Err(CriError::invalid("container_id", "must not be empty"));
+        }
+        let c = self.require_container(&r.container_id)?;
+        let sb = self.deps().store.get_sandbox(&c.sandbox_id)?;
+        let (stats, _) = self.container_stats_of(&c, sb.as_ref()).await;
+        Ok(cri::ContainerStatsResponse { stats: Some(stats) })
+    }
+
+    pub(crate) async fn list_container_stats_impl(
+        &self,
+        r: cri::ListContainerStatsRequest,
+    ) -> CriResult<cri::ListContainerStatsResponse> {
+        let f = r.filter.unwrap_or_default();
+        let store = &self.deps().store;
+        let sandboxes: HashMap<String, SandboxRecord> = store
+            .list_sandboxes()?
+            .into_iter()
+            .map(|s| (s.id.to_string(), s))
+            .collect();
+        let containers: Vec<ContainerRecord> = store
+            .list_containers()?
+            .into_iter()
+            .filter(|c| f.id.is_empty() || c.id.starts_with(&f.id))
+            .filter(|c| {
+                f.pod_sandbox_id.is_empty() || c.sandbox_id.as_str().starts_with(&f.pod_sandbox_id)
+            })
+            .filter(|c| convert::labels_match(&f.label_selector, &c.labels))
+            .collect();
+        let mut stats = Vec::with_capacity(containers.len());
+        for c in &containers {
+            let sb = sandboxes.get(c.sandbox_id.as_str());
+            stats.push(self.container_stats_of(c, sb).await.0);
+        }
+        self.prune_samples()?;
+        Ok(cri::ListContainerStatsResponse { stats })
+    }
+
+    pub(crate) async fn pod_sandbox_stats_impl(
+        &self,
+        r: cri::PodSandboxStatsRequest,
+    ) -> CriResult<cri::PodSandboxStatsResponse> {
+        if r.pod_sandbox_id.is_empty() {
+            return Err(CriError::invalid("pod_sandbox_id", "must not be empty"));
+        }
+        let sb = self
+            .find_sandbox("pod_sandbox_id", &r.pod_sandbox_id)?
+            .ok_or_else(|| CriError::NotFound {
+                kind: "pod sandbox",
+                id: r.pod_sandbox_id.clone(),
+            })?;
+        Ok(cri::PodSandboxStatsResponse {
+            stats: Some(self.pod_stats_of(&sb).await?),
+        })
+    }
+
+    pub(crate) async fn list_pod_sandbox_stats_impl(
+        &self,
+        r: cri::ListPodSandboxStatsRequest,
+    ) -> CriResult<cri::ListPodSandboxStatsResponse> {
+        let f = r.filter.unwrap_or_default();
+        let sandboxes: Vec<SandboxRecord> = self
+            .deps()
+            .store
+            .list_sandboxes()?
+            .into_iter()
+            .filter(|s| s.state == SandboxState::Ready)
+            .filter(|s| f.id.is_empty() || s.id.as_str().starts_with(&f.id))
+            .filter(|s| convert::labels_match(&f.label_selector, &s.spec.labels))
+            .collect();
+        let mut stats = Vec::with_capacity(sandboxes.len());
+        for sb in &sandboxes {
+            stats.push(self.pod_stats_of(sb).await?);
+        }
+        self.prune_samples()?;
+        Ok(cri::ListPodSandboxStatsResponse { stats })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_sample_has_no_rate_second_has_one() {
+        let s = StatsState::default();
+        let first = s.cpu("c", Some(1_000_000_000), 10_000_000_000).unwrap();
+        assert_eq!(first.usage_core_nano_seconds, Some(u64v(1_000_000_000)));
+        assert_eq!(first.usage_nano_cores, None);
+        // One core-second over two seconds: half a core.
+        let second = s.cpu("c", Some(2_000_000_000), 12_000_000_000).unwrap();
+        assert_eq!(second.usage_nano_cores, Some(u64v(500_000_000)));
+        // Same instant again: no rate, and the sample kept is the older one.
+        assert_eq!(
+            s.cpu("c", Some(2_000_000_000), 12_000_000_000)
+                .unwrap()
+                .usage_nano_cores,
+            None
+        );
+        // Another key is independent.
+        assert_eq!(
+            s.cpu("d", Some(5), 12_000_000_000)
+                .unwrap()
+                .usage_nano_cores,
+            None
+        );
+        // No cgroup: no CPU entry.
+        assert!(s.cpu("e", None, 1).is_none());
+        s.retain(&["d".to_owned()].into_iter().collect());
+        assert_eq!(
+            s.cpu("c", Some(3_000_000_000), 13_000_000_000)
+                .unwrap()
+                .usage_nano_cores,
+            None
+        );
+    }
+
+    #[test]
+    fn network_prefers_eth0() {
+        let i = |n: &str, rx| InterfaceStats {
+            name: n.into(),
+            rx_bytes: rx,
+            rx_errors: 0,
+            tx_bytes: 2,
+            tx_errors: 0,
+        };
+        let n = network(&[i("net1", 5), i("eth0", 7)], 1).unwrap();
+        let d = n.default_interface.unwrap();
+        assert_eq!((d.name.as_str(), d.rx_bytes), ("eth0", Some(u64v(7))));
+        assert_eq!(n.interfaces.len(), 2);
+        assert!(network(&[], 1).is_none());
+    }
+}

@@ -1,0 +1,610 @@
+//! Resource usage of containers and pods: cgroup v1 and v2 readers, the CPU
+//! rate between two samples, `/proc/<pid>/net/dev`, and the writable layer
+//! usage of a container's snapshot.
+//!
+//! The readers are pure functions over a root directory, so they work on the
+//! real `/sys/fs/cgroup` and on fixture trees alike. [`CgroupLayout::detect`]
+//! finds where the controllers are mounted; on a hybrid host (v1 controllers
+//! plus a v2 mount at `unified`) the v1 controllers are used.
+
+use std::path::{Path, PathBuf};
+
+use containerd_client::services::v1::snapshots::UsageRequest;
+
+use crate::container::ContainerRuntime;
+use crate::error::RuntimeError;
+
+/// Memory usage of one cgroup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Total usage (`memory.usage_in_bytes` / `memory.current`).
+    pub usage_bytes: u64,
+    /// Usage minus inactive file pages.
+    pub working_set_bytes: u64,
+    /// Anonymous memory (`rss` / `anon`).
+    pub rss_bytes: u64,
+    /// Page faults.
+    pub page_faults: u64,
+    /// Major page faults.
+    pub major_page_faults: u64,
+    /// The limit, `None` when unlimited.
+    pub limit_bytes: Option<u64>,
+}
+
+impl MemoryStats {
+    /// Bytes left before the limit (`limit - working set`), when limited.
+    pub fn available_bytes(&self) -> Option<u64> {
+        self.limit_bytes
+            .map(|l| l.saturating_sub(self.working_set_bytes))
+    }
+}
+
+/// What one cgroup reports; each part is `None` when its controller is
+/// missing or unreadable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CgroupStats {
+    /// Cumulative CPU time in nanoseconds.
+    pub cpu_usage_ns: Option<u64>,
+    /// Memory.
+    pub memory: Option<MemoryStats>,
+    /// Number of processes (`pids.current`, else `cgroup.procs` lines).
+    pub processes: Option<u64>,
+}
+
+impl CgroupStats {
+    /// Adds `other` into `self` (pod totals from container cgroups); the
+    /// memory limit of a sum is unknown.
+    pub fn accumulate(&mut self, other: &CgroupStats) {
+        fn add(a: &mut Option<u64>, b: Option<u64>) {
+            if let Some(b) = b {
+                *a = Some(a.unwrap_or(0).saturating_add(b));
+            }
+        }
+        add(&mut self.cpu_usage_ns, other.cpu_usage_ns);
+        add(&mut self.processes, other.processes);
+        if let Some(o) = other.memory {
+            let m = self.memory.get_or_insert_with(MemoryStats::default);
+            m.usage_bytes = m.usage_bytes.saturating_add(o.usage_bytes);
+            m.working_set_bytes = m.working_set_bytes.saturating_add(o.working_set_bytes);
+            m.rss_bytes = m.rss_bytes.saturating_add(o.rss_bytes);
+            m.page_faults = m.page_faults.saturating_add(o.page_faults);
+            m.major_page_faults = m.major_page_faults.saturating_add(o.major_page_faults);
+            m.limit_bytes = None;
+        }
+    }
+
+    /// True if no controller reported anything (the cgroup does not exist).
+    pub fn is_empty(&self) -> bool {
+        self.cpu_usage_ns.is_none() && self.memory.is_none() && self.processes.is_none()
+    }
+}
+
+/// Where the cgroup controllers are mounted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupLayout {
+    /// cgroups v1 (or hybrid): one mount per controller.
+    V1 {
+        /// Mount of the `memory` controller.
+        memory: Option<PathBuf>,
+        /// Mount of the `cpuacct` controller (may be shared with `cpu`).
+        cpuacct: Option<PathBuf>,
+        /// Mount of the `pids` controller.
+        pids: Option<PathBuf>,
+    },
+    /// The unified hierarchy.
+    V2 {
+        /// Its mount point.
+        root: PathBuf,
+    },
+}
+
+/// Limits at or above this are "unlimited" (v1 reports `PAGE_COUNTER_MAX`
+/// rounded to the page size).
+const UNLIMITED: u64 = 1 << 62;
+
+impl CgroupLayout {
+    /// Reads `/proc/self/mountinfo` and picks the layout.
+    pub fn detect() -> Result<Self, RuntimeError> {
+        let path = "/proc/self/mountinfo";
+        let text = std::fs::read_to_string(path).map_err(|source| RuntimeError::Io {
+            op: "read",
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(Self::from_mountinfo(&text))
+    }
+
+    /// The layout described by a mountinfo text: v1 if any v1 controller we
+    /// read is mounted, otherwise the cgroup2 mount (default `/sys/fs/cgroup`).
+    pub fn from_mountinfo(text: &str) -> Self {
+        let mut memory = None;
+        let mut cpuacct = None;
+        let mut pids = None;
+        let mut unified = None;
+        for line in text.lines() {
+            // <id> <parent> <maj:min> <root> <mount point> <opts> [optional...] - <fstype> <source> <super opts>
+            let Some((left, right)) = line.split_once(" - ") else {
+                continue;
+            };
+            let Some(mount_point) = left.split(' ').nth(4) else {
+                continue;
+            };
+            let mut r = right.split(' ');
+            let fstype = r.next().unwrap_or("");
+            let super_opts = r.nth(1).unwrap_or("");
+            let mp = PathBuf::from(unescape(mount_point));
+            match fstype {
+                "cgroup" => {
+                    for opt in super_opts.split(',') {
+                        match opt {
+                            "memory" => memory = memory.or_else(|| Some(mp.clone())),
+                            "cpuacct" => cpuacct = cpuacct.or_else(|| Some(mp.clone())),
+                            "pids" => pids = pids.or_else(|| Some(mp.clone())),
+                            _ => {}
+                        }
+                    }
+                }
+                "cgroup2" => unified = unified.or(Some(mp)),
+                _ => {}
+            }
+        }
+        if memory.is_some() || cpuacct.is_some() || pids.is_some() {
+            CgroupLayout::V1 {
+                memory,
+                cpuacct,
+                pids,
+            }
+        } else {
+            CgroupLayout::V2 {
+                root: unified.unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
+            }
+        }
+    }
+
+    /// Reads the cgroup at `path` (as in the OCI spec, e.g. `/cubelet/<id>`).
+    /// A cgroup that does not exist yields [`CgroupStats::is_empty`].
+    pub fn read(&self, path: &str) -> CgroupStats {
+        let rel = path.trim_start_matches('/');
+        match self {
+            CgroupLayout::V1 {
+                memory,
+                cpuacct,
+                pids,
+            } => CgroupStats {
+                cpu_usage_ns: cpuacct.as_ref().and_then(|d| read_v1_cpu(&d.join(rel))),
+                memory: memory.as_ref().and_then(|d| read_v1_memory(&d.join(rel))),
+                processes: pids.as_ref().and_then(|d| read_processes(&d.join(rel))),
+            },
+            CgroupLayout::V2 { root } => read_v2(&root.join(rel)),
+        }
+    }
+}
+
+/// Mountinfo escapes spaces and such as `\040`.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            let oct = std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("");
+            if let Ok(v) = u8::from_str_radix(oct, 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// `key value` lines (`memory.stat`, `cpu.stat`).
+fn read_flat(path: &Path) -> Option<Vec<(String, u64)>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    Some(
+        text.lines()
+            .filter_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                Some((k.to_owned(), v.trim().parse().ok()?))
+            })
+            .collect(),
+    )
+}
+
+fn get(stat: &[(String, u64)], key: &str) -> Option<u64> {
+    stat.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+}
+
+/// cgroup v1 `cpuacct.usage` in `dir`: nanoseconds.
+pub fn read_v1_cpu(dir: &Path) -> Option<u64> {
+    read_u64(&dir.join("cpuacct.usage"))
+}
+
+/// cgroup v1 memory controller files in `dir`. Uses the hierarchical
+/// `total_*` counters of `memory.stat` when present.
+pub fn read_v1_memory(dir: &Path) -> Option<MemoryStats> {
+    let usage = read_u64(&dir.join("memory.usage_in_bytes"))?;
+    let stat = read_flat(&dir.join("memory.stat")).unwrap_or_default();
+    let pick = |k: &str| get(&stat, &format!("total_{k}")).or_else(|| get(&stat, k));
+    let inactive_file = pick("inactive_file").unwrap_or(0);
+    let limit = read_u64(&dir.join("memory.limit_in_bytes")).filter(|l| *l < UNLIMITED);
+    Some(MemoryStats {
+        usage_bytes: usage,
+        working_set_bytes: usage.saturating_sub(inactive_file),
+        rss_bytes: pick("rss").unwrap_or(0),
+        page_faults: pick("pgfault").unwrap_or(0),
+        major_page_faults: pick("pgmajfault").unwrap_or(0),
+        limit_bytes: limit,
+    })
+}
+
+/// Process count: `pids.current`, else the lines of `cgroup.procs`.
+pub fn read_processes(dir: &Path) -> Option<u64> {
+    read_u64(&dir.join("pids.current")).or_else(|| {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
+        u64::try_from(procs.lines().filter(|l| !l.trim().is_empty()).count()).ok()
+    })
+}
+
+/// A cgroup v2 directory: `cpu.stat`, `memory.current`, `memory.stat`,
+/// `memory.max`, `pids.current`.
+pub fn read_v2(dir: &Path) -> CgroupStats {
+    let cpu = read_flat(&dir.join("cpu.stat"))
+        .and_then(|s| get(&s, "usage_usec"))
+        .map(|us| us.saturating_mul(1000));
+    let memory = read_u64(&dir.join("memory.current")).map(|usage| {
+        let stat = read_flat(&dir.join("memory.stat")).unwrap_or_default();
+        let inactive_file = get(&stat, "inactive_file").unwrap_or(0);
+        // "max" does not parse: unlimited.
+        let limit = read_u64(&dir.join("memory.max")).filter(|l| *l < UNLIMITED);
+        MemoryStats {
+            usage_bytes: usage,
+            working_set_bytes: usage.saturating_sub(inactive_file),
+            rss_bytes: get(&stat, "anon").unwrap_or(0),
+            page_faults: get(&stat, "pgfault").unwrap_or(0),
+            major_page_faults: get(&stat, "pgmajfault").unwrap_or(0),
+            limit_bytes: limit,
+        }
+    });
+    CgroupStats {
+        cpu_usage_ns: cpu,
+        memory,
+        processes: read_processes(dir),
+    }
+}
+
+/// A cumulative CPU time taken at a moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuSample {
+    /// When, in nanoseconds since the Unix epoch.
+    pub timestamp_ns: i64,
+    /// Cumulative CPU time in nanoseconds.
+    pub usage_ns: u64,
+}
+
+/// CPU use between two samples in nano-cores (1e9 = one core busy);
+/// `None` if `cur` is not after `prev`. A counter that went back (the
+/// cgroup was recreated) gives 0.
+pub fn cpu_nano_cores(prev: &CpuSample, cur: &CpuSample) -> Option<u64> {
+    let dt = cur.timestamp_ns.checked_sub(prev.timestamp_ns)?;
+    let dt = u128::try_from(dt).ok().filter(|d| *d > 0)?;
+    let used = u128::from(cur.usage_ns.saturating_sub(prev.usage_ns));
+    u64::try_from(used * 1_000_000_000 / dt).ok()
+}
+
+/// Counters of one network interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterfaceStats {
+    /// Interface name.
+    pub name: String,
+    /// Received bytes.
+    pub rx_bytes: u64,
+    /// Receive errors.
+    pub rx_errors: u64,
+    /// Transmitted bytes.
+    pub tx_bytes: u64,
+    /// Transmit errors.
+    pub tx_errors: u64,
+}
+
+/// Parses `/proc/net/dev`; the loopback interface is left out.
+pub fn parse_net_dev(text: &str) -> Vec<InterfaceStats> {
+    text.lines()
+        .skip(2)
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(':')?;
+            let name = name.trim();
+            if name == "lo" {
+                return None;
+            }
+            let v: Vec<u64> = rest
+                .split_whitespace()
+                .map(|x| x.parse().unwrap_or(0))
+                .collect();
+            if v.len() < 11 {
+                return None;
+            }
+            Some(InterfaceStats {
+                name: name.to_owned(),
+                rx_bytes: v[0],
+                rx_errors: v[2],
+                tx_bytes: v[8],
+                tx_errors: v[10],
+            })
+        })
+        .collect()
+}
+
+/// The interfaces of the network namespace `pid` lives in, from
+/// `/proc/<pid>/net/dev` (no namespace switch needed).
+pub fn read_net_dev(pid: u32) -> Result<Vec<InterfaceStats>, RuntimeError> {
+    let path = format!("/proc/{pid}/net/dev");
+    let text = std::fs::read_to_string(&path).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            RuntimeError::NotFound {
+                kind: "process",
+                id: pid.to_string(),
+            }
+        } else {
+            RuntimeError::Io {
+                op: "read",
+                path: path.clone(),
+                source,
+            }
+        }
+    })?;
+    Ok(parse_net_dev(&text))
+}
+
+/// Disk use of a snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotUsage {
+    /// Bytes used by the snapshot's own layer.
+    pub bytes: u64,
+    /// Inodes used.
+    pub inodes: u64,
+}
+
+impl ContainerRuntime {
+    /// Usage of container `id`'s writable layer (its snapshot, keyed by the
+    /// container id) from the snapshotter.
+    pub async fn snapshot_usage(&self, id: &str) -> Result<SnapshotUsage, RuntimeError> {
+        let resp = self
+            .client()
+            .snapshots()
+            .usage(self.client().request(UsageRequest {
+                snapshotter: self.config().snapshotter.clone(),
+                key: id.to_owned(),
+            }))
+            .await
+            .map_err(|s| RuntimeError::containerd("snapshots.usage", s))?
+            .into_inner();
+        Ok(SnapshotUsage {
+            bytes: u64::try_from(resp.size).unwrap_or(0),
+            inodes: u64::try_from(resp.inodes).unwrap_or(0),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+
+    const HYBRID: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn detects_hybrid_as_v1_and_unified_as_v2() {
+        assert_eq!(
+            CgroupLayout::from_mountinfo(HYBRID),
+            CgroupLayout::V1 {
+                memory: Some("/sys/fs/cgroup/memory".into()),
+                cpuacct: Some("/sys/fs/cgroup/cpuacct".into()),
+                pids: Some("/sys/fs/cgroup/pids".into()),
+            }
+        );
+        let joined = "25 20 0:22 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n";
+        assert!(matches!(
+            CgroupLayout::from_mountinfo(joined),
+            CgroupLayout::V1 { cpuacct: Some(p), memory: None, .. } if p == Path::new("/sys/fs/cgroup/cpu,cpuacct")
+        ));
+        let v2 = "30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert_eq!(
+            CgroupLayout::from_mountinfo(v2),
+            CgroupLayout::V2 {
+                root: "/sys/fs/cgroup".into()
+            }
+        );
+        let escaped = "30 23 0:26 / /tmp/a\\040b rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            CgroupLayout::from_mountinfo(escaped),
+            CgroupLayout::V2 {
+                root: "/tmp/a b".into()
+            }
+        );
+    }
+
+    #[test]
+    fn reads_v1_fixture() {
+        let root = tempfile::tempdir().unwrap();
+        let mem = root.path().join("memory");
+        let cpu = root.path().join("cpuacct");
+        let pids = root.path().join("pids");
+        let c = "cubelet/abc";
+        write(&mem.join(c), "memory.usage_in_bytes", "10000\n");
+        write(
+            &mem.join(c),
+            "memory.stat",
+            "cache 1\nrss 5\ninactive_file 9\npgfault 3\ntotal_rss 4096\ntotal_inactive_file 1000\ntotal_pgfault 77\ntotal_pgmajfault 2\n",
+        );
+        write(
+            &mem.join(c),
+            "memory.limit_in_bytes",
+            "9223372036854771712\n",
+        );
+        write(&cpu.join(c), "cpuacct.usage", "123456789\n");
+        write(&pids.join(c), "pids.current", "3\n");
+        let layout = CgroupLayout::V1 {
+            memory: Some(mem.clone()),
+            cpuacct: Some(cpu),
+            pids: Some(pids),
+        };
+        let s = layout.read("/cubelet/abc");
+        assert_eq!(s.cpu_usage_ns, Some(123_456_789));
+        assert_eq!(s.processes, Some(3));
+        let m = s.memory.unwrap();
+        assert_eq!(
+            m,
+            MemoryStats {
+                usage_bytes: 10000,
+                working_set_bytes: 9000,
+                rss_bytes: 4096,
+                page_faults: 77,
+                major_page_faults: 2,
+                limit_bytes: None,
+            }
+        );
+        assert_eq!(m.available_bytes(), None);
+        // A limited cgroup reports what is left.
+        write(&mem.join(c), "memory.limit_in_bytes", "20000\n");
+        let m = layout.read("cubelet/abc").memory.unwrap();
+        assert_eq!(m.limit_bytes, Some(20000));
+        assert_eq!(m.available_bytes(), Some(11000));
+        // A cgroup that is gone reads as empty.
+        assert!(layout.read("/cubelet/gone").is_empty());
+    }
+
+    #[test]
+    fn reads_v2_fixture() {
+        let root = tempfile::tempdir().unwrap();
+        let d = root.path().join("kubepods/pod1/c1");
+        write(
+            &d,
+            "cpu.stat",
+            "usage_usec 2500\nuser_usec 2000\nsystem_usec 500\n",
+        );
+        write(&d, "memory.current", "8192\n");
+        write(
+            &d,
+            "memory.stat",
+            "anon 4096\nfile 4096\ninactive_file 1024\npgfault 10\npgmajfault 1\n",
+        );
+        write(&d, "memory.max", "max\n");
+        write(&d, "cgroup.procs", "12\n13\n");
+        let layout = CgroupLayout::V2 {
+            root: root.path().to_path_buf(),
+        };
+        let s = layout.read("/kubepods/pod1/c1");
+        assert_eq!(s.cpu_usage_ns, Some(2_500_000));
+        // No pids controller file: counted from cgroup.procs.
+        assert_eq!(s.processes, Some(2));
+        let m = s.memory.unwrap();
+        assert_eq!(m.usage_bytes, 8192);
+        assert_eq!(m.working_set_bytes, 7168);
+        assert_eq!(m.rss_bytes, 4096);
+        assert_eq!((m.page_faults, m.major_page_faults), (10, 1));
+        assert_eq!(m.limit_bytes, None);
+        write(&d, "memory.max", "16384\n");
+        write(&d, "pids.current", "5\n");
+        let s = layout.read("kubepods/pod1/c1");
+        assert_eq!(s.memory.unwrap().available_bytes(), Some(16384 - 7168));
+        assert_eq!(s.processes, Some(5));
+        assert!(layout.read("/kubepods/none").is_empty());
+    }
+
+    #[test]
+    fn sums_container_cgroups() {
+        let mut total = CgroupStats::default();
+        let one = CgroupStats {
+            cpu_usage_ns: Some(10),
+            memory: Some(MemoryStats {
+                usage_bytes: 100,
+                working_set_bytes: 80,
+                rss_bytes: 50,
+                page_faults: 1,
+                major_page_faults: 0,
+                limit_bytes: Some(1000),
+            }),
+            processes: Some(1),
+        };
+        total.accumulate(&one);
+        total.accumulate(&one);
+        total.accumulate(&CgroupStats::default());
+        assert_eq!(total.cpu_usage_ns, Some(20));
+        assert_eq!(total.processes, Some(2));
+        let m = total.memory.unwrap();
+        assert_eq!(
+            (m.usage_bytes, m.working_set_bytes, m.rss_bytes),
+            (200, 160, 100)
+        );
+        assert_eq!(m.limit_bytes, None);
+    }
+
+    #[test]
+    fn cpu_rate_between_samples() {
+        let a = CpuSample {
+            timestamp_ns: 1_000_000_000,
+            usage_ns: 5_000_000_000,
+        };
+        // Half a core over two seconds.
+        let b = CpuSample {
+            timestamp_ns: 3_000_000_000,
+            usage_ns: 6_000_000_000,
+        };
+        assert_eq!(cpu_nano_cores(&a, &b), Some(500_000_000));
+        // Two cores busy.
+        let c = CpuSample {
+            timestamp_ns: 4_000_000_000,
+            usage_ns: 8_000_000_000,
+        };
+        assert_eq!(cpu_nano_cores(&b, &c), Some(2_000_000_000));
+        // Same instant or going back in time: no rate.
+        assert_eq!(cpu_nano_cores(&b, &b), None);
+        assert_eq!(cpu_nano_cores(&c, &a), None);
+        // Counter reset: zero, not a wrap-around.
+        let reset = CpuSample {
+            timestamp_ns: 5_000_000_000,
+            usage_ns: 1,
+        };
+        assert_eq!(cpu_nano_cores(&c, &reset), Some(0));
+    }
+
+    #[test]
+    fn parses_net_dev() {
+        let text = "Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:     100       1    0    0    0     0          0         0      100       1    0    0    0     0       0          0
+  eth0: 4012003   18757    7    0    0     0          0         0  1159011   12137    2    0    0     0       0          0
+";
+        assert_eq!(
+            parse_net_dev(text),
+            vec![InterfaceStats {
+                name: "eth0".into(),
+                rx_bytes: 4_012_003,
+                rx_errors: 7,
+                tx_bytes: 1_159_011,
+                tx_errors: 2,
+            }]
+        );
+        // Our own namespace has at least a readable file.
+        assert!(read_net_dev(std::process::id()).is_ok());
+        assert!(read_net_dev(u32::MAX).unwrap_err().is_not_found());
+    }
+}
