@@ -229,10 +229,22 @@ pub async fn run(config: Config) -> Result<()> {
     conditions.network_ready.store(true, Ordering::Release);
     readiness.set_ready();
     info!("reconciliation done; ready");
-    crate::gc::notify_systemd("READY=1");
+    crate::notify::notify_systemd("READY=1");
+    let watchdog_task = crate::notify::spawn_watchdog(readiness.clone(), shutdown.clone());
 
-    let gc = Gc::new(Arc::clone(&parts));
-    let gc_task = tokio::spawn(gc.run(shutdown.clone()));
+    let gc = Arc::new(Gc::new(Arc::clone(&parts)));
+    let gc_task = tokio::spawn(Arc::clone(&gc).run(shutdown.clone()));
+
+    let admin_socket = config.state_dir.join(crate::admin::SOCKET_NAME);
+    let admin_listener = crate::admin::bind(&admin_socket)?;
+    let admin_service = crate::admin::AdminService::new(engine.clone(), Arc::clone(&store), gc);
+    let admin_api_task = tokio::spawn(crate::admin::serve(
+        admin_listener,
+        admin_socket.clone(),
+        admin_service,
+        shutdown.clone(),
+    ));
+    info!(socket = %admin_socket.display(), "serving the admin api (cubelet ctl)");
 
     let cri_task = tokio::spawn(cubelet_cri::serve_unix(
         config.socket.clone(),
@@ -250,6 +262,10 @@ pub async fn run(config: Config) -> Result<()> {
         let _ = gc_task.await;
         let _ = events_task.await;
         let _ = admin_task.await;
+        let _ = admin_api_task.await;
+        if let Some(t) = watchdog_task {
+            let _ = t.await;
+        }
     })
     .await;
     if drained.is_err() {

@@ -39,7 +39,7 @@ impl Gc {
     }
 
     /// Runs a pass every `gc.interval` until shutdown.
-    pub(crate) async fn run(self, shutdown: CancellationToken) {
+    pub(crate) async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let interval = self.parts.config.gc.interval;
         loop {
             tokio::select! {
@@ -50,7 +50,7 @@ impl Gc {
             if !report.reclaimed.is_empty() {
                 info!(reclaimed = ?report.reclaimed, failures = ?report.failures, "gc pass");
             }
-            notify_systemd("WATCHDOG=1");
+            crate::notify::notify_systemd("WATCHDOG=1");
         }
     }
 
@@ -183,26 +183,4 @@ fn add(report: &mut PassReport, kind: &'static str, n: usize) {
 fn fail(report: &mut PassReport, kind: &'static str, e: &dyn std::error::Error) {
     warn!(kind, error = %cubelet_engine::chain(e), "gc failure");
     *report.failures.entry(kind).or_default() += 1;
-}
-
-/// Sends a `sd_notify` message when run under systemd `Type=notify`.
-pub(crate) fn notify_systemd(message: &str) {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
-        return;
-    };
-    let socket = match std::os::unix::net::UnixDatagram::unbound() {
-        Ok(s) => s,
-        Err(e) => return warn!(error = %e, "sd_notify socket"),
-    };
-    let bytes = path.as_encoded_bytes();
-    let result = if let Some(abstract_name) = bytes.strip_prefix(b"@") {
-        use std::os::linux::net::SocketAddrExt;
-        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name)
-            .and_then(|addr| socket.send_to_addr(message.as_bytes(), &addr))
-    } else {
-        socket.send_to(message.as_bytes(), std::path::Path::new(&path))
-    };
-    if let Err(e) = result {
-        warn!(error = %e, message, "sd_notify");
-    }
 }

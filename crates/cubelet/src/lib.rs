@@ -4,8 +4,11 @@
 //! containerd sandbox); everything else sees them as engine `Flow`s.
 
 mod adapters;
+pub mod admin;
 mod app;
 pub mod config;
+pub mod ctl;
 mod gc;
+mod notify;
 
 pub use app::{run, PROVIDERS};

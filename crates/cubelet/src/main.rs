@@ -26,10 +26,47 @@ struct Args {
     /// Only check the configuration and exit.
     #[arg(long)]
     check_config: bool,
+    /// A subcommand instead of running the agent.
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// Subcommands; without one, `cubelet` runs the agent.
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Talks to a running agent's admin API (flows, limits, sandboxes, gc).
+    Ctl(cubelet::ctl::CtlArgs),
+}
+
+/// Runs `cubelet ctl …`: prints the answer, or the error (exit code 1).
+fn ctl(args: &cubelet::ctl::CtlArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cubelet ctl: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(cubelet::ctl::run(args)) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cubelet ctl: {}", cubelet_engine::chain(&e));
+            ExitCode::from(1)
+        }
+    }
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Command::Ctl(ctl_args)) = &args.command {
+        return ctl(ctl_args);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_env("CUBELET_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
