@@ -202,7 +202,9 @@ impl NetworkError {
             NetworkError::CniConfig { .. } => StepErrorKind::InvalidArgument,
             // CNI error codes 1 (incompatible version) and 7 (invalid
             // network config) say the node's setup is wrong, not the request.
-            NetworkError::CniPlugin { code: Some(1 | 7), .. } => StepErrorKind::FailedPrecondition,
+            NetworkError::CniPlugin {
+                code: Some(1 | 7), ..
+            } => StepErrorKind::FailedPrecondition,
             NetworkError::Cancelled { .. } => StepErrorKind::Cancelled,
             NetworkError::LinkNotFound { .. } => StepErrorKind::NotFound,
             NetworkError::RollbackFailed { error, .. } => error.kind(),

@@ -63,7 +63,11 @@ fn cache_dir(env: &Env) -> PathBuf {
 
 /// Writes the test network: bridge + host-local, then portmap.
 fn write_conflist(env: &Env) -> Result<()> {
-    write_conf(env, &format!("10-{NETWORK}.conflist"), &conflist(env, "10.203.0.0/24"))
+    write_conf(
+        env,
+        &format!("10-{NETWORK}.conflist"),
+        &conflist(env, "10.203.0.0/24"),
+    )
 }
 
 fn conflist(env: &Env, subnet: &str) -> String {
@@ -148,8 +152,16 @@ fn assert_cni_clean(env: &Env) -> Result<()> {
     assert_eq!(pins(env), Vec::<String>::new(), "netns pins left");
     assert_eq!(ns_mounts(&env.state_dir), 0, "nsfs mounts left");
     assert_eq!(veth_count()?, 0, "veths left");
-    assert_eq!(ipam_leases(env), Vec::<String>::new(), "host-local leases left");
-    assert_eq!(cache_entries(env), Vec::<String>::new(), "cache entries left");
+    assert_eq!(
+        ipam_leases(env),
+        Vec::<String>::new(),
+        "host-local leases left"
+    );
+    assert_eq!(
+        cache_entries(env),
+        Vec::<String>::new(),
+        "cache entries left"
+    );
     Ok(())
 }
 
@@ -198,7 +210,9 @@ fn create_and_destroy_twenty_sandboxes_leaves_nothing() {
         let nsarg = format!("--net={}", net.netns_path(&ids[0]).display());
         let lo = run(&["nsenter", &nsarg, "ip", "-o", "link", "show", "lo"])?;
         assert!(lo.contains("UP"), "{lo}");
-        let addr = run(&["nsenter", &nsarg, "ip", "-o", "-4", "addr", "show", "dev", "eth0"])?;
+        let addr = run(&[
+            "nsenter", &nsarg, "ip", "-o", "-4", "addr", "show", "dev", "eth0",
+        ])?;
         assert!(addr.contains("10.203.0."), "{addr}");
         let route = run(&["nsenter", &nsarg, "ip", "-4", "route", "show", "default"])?;
         assert!(route.contains(&format!("via {GATEWAY}")), "{route}");
@@ -370,8 +384,7 @@ fn without_config_the_network_is_not_ready_and_create_fails_cleanly() {
 fn plugin_errors_name_the_plugin_and_roll_back() {
     cni_test(|env| async move {
         // A range of one address: the second pod cannot get one.
-        let mut conf: serde_json::Value =
-            serde_json::from_str(&conflist(&env, "10.203.0.0/24"))?;
+        let mut conf: serde_json::Value = serde_json::from_str(&conflist(&env, "10.203.0.0/24"))?;
         conf["plugins"][0]["ipam"]["rangeStart"] = "10.203.0.10".into();
         conf["plugins"][0]["ipam"]["rangeEnd"] = "10.203.0.10".into();
         write_conf(&env, "10-tiny.conflist", &conf.to_string())?;
@@ -386,7 +399,10 @@ fn plugin_errors_name_the_plugin_and_roll_back() {
             .unwrap_err();
         match &err {
             NetworkError::CniPlugin {
-                plugin, command, msg, ..
+                plugin,
+                command,
+                msg,
+                ..
             } => {
                 assert_eq!(plugin, "bridge");
                 assert_eq!(*command, "ADD");
@@ -394,7 +410,10 @@ fn plugin_errors_name_the_plugin_and_roll_back() {
             }
             other => panic!("unexpected error {other:?}"),
         }
-        assert!(err.to_string().starts_with("cni plugin bridge ADD failed"), "{err}");
+        assert!(
+            err.to_string().starts_with("cni plugin bridge ADD failed"),
+            "{err}"
+        );
         // The failed sandbox was rolled back; the first one is intact.
         assert_eq!(pins(&env), vec![first.as_str().to_owned()]);
         assert_eq!(cache_entries(&env).len(), 1);

@@ -58,9 +58,8 @@ pub(crate) fn write(path: &Path, entry: &Entry) -> Result<(), NetworkError> {
         std::fs::create_dir_all(parent)
             .map_err(|e| NetworkError::io("create cni cache directory", parent, e))?;
     }
-    let bytes = serde_json::to_vec(entry).map_err(|e| {
-        NetworkError::io("encode cni cache entry", path, io::Error::other(e))
-    })?;
+    let bytes = serde_json::to_vec(entry)
+        .map_err(|e| NetworkError::io("encode cni cache entry", path, io::Error::other(e)))?;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(TMP_SUFFIX);
     let tmp = PathBuf::from(tmp);
@@ -112,7 +111,9 @@ pub(crate) fn list(cache_dir: &Path) -> Result<Vec<(PathBuf, Entry)>, NetworkErr
         match read(&path) {
             Ok(Some(entry)) => out.push((path, entry)),
             Ok(None) => {}
-            Err(e) => tracing::warn!(error = %cubelet_engine::chain(&e), "skipping cni cache entry"),
+            Err(e) => {
+                tracing::warn!(error = %cubelet_engine::chain(&e), "skipping cni cache entry")
+            }
         }
     }
     Ok(out)

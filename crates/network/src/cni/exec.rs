@@ -110,7 +110,13 @@ pub(crate) async fn exec(
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stdout = stdout.trim();
     if !out.status.success() {
-        return Err(plugin_error(plugin, command, stdout, &out.stderr, out.status));
+        return Err(plugin_error(
+            plugin,
+            command,
+            stdout,
+            &out.stderr,
+            out.status,
+        ));
     }
     if stdout.is_empty() {
         return Ok(None);
@@ -248,7 +254,10 @@ mod tests {
         let err = exec(&bin, "crasher", &inv(Op::Del), b"{}")
             .await
             .unwrap_err();
-        assert!(err.to_string().contains("crasher DEL failed: boom"), "{err}");
+        assert!(
+            err.to_string().contains("crasher DEL failed: boom"),
+            "{err}"
+        );
 
         let bin = script(dir.path(), "garbler", "echo not-json");
         let err = exec(&bin, "garbler", &inv(Op::Add), b"{}")
@@ -265,7 +274,11 @@ mod tests {
 
     #[test]
     fn missing_plugins_are_reported_with_the_search_path() {
-        let err = find(&["/nonexistent-a".into(), "/nonexistent-b".into()], "bridge").unwrap_err();
+        let err = find(
+            &["/nonexistent-a".into(), "/nonexistent-b".into()],
+            "bridge",
+        )
+        .unwrap_err();
         assert_eq!(
             err.to_string(),
             "cni plugin bridge not found in /nonexistent-a:/nonexistent-b"

@@ -471,7 +471,11 @@ impl CniNetwork {
     /// gone; otherwise the first one is returned and the cache entry and pin
     /// are kept, so a retry runs DEL again.
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox_id = %sandbox))]
-    pub async fn teardown(&self, sandbox: &SandboxId, spec: &SandboxSpec) -> Result<(), NetworkError> {
+    pub async fn teardown(
+        &self,
+        sandbox: &SandboxId,
+        spec: &SandboxSpec,
+    ) -> Result<(), NetworkError> {
         let pin = self.netns_path(sandbox);
         match self.attachment(sandbox, spec)? {
             Some(att) => {
@@ -777,12 +781,16 @@ mod tests {
             },
         ]);
         let prev = serde_json::json!({"cniVersion": "1.0.0", "ips": []});
-        let first: Value = serde_json::from_slice(&plugin_stdin(&l, 0, None, &caps).unwrap()).unwrap();
+        let first: Value =
+            serde_json::from_slice(&plugin_stdin(&l, 0, None, &caps).unwrap()).unwrap();
         assert_eq!(first["name"], "net");
         assert_eq!(first["cniVersion"], "1.0.0");
         assert_eq!(first["bridge"], "b0");
         assert!(first.get("prevResult").is_none());
-        assert!(first.get("runtimeConfig").is_none(), "bridge lacks the capability");
+        assert!(
+            first.get("runtimeConfig").is_none(),
+            "bridge lacks the capability"
+        );
 
         let second: Value =
             serde_json::from_slice(&plugin_stdin(&l, 1, Some(&prev), &caps).unwrap()).unwrap();
@@ -808,10 +816,7 @@ mod tests {
             join_args(&cni_args(&id, &spec)),
             "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=abc;K8S_POD_UID=u-1"
         );
-        assert_eq!(
-            join_args(&[("A".into(), "x;B=y".into())]),
-            "A=xBy"
-        );
+        assert_eq!(join_args(&[("A".into(), "x;B=y".into())]), "A=xBy");
     }
 
     #[test]

@@ -54,8 +54,7 @@ pub(crate) fn pod_ips(result: &Value, ifname: &str) -> Result<Vec<IpAddr>, Strin
 /// `10.0.0.5/24` → `10.0.0.5`.
 fn parse_cidr(s: &str) -> Result<IpAddr, String> {
     let addr = s.split_once('/').map_or(s, |(a, _)| a);
-    addr.parse()
-        .map_err(|e| format!("bad address {s:?}: {e}"))
+    addr.parse().map_err(|e| format!("bad address {s:?}: {e}"))
 }
 
 #[cfg(test)]
