@@ -389,7 +389,11 @@ fn write_block(out: &mut BytesMut, stream_id: u32, end_stream: bool, block: &[u8
     let mut first = true;
     loop {
         let (chunk, tail) = rest.split_at(rest.len().min(MAX_FRAME_SIZE));
-        let kind = if first { TYPE_HEADERS } else { TYPE_CONTINUATION };
+        let kind = if first {
+            TYPE_HEADERS
+        } else {
+            TYPE_CONTINUATION
+        };
         let mut flags = 0;
         if first && end_stream {
             flags |= FLAG_END_STREAM;
@@ -818,7 +822,12 @@ mod tests {
         for (i, &(name, value)) in STATIC_TABLE.iter().enumerate() {
             let mut decoder = Decoder::new();
             let got = decoder.decode(&[0x80 | (i as u8 + 1)]).unwrap();
-            assert_eq!(got, vec![(name.to_vec(), value.to_vec())], "index {}", i + 1);
+            assert_eq!(
+                got,
+                vec![(name.to_vec(), value.to_vec())],
+                "index {}",
+                i + 1
+            );
         }
     }
 
@@ -858,18 +867,25 @@ mod tests {
         // table.
         let blocks: [&[u8]; 3] = [
             &[
-                0x82, 0x86, 0x84, 0x41, 0x8c, 0xf1, 0xe3, 0xc2, 0xe5, 0xf2, 0x3a, 0x6b, 0xa0,
-                0xab, 0x90, 0xf4, 0xff,
+                0x82, 0x86, 0x84, 0x41, 0x8c, 0xf1, 0xe3, 0xc2, 0xe5, 0xf2, 0x3a, 0x6b, 0xa0, 0xab,
+                0x90, 0xf4, 0xff,
             ],
-            &[0x82, 0x86, 0x84, 0xbe, 0x58, 0x86, 0xa8, 0xeb, 0x10, 0x64, 0x9c, 0xbf],
             &[
-                0x82, 0x87, 0x85, 0xbf, 0x40, 0x88, 0x25, 0xa8, 0x49, 0xe9, 0x5b, 0xa9, 0x7d,
-                0x7f, 0x89, 0x25, 0xa8, 0x49, 0xe9, 0x5b, 0xb8, 0xe8, 0xb4, 0xbf,
+                0x82, 0x86, 0x84, 0xbe, 0x58, 0x86, 0xa8, 0xeb, 0x10, 0x64, 0x9c, 0xbf,
+            ],
+            &[
+                0x82, 0x87, 0x85, 0xbf, 0x40, 0x88, 0x25, 0xa8, 0x49, 0xe9, 0x5b, 0xa9, 0x7d, 0x7f,
+                0x89, 0x25, 0xa8, 0x49, 0xe9, 0x5b, 0xb8, 0xe8, 0xb4, 0xbf,
             ],
         ];
         let mut input = PREFACE.to_vec();
         for (i, b) in blocks.iter().enumerate() {
-            input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS | FLAG_END_STREAM, 1 + 2 * i as u32, b));
+            input.extend(frame(
+                TYPE_HEADERS,
+                FLAG_END_HEADERS | FLAG_END_STREAM,
+                1 + 2 * i as u32,
+                b,
+            ));
         }
         let (out, rewriting) = run(&input, 3);
         assert!(!rewriting);
@@ -962,7 +978,11 @@ mod tests {
             let input = client_stream(std::slice::from_ref(&req));
             let (out, rewriting) = run(&input, input.len());
             assert_eq!(rewriting, replaced, "{authority:?}");
-            let expect = if replaced { with_authority(req, "localhost") } else { req };
+            let expect = if replaced {
+                with_authority(req, "localhost")
+            } else {
+                req
+            };
             assert_eq!(server_view(&out)[0].2, expect, "{authority:?}");
         }
     }
@@ -1027,7 +1047,12 @@ mod tests {
         assert_eq!(run(&inside, 2).0, inside);
         // Pad length larger than the frame.
         let mut pad = PREFACE.to_vec();
-        pad.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS | FLAG_PADDED, 1, &[9, 0x83]));
+        pad.extend(frame(
+            TYPE_HEADERS,
+            FLAG_END_HEADERS | FLAG_PADDED,
+            1,
+            &[9, 0x83],
+        ));
         assert_eq!(run(&pad, 64).0, pad);
         // Truncated: the client goes away in the middle of a header block.
         let mut cut = PREFACE.to_vec();
