@@ -131,7 +131,10 @@ impl Default for DaemonOpts {
 /// and CRI clients.
 #[derive(Debug)]
 pub struct Daemon {
-    child: Option<tokio::process::Child>,
+    child: std::sync::Mutex<Option<tokio::process::Child>>,
+    bin: PathBuf,
+    config_file: PathBuf,
+    drop_ins: PathBuf,
     /// The CRI socket.
     pub socket: PathBuf,
     /// `root_dir` of the daemon.
@@ -252,38 +255,42 @@ impl Daemon {
 
         let ip_forward_before = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").ok();
         let daemon_log = lib_base.join("cubelet.log");
-        let log = std::fs::File::create(&daemon_log)?;
-        let child = tokio::process::Command::new(&bin)
-            .arg("--config")
-            .arg(&config_file)
-            .arg("--config-dir")
-            .arg(&drop_ins)
-            .env(
-                "RUST_LOG",
-                std::env::var("CUBELET_E2E_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("spawn {}", bin.display()))?;
-        eprintln!(
-            "e2e: started {} (pid {:?}), log {}",
-            bin.display(),
-            child.id(),
-            daemon_log.display()
-        );
-
-        // Build the value first so a failed start still tears down.
-        let mut partial = Partial {
-            child: Some(child),
-            log: daemon_log.clone(),
+        let host = Host {
+            run_base: run_base.clone(),
+            lib_base: lib_base.clone(),
+            bridge: bridge.clone(),
+            namespace: namespace.clone(),
+            containerd: containerd.clone(),
+            ip_forward_before: ip_forward_before.clone(),
         };
-        wait_ready(&mut partial, metrics, opts.ready_timeout).await?;
-        let channel = connect(&socket).await?;
-        let child = partial.child.take();
+        let ready = async {
+            let child = spawn(&bin, &config_file, &drop_ins, &daemon_log)?;
+            let mut partial = Partial {
+                child: Some(child),
+                log: daemon_log.clone(),
+            };
+            wait_ready(&mut partial, metrics, opts.ready_timeout).await?;
+            let channel = connect(&socket).await?;
+            anyhow::Ok((partial, channel))
+        }
+        .await;
+        // A failed start still cleans the host (Partial's drop kills the child).
+        let (mut partial, channel) = match ready {
+            Ok(r) => r,
+            Err(e) => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                return match host.cleanup().await {
+                    Ok(()) => Err(e),
+                    Err(c) => Err(e.context(format!("and the cleanup after it failed: {c:#}"))),
+                };
+            }
+        };
+        let child = std::sync::Mutex::new(partial.child.take());
         Ok(Daemon {
             child,
+            bin,
+            config_file,
+            drop_ins,
             socket,
             root_dir,
             state_dir,
@@ -311,7 +318,14 @@ impl Daemon {
 
     /// The daemon's pid, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().and_then(|c| c.id())
+        self.child
+            .lock()
+            .ok()
+            .and_then(|c| c.as_ref().and_then(|c| c.id()))
+    }
+
+    fn take_child(&self) -> Option<tokio::process::Child> {
+        self.child.lock().ok().and_then(|mut c| c.take())
     }
 
     /// The last `n` lines of the daemon's log.
@@ -320,11 +334,35 @@ impl Daemon {
     }
 
     /// SIGTERMs the daemon and waits (30 s, then SIGKILL). Returns its exit code.
-    pub async fn stop(&mut self) -> anyhow::Result<Option<i32>> {
-        let Some(mut child) = self.child.take() else {
+    pub async fn stop(&self) -> anyhow::Result<Option<i32>> {
+        let Some(mut child) = self.take_child() else {
             return Ok(None);
         };
         terminate(&mut child, Duration::from_secs(30)).await
+    }
+
+    /// SIGTERMs the daemon (it must exit 0), starts it again with the same
+    /// config and dirs, and waits for `/readyz`. The clients reconnect.
+    pub async fn restart(&self) -> anyhow::Result<()> {
+        match self.stop().await? {
+            Some(0) => {}
+            other => bail!("daemon exited with {other:?} on SIGTERM"),
+        }
+        let child = spawn(
+            &self.bin,
+            &self.config_file,
+            &self.drop_ins,
+            &self.daemon_log,
+        )?;
+        let mut partial = Partial {
+            child: Some(child),
+            log: self.daemon_log.clone(),
+        };
+        wait_ready(&mut partial, self.metrics, Duration::from_secs(90)).await?;
+        if let Ok(mut c) = self.child.lock() {
+            *c = partial.child.take();
+        }
+        Ok(())
     }
 
     /// Stops and removes every container and pod sandbox through CRI.
@@ -377,9 +415,9 @@ impl Daemon {
     /// Full teardown: pods via CRI, the daemon, the bridge and its nft table,
     /// ip_forward, mounts and dirs, containerd objects and namespace.
     /// Every step runs; the errors are returned together.
-    pub async fn teardown(mut self) -> anyhow::Result<()> {
+    pub async fn teardown(self) -> anyhow::Result<()> {
         let mut errors = Vec::new();
-        if self.child.is_some() {
+        if self.pid().is_some() {
             if let Err(e) = self.remove_all().await {
                 errors.push(format!("remove pods via CRI: {e:#}"));
             }
@@ -560,11 +598,45 @@ impl Host {
 impl Drop for Daemon {
     fn drop(&mut self) {
         // Never leave the daemon running when a test panics past teardown.
-        if let Some(pid) = self.child.as_ref().and_then(|c| c.id()) {
+        if let Some(pid) = self.pid() {
             let pid = nix::unistd::Pid::from_raw(pid as i32);
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         }
     }
+}
+
+/// Spawns the daemon, appending its output to `log`.
+fn spawn(
+    bin: &Path,
+    config: &Path,
+    drop_ins: &Path,
+    log: &Path,
+) -> anyhow::Result<tokio::process::Child> {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    let child = tokio::process::Command::new(bin)
+        .arg("--config")
+        .arg(config)
+        .arg("--config-dir")
+        .arg(drop_ins)
+        .env(
+            "RUST_LOG",
+            std::env::var("CUBELET_E2E_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("spawn {}", bin.display()))?;
+    eprintln!(
+        "e2e: started {} (pid {:?}), log {}",
+        bin.display(),
+        child.id(),
+        log.display()
+    );
+    Ok(child)
 }
 
 /// A daemon being started: killed if start fails.

@@ -51,6 +51,12 @@ fn scenarios() -> Vec<Scenario> {
         ("bad_inputs", 60, |d| Box::pin(bad_inputs(d))),
         ("networking", 90, |d| Box::pin(networking(d))),
         ("metrics_after_traffic", 30, |d| Box::pin(metrics(d))),
+        ("concurrent_run_pod_sandbox_same_pod", 60, |d| {
+            Box::pin(concurrent_run(d))
+        }),
+        ("restart_keeps_pods_and_containers", 150, |d| {
+            Box::pin(restart(d))
+        }),
         ("bad_config_exits_2", 30, |d| Box::pin(bad_config(d))),
     ]
 }
@@ -1237,5 +1243,66 @@ async fn bad_config(d: &Daemon) -> anyhow::Result<()> {
         socket.display()
     );
     let _ = d;
+    Ok(())
+}
+
+async fn concurrent_run(d: &Daemon) -> anyhow::Result<()> {
+    // Two RunPodSandbox for one pod at once: one flow, one id, one netns.
+    let cfg = pod_config("racer", "uid-racer", &log_dir(d, "racer"));
+    let (a, b) = tokio::join!(run_pod_with(d, cfg.clone(), ""), run_pod_with(d, cfg, ""));
+    let (a, b) = (a?.0, b?.0);
+    ensure!(a == b, "concurrent RunPodSandbox gave {a} and {b}");
+    let pods = d
+        .runtime
+        .clone()
+        .list_pod_sandbox(ListPodSandboxRequest::default())
+        .await?;
+    ensure!(
+        pods.into_inner().items.len() == 1,
+        "more than one sandbox for one pod"
+    );
+    let pins = std::fs::read_dir(d.state_dir.join("netns"))?.count();
+    ensure!(pins == 1, "{pins} netns pins for one pod");
+    Ok(())
+}
+
+async fn restart(d: &Daemon) -> anyhow::Result<()> {
+    pull(d, BUSYBOX).await?;
+    let (pod, cfg) = run_pod(d, "survivor").await?;
+    let cid = start_container(
+        d,
+        &pod,
+        &cfg,
+        container_config("survivor", BUSYBOX, &["sleep", "3600"]),
+    )
+    .await?;
+    let ip = pod_status(d, &pod).await?.network.context("network")?.ip;
+    d.restart().await?;
+    let s = pod_status(d, &pod)
+        .await
+        .context("PodSandboxStatus after restart")?;
+    ensure!(
+        s.state == PodSandboxState::SandboxReady as i32,
+        "pod state after restart {}",
+        s.state
+    );
+    ensure!(
+        s.network.map(|n| n.ip) == Some(ip.clone()),
+        "pod ip changed across restart (was {ip})"
+    );
+    let c = container_status(d, &cid)
+        .await
+        .context("ContainerStatus after restart")?;
+    ensure!(
+        c.state == ContainerState::ContainerRunning as i32,
+        "container state after restart {}",
+        c.state
+    );
+    let r = exec(d, &cid, &["echo", "still here"], 10).await?;
+    ensure!(r.stdout == b"still here\n", "exec after restart: {r:?}");
+    // A new pod gets a different address than the surviving one.
+    let (other, _) = run_pod(d, "after-restart").await?;
+    let ip2 = pod_status(d, &other).await?.network.context("network")?.ip;
+    ensure!(ip2 != ip, "new pod reuses the surviving pod's address {ip}");
     Ok(())
 }
