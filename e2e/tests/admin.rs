@@ -81,14 +81,21 @@ async fn scenario(d: &Daemon) -> anyhow::Result<()> {
         .with_context(|| format!("{}", socket.display()))?
         .permissions()
         .mode();
-    ensure!(mode & 0o777 == 0o600, "admin socket mode {:o}", mode & 0o777);
+    ensure!(
+        mode & 0o777 == 0o600,
+        "admin socket mode {:o}",
+        mode & 0o777
+    );
 
     let flows = ctl(&socket, &["flows"]).await?;
     ensure!(flows.starts_with("FLOW"), "{flows}");
     for flow in ["create", "destroy", "cleanup"] {
         row(&flows, flow)?;
     }
-    ensure!(row(&flows, "create")?[1] == "16", "default create limit: {flows}");
+    ensure!(
+        row(&flows, "create")?[1] == "16",
+        "default create limit: {flows}"
+    );
 
     let set = ctl(&socket, &["set-limit", "create", "4"]).await?;
     ensure!(set.contains("create limit set to 4"), "{set}");
@@ -144,13 +151,19 @@ async fn scenario(d: &Daemon) -> anyhow::Result<()> {
     .await
     .context("RemovePodSandbox")?;
     let listing = ctl(&socket, &["sandboxes"]).await?;
-    ensure!(!listing.contains(&id), "removed pod still listed: {listing}");
+    ensure!(
+        !listing.contains(&id),
+        "removed pod still listed: {listing}"
+    );
 
     // The removed pod's journal is an orphan the pass may reclaim; either
     // way the pass reports and succeeds.
     let gc = ctl(&socket, &["gc"]).await?;
     ensure!(gc.starts_with("gc pass done"), "{gc}");
-    ensure!(!gc.contains("FAILURES") || gc.lines().skip(2).all(|l| l.ends_with(" 0")), "{gc}");
+    ensure!(
+        !gc.contains("FAILURES") || gc.lines().skip(2).all(|l| l.ends_with(" 0")),
+        "{gc}"
+    );
 
     // Wrong input is refused with a readable error and exit code 1.
     let out = tokio::process::Command::new(cubelet_bin())
