@@ -35,6 +35,9 @@ state = "${CONTAINERD_STATE}"
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "${PAUSE_IMAGE}"
+  # root lacks CAP_SYS_RESOURCE here: without this, runc cannot lower the
+  # pause container's oom_score_adj and every RunPodSandbox fails.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -45,6 +48,8 @@ state = "${CONTAINERD_STATE}"
         Root = "${CONTAINERD_RUNC_ROOT}"
   [plugins."io.containerd.grpc.v1.cri".cni]
     conf_dir = "${CONTAINERD_CNI_CONF_DIR}"
+    # Debian's containernetworking-plugins live here, not in /opt/cni/bin.
+    bin_dir = "/usr/lib/cni"
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "${CUBELET_TEST_ROOT}/containerd-certs.d"
 

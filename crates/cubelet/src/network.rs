@@ -1,0 +1,101 @@
+//! The configured pod network provider (`network.provider`): the built-in
+//! bridge or standard CNI plugins, behind one type for wiring, GC and status.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use cubelet_engine::{Flow, SandboxId};
+use cubelet_network::{
+    BridgeConfig, BridgeNetwork, CniConfig, CniNetwork, NetworkError, Readiness,
+};
+use cubelet_store::Store;
+
+use crate::adapters::StoreLeases;
+use crate::config::{Config, NetworkProvider};
+
+/// Debian installs the standard plugins here rather than in `/opt/cni/bin`.
+const DEBIAN_CNI_DIR: &str = "/usr/lib/cni";
+
+/// The provider that runs the `network` step.
+#[derive(Debug, Clone)]
+pub(crate) enum PodNetwork {
+    /// Built-in bridge over netlink.
+    Bridge(Arc<BridgeNetwork>),
+    /// CNI plugins.
+    Cni(Arc<CniNetwork>),
+}
+
+impl PodNetwork {
+    /// Builds the configured provider.
+    pub(crate) fn build(config: &Config, store: &Arc<Store>) -> Result<Self> {
+        Ok(match config.network.provider {
+            NetworkProvider::Bridge => PodNetwork::Bridge(Arc::new(BridgeNetwork::new(
+                BridgeConfig {
+                    name: config.network.bridge.name.clone(),
+                    subnet: config.network.bridge.subnet,
+                    mtu: config.network.bridge.mtu,
+                    state_dir: config.state_dir.clone(),
+                },
+                Arc::new(StoreLeases(Arc::clone(store))),
+            )?)),
+            NetworkProvider::Cni => {
+                let mut bin_dirs = vec![config.network.cni.bin_dir.clone()];
+                if config.network.cni.bin_dir.as_path() != std::path::Path::new(DEBIAN_CNI_DIR) {
+                    bin_dirs.push(DEBIAN_CNI_DIR.into());
+                }
+                PodNetwork::Cni(Arc::new(CniNetwork::new(CniConfig {
+                    bin_dirs,
+                    conf_dir: config.network.cni.conf_dir.clone(),
+                    state_dir: config.state_dir.clone(),
+                    // Persistent: host-local leases survive a reboot, so DEL must too.
+                    cache_dir: config.root_dir.join("cni"),
+                })?))
+            }
+            NetworkProvider::None => {
+                bail!("network.provider none is not supported yet (use bridge or cni)")
+            }
+        })
+    }
+
+    /// The provider as an engine step.
+    pub(crate) fn flow(&self) -> Arc<dyn Flow> {
+        match self {
+            PodNetwork::Bridge(b) => Arc::clone(b) as Arc<dyn Flow>,
+            PodNetwork::Cni(c) => Arc::clone(c) as Arc<dyn Flow>,
+        }
+    }
+
+    /// Reclaims what belongs to no live sandbox; counts by GC kind.
+    pub(crate) async fn gc(
+        &self,
+        live: &HashSet<SandboxId>,
+    ) -> Result<Vec<(&'static str, usize)>, NetworkError> {
+        Ok(match self {
+            PodNetwork::Bridge(b) => {
+                let r = b.gc(live).await?;
+                vec![
+                    ("netns", r.netns),
+                    ("veth", r.veths),
+                    ("lease", r.leases),
+                    ("port_rule", r.port_rules),
+                ]
+            }
+            PodNetwork::Cni(c) => {
+                let r = c.gc(live).await?;
+                vec![("cni_attachment", r.attachments), ("netns", r.netns)]
+            }
+        })
+    }
+
+    /// CRI `NetworkReady`: `(ready, reason, message)`.
+    pub(crate) fn ready(&self) -> (bool, String, String) {
+        match self {
+            PodNetwork::Bridge(_) => (true, String::new(), String::new()),
+            PodNetwork::Cni(c) => match c.ready() {
+                Readiness::Ready => (true, String::new(), String::new()),
+                Readiness::NotReady { reason, message } => (false, reason.to_owned(), message),
+            },
+        }
+    }
+}
