@@ -61,10 +61,16 @@ fn main() -> ExitCode {
         for (n, _, _) in &selected {
             println!("SKIP: {n}: {reason}");
         }
-        println!("\ntest result: ok. 0 passed; 0 failed; {} skipped", selected.len());
+        println!(
+            "\ntest result: ok. 0 passed; 0 failed; {} skipped",
+            selected.len()
+        );
         return ExitCode::SUCCESS;
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("tokio runtime: {e}");
@@ -146,7 +152,11 @@ fn log_dir(d: &Daemon, pod: &str) -> PathBuf {
 }
 
 /// Pulls busybox, runs pod `name` and starts `cfg` in it.
-async fn pod_with(d: &Daemon, name: &str, cfg: ContainerConfig) -> anyhow::Result<(String, String)> {
+async fn pod_with(
+    d: &Daemon,
+    name: &str,
+    cfg: ContainerConfig,
+) -> anyhow::Result<(String, String)> {
     let mut images = d.images.clone();
     images
         .pull_image(PullImageRequest {
@@ -185,7 +195,12 @@ async fn pod_with(d: &Daemon, name: &str, cfg: ContainerConfig) -> anyhow::Resul
 }
 
 async fn sleeper(d: &Daemon, name: &str) -> anyhow::Result<String> {
-    let (_, cid) = pod_with(d, name, container_config("sleeper", BUSYBOX, &["sleep", "3600"])).await?;
+    let (_, cid) = pod_with(
+        d,
+        name,
+        container_config("sleeper", BUSYBOX, &["sleep", "3600"]),
+    )
+    .await?;
     Ok(cid)
 }
 
@@ -208,7 +223,9 @@ type Ws = WebSocketStream<TcpStream>;
 
 /// Opens a WebSocket to `url` offering `protocol`.
 async fn ws_connect(url: &str, protocol: &str) -> Result<Ws, WsError> {
-    let mut req = url.into_client_request()?;
+    // The CRI answer is an http URL; WebSocket clients dial it as ws://.
+    let ws_url = url.replacen("http://", "ws://", 1);
+    let mut req = ws_url.into_client_request()?;
     let authority = req
         .uri()
         .authority()
@@ -216,7 +233,9 @@ async fn ws_connect(url: &str, protocol: &str) -> Result<Ws, WsError> {
         .unwrap_or_default();
     req.headers_mut().insert(
         "Sec-WebSocket-Protocol",
-        protocol.parse().map_err(|_| WsError::Utf8("protocol".into()))?,
+        protocol
+            .parse()
+            .map_err(|_| WsError::Utf8("protocol".into()))?,
     );
     let tcp = TcpStream::connect(authority).await.map_err(WsError::Io)?;
     let (ws, resp) = tokio_tungstenite::client_async(req, tcp).await?;
@@ -313,14 +332,20 @@ async fn exec_plain(d: &Daemon) -> anyhow::Result<()> {
     let cmd = ["sh", "-c", "echo hi; echo oops >&2; exit 3"];
     for proto in ["v5.channel.k8s.io", "v4.channel.k8s.io"] {
         let url = exec_url(d, exec_req(&cid, &cmd, false, true, false)).await?;
-        ensure!(url.starts_with("http://127.0.0.1:") && url.contains("/exec/"), "url {url}");
+        ensure!(
+            url.starts_with("http://127.0.0.1:") && url.contains("/exec/"),
+            "url {url}"
+        );
         let mut ws = ws_connect(&url, proto).await?;
         let mut out = Output::default();
         read_all(&mut ws, &mut out).await;
         ensure!(out.stdout == b"hi\n", "{proto} stdout {out:?}");
         ensure!(out.stderr == b"oops\n", "{proto} stderr {out:?}");
         let st = out.status()?;
-        ensure!(st["status"] == "Failure" && st["reason"] == "NonZeroExitCode", "{st}");
+        ensure!(
+            st["status"] == "Failure" && st["reason"] == "NonZeroExitCode",
+            "{st}"
+        );
         ensure!(st["details"]["causes"][0]["reason"] == "ExitCode", "{st}");
         ensure!(st["details"]["causes"][0]["message"] == "3", "{st}");
         // Single use: the same URL again is refused.
@@ -349,7 +374,11 @@ async fn exec_plain(d: &Daemon) -> anyhow::Result<()> {
         "empty cmd",
     )?;
     expect_code(
-        exec_url(d, exec_req("0123456789abcdef", &["true"], false, true, false)).await,
+        exec_url(
+            d,
+            exec_req("0123456789abcdef", &["true"], false, true, false),
+        )
+        .await,
         Code::NotFound,
         "unknown container",
     )?;
@@ -426,7 +455,10 @@ async fn spdy_refused(d: &Daemon) -> anyhow::Result<()> {
         let n = s.read(&mut buf).await?;
         all.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
-    ensure!(all.contains("SPDY/3.1") && all.contains("not implemented"), "{all}");
+    ensure!(
+        all.contains("SPDY/3.1") && all.contains("not implemented"),
+        "{all}"
+    );
     Ok(())
 }
 
@@ -465,7 +497,10 @@ async fn attach(d: &Daemon) -> anyhow::Result<()> {
         .into_inner()
         .status
         .context("status")?;
-    ensure!(st.state == ContainerState::ContainerRunning as i32, "{st:?}");
+    ensure!(
+        st.state == ContainerState::ContainerRunning as i32,
+        "{st:?}"
+    );
     expect_code(
         d.runtime
             .clone()
@@ -514,7 +549,10 @@ async fn port_forward(d: &Daemon) -> anyhow::Result<()> {
                 other => bail!("port-forward preamble: {other:?}"),
             }
         }
-        ensure!(firsts == vec![vec![0, 0x90, 0x1f], vec![1, 0x90, 0x1f]], "{firsts:?}");
+        ensure!(
+            firsts == vec![vec![0, 0x90, 0x1f], vec![1, 0x90, 0x1f]],
+            "{firsts:?}"
+        );
         send(&mut ws, 0, b"GET /index.html HTTP/1.0\r\nHost: pod\r\n\r\n").await?;
         let mut data = Vec::new();
         let mut error = Vec::new();

@@ -19,7 +19,9 @@ mod sandbox;
 mod server;
 mod service;
 mod stats;
+pub mod streaming;
 
 pub use error::{CriError, CriResult};
 pub use server::serve_unix;
 pub use service::{Cri, CriDeps, CriObserver, NodeConditions, NoopCriObserver};
+pub use streaming::{StreamingConfig, StreamingServer};

@@ -66,6 +66,9 @@ pub struct CriDeps {
     pub image_fs: (std::path::PathBuf, std::path::PathBuf),
     /// Extra verbose info for `Status` (config, versions), as JSON strings.
     pub status_info: HashMap<String, String>,
+    /// The streaming server for Exec/Attach/PortForward; `None` answers
+    /// those calls with `Unimplemented`.
+    pub streaming: Option<crate::streaming::StreamingServer>,
 }
 
 impl fmt::Debug for CriDeps {
@@ -366,32 +369,26 @@ impl RuntimeService for Cri {
 
     async fn exec(
         &self,
-        _r: Request<cri::ExecRequest>,
+        r: Request<cri::ExecRequest>,
     ) -> Result<Response<cri::ExecResponse>, Status> {
-        self.call("Exec", async {
-            unimplemented("the streaming server (Exec)")
-        })
-        .await
+        let r = r.into_inner();
+        self.call("Exec", self.exec_impl(r)).await
     }
 
     async fn attach(
         &self,
-        _r: Request<cri::AttachRequest>,
+        r: Request<cri::AttachRequest>,
     ) -> Result<Response<cri::AttachResponse>, Status> {
-        self.call("Attach", async {
-            unimplemented("the streaming server (Attach)")
-        })
-        .await
+        let r = r.into_inner();
+        self.call("Attach", self.attach_impl(r)).await
     }
 
     async fn port_forward(
         &self,
-        _r: Request<cri::PortForwardRequest>,
+        r: Request<cri::PortForwardRequest>,
     ) -> Result<Response<cri::PortForwardResponse>, Status> {
-        self.call("PortForward", async {
-            unimplemented("the streaming server (PortForward)")
-        })
-        .await
+        let r = r.into_inner();
+        self.call("PortForward", self.port_forward_impl(r)).await
     }
 
     async fn container_stats(

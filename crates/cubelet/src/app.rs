@@ -185,6 +185,14 @@ pub async fn run(config: Config) -> Result<()> {
         "config".to_owned(),
         serde_json::to_string(&config).unwrap_or_default(),
     );
+    let streaming = cubelet_cri::StreamingServer::bind(&cubelet_cri::StreamingConfig {
+        address: config.streaming.address,
+        port: config.streaming.port,
+        idle_timeout: config.streaming.idle_timeout,
+    })
+    .await
+    .context("bind the streaming server")?;
+    info!(addr = %streaming.local_addr(), "streaming server bound");
     let cri = Cri::new(CriDeps {
         engine: engine.clone(),
         store: Arc::clone(&store),
@@ -208,6 +216,7 @@ pub async fn run(config: Config) -> Result<()> {
                 .join("io.containerd.content.v1.content"),
         ),
         status_info,
+        streaming: Some(streaming.clone()),
     });
 
     let parts = Arc::new(Parts {
@@ -252,6 +261,11 @@ pub async fn run(config: Config) -> Result<()> {
         shutdown.clone(),
     ));
     info!(socket = %config.socket.display(), "serving CRI");
+    let streaming_task = {
+        let runtime = Arc::clone(&runtime);
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move { streaming.serve(runtime, shutdown).await })
+    };
 
     wait_for_signal(&shutdown).await?;
     info!("shutting down");
@@ -259,6 +273,7 @@ pub async fn run(config: Config) -> Result<()> {
     shutdown.cancel();
     let drained = tokio::time::timeout(GRACE, async {
         let _ = cri_task.await;
+        let _ = streaming_task.await;
         let _ = gc_task.await;
         let _ = events_task.await;
         let _ = admin_task.await;

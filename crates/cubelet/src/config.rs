@@ -114,6 +114,9 @@ pub struct StreamingConfig {
     pub address: IpAddr,
     /// Port; 0 picks a free one.
     pub port: u16,
+    /// How long an Exec/Attach/PortForward URL stays usable (kubelet: 4m).
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
 }
 
 impl Default for StreamingConfig {
@@ -121,6 +124,7 @@ impl Default for StreamingConfig {
         Self {
             address: IpAddr::V4(Ipv4Addr::LOCALHOST),
             port: 0,
+            idle_timeout: Duration::from_secs(4 * 60),
         }
     }
 }

@@ -679,6 +679,11 @@ impl ContainerRuntime {
         }
     }
 
+    /// The log sink of a container whose output this agent copies.
+    pub(crate) fn log_sink(&self, id: &str) -> Option<Arc<LogSink>> {
+        self.lock_live().get(id).map(|l| l.sink.clone())
+    }
+
     /// Closes and reopens the container's log file (after kubelet rotated it).
     pub async fn reopen_log(&self, id: &str) -> Result<(), RuntimeError> {
         let sink = self.lock_live().get(id).map(|l| l.sink.clone());

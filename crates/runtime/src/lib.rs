@@ -18,6 +18,7 @@ pub mod container;
 pub mod io;
 pub mod logs;
 pub mod events;
+pub mod exec_stream;
 pub mod sandbox;
 pub mod stats;
 

@@ -82,6 +82,8 @@ pub fn format_entry(out: &mut Vec<u8>, ts: SystemTime, stream: Stream, partial: 
 pub struct LogSink {
     path: Option<PathBuf>,
     file: Mutex<Option<tokio::fs::File>>,
+    /// Every entry is also broadcast here (attach).
+    tap: crate::exec_stream::OutputTap,
 }
 
 async fn open_log(path: &Path) -> Result<tokio::fs::File, RuntimeError> {
@@ -116,12 +118,18 @@ impl LogSink {
         Ok(Self {
             path,
             file: Mutex::new(file),
+            tap: Default::default(),
         })
     }
 
     /// The log path, if any.
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
+    }
+
+    /// The broadcast of the entries written (for attach).
+    pub fn tap(&self) -> &crate::exec_stream::OutputTap {
+        &self.tap
     }
 
     /// Closes the file and opens it again at the same path (after rotation).
@@ -139,6 +147,7 @@ impl LogSink {
     }
 
     async fn write(&self, stream: Stream, partial: bool, text: &[u8]) {
+        self.tap.send(stream, partial, text);
         let mut buf = Vec::with_capacity(text.len() + 48);
         format_entry(&mut buf, SystemTime::now(), stream, partial, text);
         let mut guard = self.file.lock().await;

@@ -1,0 +1,169 @@
+//! CRI `Exec`, `Attach` and `PortForward`: validate, register, return a URL.
+
+use cubelet_engine::SandboxId;
+use cubelet_store::{ContainerState, SandboxState};
+use k8s_cri::v1 as cri;
+
+use super::{Pending, StreamingServer, Streams};
+use crate::error::{CriError, CriResult};
+use crate::service::Cri;
+
+fn check_streams(stdin: bool, stdout: bool, stderr: bool, tty: bool) -> CriResult<()> {
+    if tty && stderr {
+        return Err(CriError::invalid(
+            "stderr",
+            "tty and stderr cannot both be true",
+        ));
+    }
+    if !stdin && !stdout && !stderr {
+        return Err(CriError::invalid(
+            "stdin",
+            "one of stdin, stdout, or stderr must be set",
+        ));
+    }
+    Ok(())
+}
+
+impl Cri {
+    fn streaming(&self, what: &str) -> CriResult<&StreamingServer> {
+        self.deps().streaming.as_ref().ok_or_else(|| {
+            CriError::Unimplemented(format!("{what}: the streaming server is not running"))
+        })
+    }
+
+    fn running_container(&self, id: &str) -> CriResult<String> {
+        if id.is_empty() {
+            return Err(CriError::invalid("container_id", "must not be empty"));
+        }
+        let rec = self
+            .deps()
+            .store
+            .get_container(id)?
+            .ok_or_else(|| CriError::NotFound {
+                kind: "container",
+                id: id.to_owned(),
+            })?;
+        if rec.state != ContainerState::Running {
+            return Err(CriError::FailedPrecondition(format!(
+                "container {id} is not running"
+            )));
+        }
+        Ok(rec.id)
+    }
+
+    fn url(&self, server: &StreamingServer, req: Pending) -> CriResult<String> {
+        server.register(req).map_err(|e| {
+            CriError::FailedPrecondition(format!("cannot create a streaming token: {e}"))
+        })
+    }
+
+    pub(crate) async fn exec_impl(&self, r: cri::ExecRequest) -> CriResult<cri::ExecResponse> {
+        let server = self.streaming("Exec")?;
+        if r.cmd.is_empty() {
+            return Err(CriError::invalid("cmd", "must not be empty"));
+        }
+        check_streams(r.stdin, r.stdout, r.stderr, r.tty)?;
+        let container_id = self.running_container(&r.container_id)?;
+        let url = self.url(
+            server,
+            Pending::Exec {
+                container_id,
+                cmd: r.cmd,
+                streams: Streams {
+                    stdin: r.stdin,
+                    stdout: r.stdout,
+                    stderr: r.stderr,
+                    tty: r.tty,
+                },
+            },
+        )?;
+        Ok(cri::ExecResponse { url })
+    }
+
+    pub(crate) async fn attach_impl(
+        &self,
+        r: cri::AttachRequest,
+    ) -> CriResult<cri::AttachResponse> {
+        let server = self.streaming("Attach")?;
+        check_streams(r.stdin, r.stdout, r.stderr, r.tty)?;
+        let container_id = self.running_container(&r.container_id)?;
+        let url = self.url(
+            server,
+            Pending::Attach {
+                container_id,
+                streams: Streams {
+                    stdin: r.stdin,
+                    stdout: r.stdout,
+                    stderr: r.stderr,
+                    tty: r.tty,
+                },
+            },
+        )?;
+        Ok(cri::AttachResponse { url })
+    }
+
+    pub(crate) async fn port_forward_impl(
+        &self,
+        r: cri::PortForwardRequest,
+    ) -> CriResult<cri::PortForwardResponse> {
+        let server = self.streaming("PortForward")?;
+        let Some(id) = SandboxId::parse(&r.pod_sandbox_id) else {
+            return Err(CriError::invalid(
+                "pod_sandbox_id",
+                format!("{:?} is not a sandbox id", r.pod_sandbox_id),
+            ));
+        };
+        let rec = self
+            .deps()
+            .store
+            .get_sandbox(&id)?
+            .ok_or_else(|| CriError::NotFound {
+                kind: "pod sandbox",
+                id: r.pod_sandbox_id.clone(),
+            })?;
+        if rec.state != SandboxState::Ready {
+            return Err(CriError::FailedPrecondition(format!(
+                "pod sandbox {} is not ready",
+                r.pod_sandbox_id
+            )));
+        }
+        let mut ports = Vec::with_capacity(r.port.len());
+        for p in &r.port {
+            match u16::try_from(*p) {
+                Ok(n) if n > 0 => ports.push(n),
+                _ => {
+                    return Err(CriError::invalid(
+                        "port",
+                        format!("{p} is not a valid port"),
+                    ))
+                }
+            }
+        }
+        let netns = rec.network.as_ref().and_then(|n| n.netns_path.clone());
+        let url = self.url(
+            server,
+            Pending::PortForward {
+                sandbox_id: rec.id.as_str().to_owned(),
+                netns,
+                ports,
+            },
+        )?;
+        Ok(cri::PortForwardResponse { url })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_flags_are_validated_as_kubelet_does() {
+        let e = check_streams(false, true, true, true).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.to_string().contains("tty and stderr"));
+        let e = check_streams(false, false, false, false).unwrap_err();
+        assert!(e.to_string().contains("one of stdin, stdout, or stderr"));
+        assert!(check_streams(true, true, false, true).is_ok());
+        assert!(check_streams(false, true, true, false).is_ok());
+    }
+}

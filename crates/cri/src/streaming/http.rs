@@ -1,0 +1,221 @@
+//! The HTTP/1.1 side: accept loop, routing by path and token, WebSocket
+//! upgrade, and the refusal of SPDY (not yet implemented).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use cubelet_runtime::container::ContainerRuntime;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::WebSocketStream;
+use tokio_util::sync::CancellationToken;
+
+use super::channel::{self, PORT_FORWARD, V4, V5};
+use super::session;
+use super::{Pending, Shared};
+
+type Body = Full<Bytes>;
+
+pub(super) async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    runtime: Arc<ContainerRuntime>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    tracing::info!(addr = %shared.addr, "streaming server listening");
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "streaming accept failed");
+                    continue;
+                }
+            },
+        };
+        let shared = Arc::clone(&shared);
+        let runtime = Arc::clone(&runtime);
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let shared = Arc::clone(&shared);
+                let runtime = Arc::clone(&runtime);
+                async move { Ok::<_, Infallible>(handle(req, &shared, runtime)) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .with_upgrades()
+                .await
+            {
+                tracing::debug!(%peer, error = %e, "streaming connection ended with an error");
+            }
+        });
+    }
+}
+
+fn text(status: StatusCode, msg: impl Into<String>) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(msg.into() + "\n")));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn header_values(req: &Request<Incoming>, name: header::HeaderName) -> Vec<&str> {
+    req.headers()
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect()
+}
+
+fn ports_from_query(query: Option<&str>) -> Result<Vec<u16>, String> {
+    let mut ports = Vec::new();
+    for pair in query.unwrap_or("").split('&') {
+        let Some(v) = pair.strip_prefix("port=") else {
+            continue;
+        };
+        for p in v.split(',').filter(|p| !p.is_empty()) {
+            match p.parse::<u16>() {
+                Ok(n) if n > 0 => ports.push(n),
+                _ => return Err(format!("invalid port {p:?}")),
+            }
+        }
+    }
+    Ok(ports)
+}
+
+fn handle(
+    req: Request<Incoming>,
+    shared: &Shared,
+    runtime: Arc<ContainerRuntime>,
+) -> Response<Body> {
+    let path = req.uri().path().to_owned();
+    let mut parts = path.trim_start_matches('/').splitn(2, '/');
+    let (kind, token) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    if !matches!(kind, "exec" | "attach" | "portforward") || token.is_empty() || token.contains('/')
+    {
+        return text(StatusCode::NOT_FOUND, "not found");
+    }
+    if req.method() != Method::GET && req.method() != Method::POST {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "use GET with an upgrade");
+    }
+    let upgrade = header_values(&req, header::UPGRADE)
+        .join(",")
+        .to_ascii_lowercase();
+    if upgrade.contains("spdy") {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "SPDY/3.1 streaming is not implemented by cubelet yet; \
+             use a WebSocket client (v5.channel.k8s.io / v4.channel.k8s.io)",
+        );
+    }
+    if !upgrade.contains("websocket") {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "an upgrade to websocket is required (v5.channel.k8s.io / v4.channel.k8s.io)",
+        );
+    }
+    let Some(key) = req.headers().get(header::SEC_WEBSOCKET_KEY).cloned() else {
+        return text(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
+    };
+    let offers = header_values(&req, header::SEC_WEBSOCKET_PROTOCOL);
+    let supported: &[&str] = if kind == "portforward" {
+        &[V4, PORT_FORWARD]
+    } else {
+        &[V5, V4]
+    };
+    let Some(proto) = channel::negotiate(&offers, supported) else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("none of the offered subprotocols {offers:?} is supported (want one of {supported:?})"),
+        );
+    };
+    let ports = match ports_from_query(req.uri().query()) {
+        Ok(p) => p,
+        Err(e) => return text(StatusCode::BAD_REQUEST, e),
+    };
+    // Single use: the token is gone from here on, whatever happens next.
+    let pending = match shared.tokens.take(token) {
+        Some(p) if p.path() == kind => p,
+        _ => return text(StatusCode::NOT_FOUND, "unknown or expired streaming token"),
+    };
+    let v5 = proto == V5;
+    let accept = derive_accept_key(key.as_bytes());
+    let mut resp = Response::new(Full::new(Bytes::new()));
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = resp.headers_mut();
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    if let Ok(v) = HeaderValue::from_str(&accept) {
+        h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+    }
+    if !proto.is_empty() {
+        h.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_static(proto_static(proto)),
+        );
+    }
+    tokio::spawn(async move {
+        let upgraded = match hyper::upgrade::on(req).await {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!(error = %e, "streaming upgrade failed");
+                return;
+            }
+        };
+        let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+        match pending {
+            Pending::Exec {
+                container_id,
+                cmd,
+                streams,
+            } => session::exec(ws, v5, runtime, container_id, cmd, streams).await,
+            Pending::Attach {
+                container_id,
+                streams,
+            } => session::attach(ws, v5, runtime, container_id, streams).await,
+            Pending::PortForward {
+                sandbox_id,
+                netns,
+                ports: req_ports,
+            } => {
+                let ports = if ports.is_empty() { req_ports } else { ports };
+                session::port_forward(ws, sandbox_id, netns, ports).await;
+            }
+        }
+    });
+    resp
+}
+
+fn proto_static(p: &str) -> &'static str {
+    match p {
+        V5 => V5,
+        PORT_FORWARD => PORT_FORWARD,
+        _ => V4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_parse_from_query() {
+        assert_eq!(
+            ports_from_query(Some("port=80&port=8080,9090")),
+            Ok(vec![80, 8080, 9090])
+        );
+        assert_eq!(ports_from_query(None), Ok(vec![]));
+        assert!(ports_from_query(Some("port=0")).is_err());
+        assert!(ports_from_query(Some("port=http")).is_err());
+    }
+}

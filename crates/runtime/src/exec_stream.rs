@@ -1,0 +1,455 @@
+//! Streaming exec and attach: the runtime half of the CRI streaming server.
+//!
+//! [`ContainerRuntime::exec_stream`] starts a process in a running container
+//! through containerd (`Tasks.Exec` with FIFOs, as `exec_sync` does) and
+//! hands its stdin/stdout/stderr pipes to the caller instead of collecting
+//! them; [`ExecProcess`] resizes its terminal (`Tasks.ResizePty`), waits for
+//! its exit code, kills it and cleans up. For attach, the container's own
+//! output is tapped from its log copier ([`ContainerRuntime::attach_output`]
+//! subscribes to the broadcast every [`LogSink`] carries) and its stdin is the
+//! FIFO held open since start ([`ContainerRuntime::open_stdin`]).
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use containerd_client::services::v1::{
+    CloseIoRequest, DeleteProcessRequest, ExecProcessRequest, GetContainerRequest, KillRequest,
+    ResizePtyRequest, StartRequest, WaitRequest,
+};
+use nix::sys::signal::Signal;
+use prost_types::Any;
+use tokio::net::unix::pipe;
+use tokio::sync::broadcast;
+
+use crate::client::Containerd;
+use crate::container::{ContainerRuntime, PROCESS_TYPE_URL};
+use crate::error::RuntimeError;
+use crate::io::{self as fifo_io, Fifos};
+#[cfg(test)]
+use crate::logs::LogSink;
+use crate::logs::Stream;
+
+/// How many output chunks an attach subscriber may fall behind before it
+/// starts losing the oldest.
+pub const TAP_CAPACITY: usize = 1024;
+
+/// One piece of a container's output as its log copier wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputChunk {
+    /// Which stream.
+    pub stream: Stream,
+    /// The text of one log entry, without its line ending.
+    pub text: Bytes,
+    /// True when the entry is partial (no newline ended it).
+    pub partial: bool,
+}
+
+impl OutputChunk {
+    /// The bytes as the process wrote them: the text plus a newline unless
+    /// the entry was partial.
+    pub fn to_wire(&self) -> Bytes {
+        if self.partial {
+            self.text.clone()
+        } else {
+            let mut v = Vec::with_capacity(self.text.len() + 1);
+            v.extend_from_slice(&self.text);
+            v.push(b'\n');
+            Bytes::from(v)
+        }
+    }
+}
+
+/// The broadcast half of a [`LogSink`]: every entry written is also sent here.
+#[derive(Debug)]
+pub struct OutputTap {
+    tx: broadcast::Sender<OutputChunk>,
+}
+
+impl Default for OutputTap {
+    fn default() -> Self {
+        Self {
+            tx: broadcast::channel(TAP_CAPACITY).0,
+        }
+    }
+}
+
+impl OutputTap {
+    /// Sends an entry to the current subscribers (none is fine).
+    pub fn send(&self, stream: Stream, partial: bool, text: &[u8]) {
+        if self.tx.receiver_count() == 0 {
+            return;
+        }
+        let _ = self.tx.send(OutputChunk {
+            stream,
+            text: Bytes::copy_from_slice(text),
+            partial,
+        });
+    }
+
+    /// A new subscriber, seeing entries written from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<OutputChunk> {
+        self.tx.subscribe()
+    }
+}
+
+/// What an exec process is started with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecStreamOptions {
+    /// Keep a stdin pipe to the process.
+    pub stdin: bool,
+    /// Run it on a terminal (stdout and stderr merged).
+    pub tty: bool,
+}
+
+/// A started exec process and its pipes.
+#[derive(Debug)]
+pub struct ExecStream {
+    /// Write end of its stdin (drop it to close stdin), when asked for.
+    pub stdin: Option<pipe::Sender>,
+    /// Its stdout (the terminal, with a TTY).
+    pub stdout: pipe::Receiver,
+    /// Its stderr; `None` with a TTY.
+    pub stderr: Option<pipe::Receiver>,
+    /// Control of the process.
+    pub process: ExecProcess,
+}
+
+/// Control of one exec process: resize, wait, kill, clean up.
+#[derive(Debug)]
+pub struct ExecProcess {
+    client: Containerd,
+    container_id: String,
+    exec_id: String,
+    dir: PathBuf,
+}
+
+fn cd(op: &'static str) -> impl FnOnce(tonic::Status) -> RuntimeError {
+    move |s| RuntimeError::containerd(op, s)
+}
+
+fn not_found_as<'a>(
+    id: &'a str,
+    op: &'static str,
+) -> impl FnOnce(tonic::Status) -> RuntimeError + 'a {
+    move |s| {
+        if s.code() == tonic::Code::NotFound {
+            RuntimeError::NotFound {
+                kind: "container",
+                id: id.to_owned(),
+            }
+        } else {
+            RuntimeError::containerd(op, s)
+        }
+    }
+}
+
+impl ExecProcess {
+    /// The exec id in containerd.
+    pub fn exec_id(&self) -> &str {
+        &self.exec_id
+    }
+
+    /// Sets the process's terminal size (only meaningful with a TTY).
+    pub async fn resize(&self, width: u32, height: u32) -> Result<(), RuntimeError> {
+        resize_pty(
+            &self.client,
+            &self.container_id,
+            &self.exec_id,
+            width,
+            height,
+        )
+        .await
+    }
+
+    /// Closes the process's stdin: the caller drops its writer first, then
+    /// this asks the shim to close its own write end (`Tasks.CloseIO`), so
+    /// the process reads end-of-file.
+    pub async fn close_stdin(&self) -> Result<(), RuntimeError> {
+        self.client
+            .tasks()
+            .close_io(self.client.request(CloseIoRequest {
+                container_id: self.container_id.clone(),
+                exec_id: self.exec_id.clone(),
+                stdin: true,
+            }))
+            .await
+            .map_err(cd("tasks.close_io"))?;
+        Ok(())
+    }
+
+    /// Waits for the process to exit and returns its exit code.
+    pub async fn wait(&self) -> Result<i32, RuntimeError> {
+        wait_process(&self.client, &self.container_id, &self.exec_id).await
+    }
+
+    /// Sends SIGKILL (an exited or gone process is fine).
+    pub async fn kill(&self) -> Result<(), RuntimeError> {
+        match self
+            .client
+            .tasks()
+            .kill(self.client.request(KillRequest {
+                container_id: self.container_id.clone(),
+                exec_id: self.exec_id.clone(),
+                signal: Signal::SIGKILL as u32,
+                all: false,
+            }))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(s)
+                if matches!(
+                    s.code(),
+                    tonic::Code::NotFound | tonic::Code::FailedPrecondition
+                ) =>
+            {
+                Ok(())
+            }
+            Err(s) => Err(RuntimeError::containerd("tasks.kill", s)),
+        }
+    }
+
+    /// Deletes the (exited) process from containerd and removes its FIFOs.
+    /// Call after [`ExecProcess::wait`] returned, or after a kill.
+    pub async fn cleanup(self) {
+        let del = self
+            .client
+            .tasks()
+            .delete_process(self.client.request(DeleteProcessRequest {
+                container_id: self.container_id.clone(),
+                exec_id: self.exec_id.clone(),
+            }))
+            .await;
+        if let Err(s) = del {
+            if s.code() != tonic::Code::NotFound {
+                tracing::warn!(container = %self.container_id, exec_id = %self.exec_id, error = %s, "deleting exec process failed");
+            }
+        }
+        if let Err(e) = fifo_io::remove_dir(&self.dir) {
+            tracing::warn!(error = %e, "removing exec fifos failed");
+        }
+    }
+}
+
+async fn resize_pty(
+    client: &Containerd,
+    container_id: &str,
+    exec_id: &str,
+    width: u32,
+    height: u32,
+) -> Result<(), RuntimeError> {
+    client
+        .tasks()
+        .resize_pty(client.request(ResizePtyRequest {
+            container_id: container_id.to_owned(),
+            exec_id: exec_id.to_owned(),
+            width,
+            height,
+        }))
+        .await
+        .map_err(cd("tasks.resize_pty"))?;
+    Ok(())
+}
+
+async fn wait_process(
+    client: &Containerd,
+    container_id: &str,
+    exec_id: &str,
+) -> Result<i32, RuntimeError> {
+    let r = client
+        .tasks()
+        .wait(client.request(WaitRequest {
+            container_id: container_id.to_owned(),
+            exec_id: exec_id.to_owned(),
+        }))
+        .await
+        .map_err(not_found_as(container_id, "tasks.wait"))?
+        .into_inner();
+    Ok(i32::try_from(r.exit_status).unwrap_or(i32::MAX))
+}
+
+fn exec_id_now() -> String {
+    let n = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!("exec-stream-{n}")
+}
+
+impl ContainerRuntime {
+    fn stream_io_dir(&self, id: &str) -> PathBuf {
+        self.config().state_dir.join("io").join(id)
+    }
+
+    /// Starts `cmd` in running container `id` and returns its pipes. The
+    /// caller must [`ExecProcess::wait`] (or kill) and then
+    /// [`ExecProcess::cleanup`].
+    pub async fn exec_stream(
+        &self,
+        id: &str,
+        cmd: &[String],
+        opts: &ExecStreamOptions,
+    ) -> Result<ExecStream, RuntimeError> {
+        if cmd.is_empty() {
+            return Err(RuntimeError::InvalidArgument {
+                field: "cmd".to_owned(),
+                reason: "empty command".to_owned(),
+            });
+        }
+        let client = self.client().clone();
+        let container = client
+            .containers()
+            .get(client.request(GetContainerRequest { id: id.to_owned() }))
+            .await
+            .map_err(not_found_as(id, "containers.get"))?
+            .into_inner()
+            .container
+            .ok_or_else(|| RuntimeError::NotFound {
+                kind: "container",
+                id: id.to_owned(),
+            })?;
+        let any = container.spec.as_ref().ok_or_else(|| {
+            RuntimeError::FailedPrecondition(format!("container {id} has no spec"))
+        })?;
+        let spec: oci_spec::runtime::Spec =
+            serde_json::from_slice(&any.value).map_err(|source| RuntimeError::Json {
+                what: "oci spec",
+                source,
+            })?;
+        let mut process = spec.process().clone().ok_or_else(|| {
+            RuntimeError::FailedPrecondition(format!("container {id} spec has no process"))
+        })?;
+        process.set_args(Some(cmd.to_vec()));
+        process.set_terminal(Some(opts.tty));
+        let process_any = Any {
+            type_url: PROCESS_TYPE_URL.to_owned(),
+            value: serde_json::to_vec(&process).map_err(|source| RuntimeError::Json {
+                what: "process spec",
+                source,
+            })?,
+        };
+        let exec_id = exec_id_now();
+        let fifos = Fifos::create(self.stream_io_dir(id).join(&exec_id), opts.stdin, opts.tty)?;
+        let proc = ExecProcess {
+            client: client.clone(),
+            container_id: id.to_owned(),
+            exec_id: exec_id.clone(),
+            dir: fifos.dir.clone(),
+        };
+        match Self::exec_start(&client, id, &exec_id, process_any, &fifos, opts.tty).await {
+            Ok((stdin, stdout, stderr)) => Ok(ExecStream {
+                stdin,
+                stdout,
+                stderr,
+                process: proc,
+            }),
+            Err(e) => {
+                let _ = proc.kill().await;
+                proc.cleanup().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn exec_start(
+        client: &Containerd,
+        id: &str,
+        exec_id: &str,
+        spec: Any,
+        fifos: &Fifos,
+        tty: bool,
+    ) -> Result<(Option<pipe::Sender>, pipe::Receiver, Option<pipe::Receiver>), RuntimeError> {
+        let mut keepers = fifos.keep_open()?;
+        let (stdin, stdout, stderr) = fifos.wire();
+        client
+            .tasks()
+            .exec(client.request(ExecProcessRequest {
+                container_id: id.to_owned(),
+                stdin,
+                stdout,
+                stderr,
+                terminal: tty,
+                spec: Some(spec),
+                exec_id: exec_id.to_owned(),
+            }))
+            .await
+            .map_err(not_found_as(id, "tasks.exec"))?;
+        client
+            .tasks()
+            .start(client.request(StartRequest {
+                container_id: id.to_owned(),
+                exec_id: exec_id.to_owned(),
+            }))
+            .await
+            .map_err(cd("tasks.start"))?;
+        // The shim holds its ends now: open ours and drop the keepers, so our
+        // readers see end-of-file when the shim closes its write ends. The
+        // stdin keeper (read-write) becomes the caller's writer: dropping it
+        // closes the process's stdin.
+        let readers = fifos.open_readers()?;
+        let stdin = keepers.stdin.take();
+        drop(keepers);
+        Ok((stdin, readers.stdout, readers.stderr))
+    }
+
+    /// Sets the terminal size of container `id`'s own process (attach).
+    pub async fn resize_container_pty(
+        &self,
+        id: &str,
+        width: u32,
+        height: u32,
+    ) -> Result<(), RuntimeError> {
+        resize_pty(self.client(), id, "", width, height).await
+    }
+
+    /// Waits for container `id`'s task to exit and returns its exit code.
+    pub async fn wait_container(&self, id: &str) -> Result<i32, RuntimeError> {
+        wait_process(self.client(), id, "").await
+    }
+
+    /// Subscribes to container `id`'s output as its log copier writes it;
+    /// `None` when this agent is not copying its output (not running).
+    pub fn attach_output(&self, id: &str) -> Option<broadcast::Receiver<OutputChunk>> {
+        self.log_sink(id).map(|s| s.tap().subscribe())
+    }
+
+    /// Opens a writer on container `id`'s stdin FIFO (held open by the agent
+    /// since start). `None` when the container was created without stdin.
+    pub fn open_stdin(&self, id: &str) -> Result<Option<pipe::Sender>, RuntimeError> {
+        let path = self.stream_io_dir(id).join("stdin");
+        if !path.exists() {
+            return Ok(None);
+        }
+        pipe::OpenOptions::new()
+            .open_sender(&path)
+            .map(Some)
+            .map_err(|source| RuntimeError::Io {
+                op: "open stdin fifo",
+                path: path.display().to_string(),
+                source,
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn tap_reaches_subscribers_and_restores_newlines() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink =
+            std::sync::Arc::new(LogSink::open(Some(dir.path().join("c.log"))).await.unwrap());
+        // Nobody listens yet: nothing is kept.
+        crate::logs::copy_stream(&b"early\n"[..], Stream::Stdout, sink.clone()).await;
+        let mut rx = sink.tap().subscribe();
+        crate::logs::copy_stream(&b"one\ntwo"[..], Stream::Stderr, sink.clone()).await;
+        let a = rx.recv().await.unwrap();
+        let b = rx.recv().await.unwrap();
+        assert_eq!(a.stream, Stream::Stderr);
+        assert_eq!(a.to_wire(), Bytes::from_static(b"one\n"));
+        assert!(b.partial);
+        assert_eq!(b.to_wire(), Bytes::from_static(b"two"));
+        assert!(rx.try_recv().is_err());
+    }
+}
