@@ -102,7 +102,9 @@ async fn stats_and_metrics(d: &Daemon) -> anyhow::Result<()> {
         &[
             "sh",
             "-c",
-            "x=$(head -c 20000000 /dev/zero | tr '\\0' a); sleep 3600",
+            // The trailing echo keeps the shell (and `x`) alive: busybox sh
+            // would otherwise exec its last command.
+            "x=$(head -c 20000000 /dev/zero | tr '\\0' a); sleep 3600; echo ${#x}",
         ],
     )
     .await?;
@@ -145,7 +147,11 @@ async fn stats_and_metrics(d: &Daemon) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     println!("mem working set: {ws} bytes");
-    ensure!(ws >= 20_000_000, "working set {ws} < 20 MB");
+    ensure!(
+        ws >= 20_000_000,
+        "working set {ws} < 20 MB; container log: {:?}",
+        std::fs::read_to_string(d.log_base.join("stats").join("mem.log")).unwrap_or_default()
+    );
 
     // ListContainerStats filters.
     let mut rt = d.runtime.clone();
@@ -185,27 +191,32 @@ async fn stats_and_metrics(d: &Daemon) -> anyhow::Result<()> {
     .await?;
     ensure!(by_id.len() == 1, "by id prefix: {} stats", by_id.len());
 
-    // Pod network: ping the bridge gateway so eth0 has traffic both ways.
-    let ping = rt
-        .exec_sync(ExecSyncRequest {
-            container_id: mem.clone(),
-            cmd: vec![
-                "ping".into(),
-                "-c".into(),
-                "2".into(),
-                "-W".into(),
-                "2".into(),
-                d.gateway.to_string(),
-            ],
-            timeout: 10,
+    // Pod network: connect from the host to a closed port of the pod over
+    // the test bridge; the pod's kernel answers with a reset, so eth0 has
+    // traffic both ways.
+    let status = rt
+        .pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: pod.clone(),
+            verbose: false,
         })
         .await?
-        .into_inner();
-    ensure!(
-        ping.exit_code == 0,
-        "ping gateway: {}",
-        String::from_utf8_lossy(&ping.stdout)
-    );
+        .into_inner()
+        .status
+        .context("no pod status")?;
+    let ip: std::net::IpAddr = status
+        .network
+        .as_ref()
+        .context("no pod network")?
+        .ip
+        .parse()
+        .context("pod ip")?;
+    for _ in 0..3 {
+        let _ = tokio::time::timeout(
+            Duration::from_secs(2),
+            tokio::net::TcpStream::connect((ip, 9)),
+        )
+        .await;
+    }
     let ps = rt
         .pod_sandbox_stats(PodSandboxStatsRequest {
             pod_sandbox_id: pod.clone(),
