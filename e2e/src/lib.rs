@@ -341,6 +341,36 @@ impl Daemon {
         terminate(&mut child, Duration::from_secs(30)).await
     }
 
+    /// SIGKILLs the daemon (as a crash would) and reaps it. Containers and
+    /// the kernel state it made stay behind for the next start to reconcile.
+    pub async fn kill9(&self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.take_child() {
+            child.kill().await?;
+        }
+        Ok(())
+    }
+
+    /// Starts the (stopped or killed) daemon again with extra environment
+    /// (e.g. `CUBELET_TEST_FAILPOINTS`) and waits for `/readyz`.
+    pub async fn start_with_env(&self, env: &[(&str, &str)]) -> anyhow::Result<()> {
+        let child = spawn_env(
+            &self.bin,
+            &self.config_file,
+            &self.drop_ins,
+            &self.daemon_log,
+            env,
+        )?;
+        let mut partial = Partial {
+            child: Some(child),
+            log: self.daemon_log.clone(),
+        };
+        wait_ready(&mut partial, self.metrics, Duration::from_secs(90)).await?;
+        if let Ok(mut c) = self.child.lock() {
+            *c = partial.child.take();
+        }
+        Ok(())
+    }
+
     /// SIGTERMs the daemon (it must exit 0), starts it again with the same
     /// config and dirs, and waits for `/readyz`. The clients reconnect.
     pub async fn restart(&self) -> anyhow::Result<()> {
@@ -612,6 +642,17 @@ fn spawn(
     drop_ins: &Path,
     log: &Path,
 ) -> anyhow::Result<tokio::process::Child> {
+    spawn_env(bin, config, drop_ins, log, &[])
+}
+
+/// Spawns the daemon with extra environment variables.
+fn spawn_env(
+    bin: &Path,
+    config: &Path,
+    drop_ins: &Path,
+    log: &Path,
+    env: &[(&str, &str)],
+) -> anyhow::Result<tokio::process::Child> {
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -625,6 +666,7 @@ fn spawn(
             "RUST_LOG",
             std::env::var("CUBELET_E2E_LOG").unwrap_or_else(|_| "info".into()),
         )
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)
