@@ -370,6 +370,10 @@ impl Cri {
                 rec.id, rec.state
             )));
         }
+        // Taken before the task starts: a short-lived process can exit (and
+        // its exit event be applied) before `start` returns, and CRI needs
+        // started_at <= finished_at.
+        let start_time = SystemTime::now();
         match self.deps().runtime.start(&rec.id).await {
             Ok(pid) => {
                 let mut started = false;
@@ -380,7 +384,7 @@ impl Cri {
                         started = true;
                     }
                     c.pid = Some(pid);
-                    c.started_at.get_or_insert_with(SystemTime::now);
+                    c.started_at.get_or_insert(start_time);
                 })?;
                 if started {
                     self.emit(

@@ -55,6 +55,19 @@ impl Cri {
     ) -> CriResult<cri::RunPodSandboxResponse> {
         let handler = self.handler_name(&r.runtime_handler)?;
         let spec = convert::sandbox_spec(r.config.as_ref(), &handler)?;
+        // The create runs on its own task: if kubelet gives up waiting, the
+        // sandbox is still finished (or rolled back) and recorded, so the
+        // retry kubelet sends next joins it instead of racing a half-built one.
+        let this = self.clone();
+        tokio::spawn(async move { this.create_sandbox(spec).await })
+            .await
+            .map_err(|e| CriError::FailedPrecondition(format!("sandbox create task died: {e}")))?
+    }
+
+    async fn create_sandbox(
+        &self,
+        spec: cubelet_engine::SandboxSpec,
+    ) -> CriResult<cri::RunPodSandboxResponse> {
         let store = &self.deps().store;
         // A retry for the same pod waits here for the first call, then finds
         // its sandbox: it joins it rather than creating a second one.

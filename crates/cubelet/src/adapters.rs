@@ -4,7 +4,6 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -105,7 +104,7 @@ impl PauseImageSource for PauseImage {
 #[derive(Debug)]
 pub(crate) struct Conditions {
     pub(crate) readiness: Readiness,
-    pub(crate) network_ready: AtomicBool,
+    pub(crate) network: crate::network::PodNetwork,
 }
 
 impl cubelet_cri::NodeConditions for Conditions {
@@ -121,14 +120,6 @@ impl cubelet_cri::NodeConditions for Conditions {
     }
 
     fn network_ready(&self) -> (bool, String, String) {
-        if self.network_ready.load(Ordering::Acquire) {
-            (true, String::new(), String::new())
-        } else {
-            (
-                false,
-                "NetworkPluginNotReady".to_owned(),
-                "network provider not initialised".to_owned(),
-            )
-        }
+        self.network.ready()
     }
 }

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +11,6 @@ use anyhow::{bail, Context, Result};
 use cubelet_cri::{Cri, CriDeps};
 use cubelet_engine::{EngineBuilder, EngineOptions, Flow};
 use cubelet_metrics::{AdminServer, Metrics, Readiness};
-use cubelet_network::{BridgeConfig, BridgeNetwork};
 use cubelet_runtime::container::{
     ContainerRuntime, ContainerState as RtState, HandlerConfig, RuntimeConfig,
 };
@@ -26,9 +24,11 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::adapters::{Conditions, CriMetrics, PauseImage, StoreLeases};
-use crate::config::{CgroupDriver, Config, NetworkProvider};
+use crate::adapters::{Conditions, CriMetrics, PauseImage};
+use crate::config::{CgroupDriver, Config};
+use crate::failpoint::Failpoints;
 use crate::gc::Gc;
+use crate::network::PodNetwork;
 
 /// Provider names the flows may use.
 pub const PROVIDERS: [&str; 3] = ["storage", "network", "sandbox"];
@@ -42,7 +42,7 @@ pub(crate) struct Parts {
     pub(crate) store: Arc<Store>,
     pub(crate) metrics: Metrics,
     pub(crate) cri: Cri,
-    pub(crate) network: Arc<BridgeNetwork>,
+    pub(crate) network: PodNetwork,
     pub(crate) storage: Arc<LocalStorage>,
     pub(crate) runtime: Arc<ContainerRuntime>,
 }
@@ -135,27 +135,20 @@ pub async fn run(config: Config) -> Result<()> {
             image_size: config.storage.scratch.size.0,
         }),
     }));
-    if config.network.provider != NetworkProvider::Bridge {
-        bail!(
-            "network.provider {:?} is not supported yet (only bridge is)",
-            config.network.provider
-        );
-    }
-    let network = Arc::new(BridgeNetwork::new(
-        BridgeConfig {
-            name: config.network.bridge.name.clone(),
-            subnet: config.network.bridge.subnet,
-            mtu: config.network.bridge.mtu,
-            state_dir: config.state_dir.clone(),
-        },
-        Arc::new(StoreLeases(Arc::clone(&store))),
-    )?);
+    let network = PodNetwork::build(&config, &store)?;
     let sandbox = Arc::new(SandboxProvider::new(Arc::clone(&runtime), pause.clone()));
 
+    let failpoints = Failpoints::from_env().map_err(anyhow::Error::msg)?;
     let engine = EngineBuilder::new()
-        .provider("storage", Arc::clone(&storage) as Arc<dyn Flow>)
-        .provider("network", Arc::clone(&network) as Arc<dyn Flow>)
-        .provider("sandbox", sandbox as Arc<dyn Flow>)
+        .provider(
+            "storage",
+            failpoints.wrap("storage", Arc::clone(&storage) as Arc<dyn Flow>),
+        )
+        .provider("network", failpoints.wrap("network", network.flow()))
+        .provider(
+            "sandbox",
+            failpoints.wrap("sandbox", sandbox as Arc<dyn Flow>),
+        )
         .journal(store.clone())
         .observer(metrics.observer())
         .options(EngineOptions {
@@ -168,7 +161,7 @@ pub async fn run(config: Config) -> Result<()> {
     engine.init().await.context("initialise providers")?;
     let conditions = Arc::new(Conditions {
         readiness: readiness.clone(),
-        network_ready: AtomicBool::new(true),
+        network: network.clone(),
     });
     let pause_ref = {
         use cubelet_runtime::sandbox::PauseImageSource;
@@ -235,7 +228,6 @@ pub async fn run(config: Config) -> Result<()> {
 
     readiness.set_not_ready("reconciling");
     reconcile(&parts).await?;
-    conditions.network_ready.store(true, Ordering::Release);
     readiness.set_ready();
     info!("reconciliation done; ready");
     crate::notify::notify_systemd("READY=1");

@@ -41,8 +41,9 @@ impl Failpoints {
     fn parse(spec: &str) -> Result<Self, String> {
         let mut out = Self::default();
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let (target, action) =
-                item.split_once('=').ok_or_else(|| format!("{ENV}: {item:?} has no '='"))?;
+            let (target, action) = item
+                .split_once('=')
+                .ok_or_else(|| format!("{ENV}: {item:?} has no '='"))?;
             let (provider, method) = target
                 .split_once('.')
                 .ok_or_else(|| format!("{ENV}: {target:?} is not <provider>.<method>"))?;
@@ -54,7 +55,10 @@ impl Failpoints {
                 ),
                 _ => return Err(format!("{ENV}: unknown action {action:?}")),
             };
-            out.0.entry(provider.to_owned()).or_default().insert(kind, action);
+            out.0
+                .entry(provider.to_owned())
+                .or_default()
+                .insert(kind, action);
         }
         Ok(out)
     }
@@ -64,7 +68,10 @@ impl Failpoints {
         match self.0.get(provider) {
             Some(points) => {
                 warn!(provider, ?points, "test failpoints enabled");
-                Arc::new(Injected { inner: flow, points: points.clone() })
+                Arc::new(Injected {
+                    inner: flow,
+                    points: points.clone(),
+                })
             }
             None => flow,
         }
@@ -84,9 +91,9 @@ impl Injected {
                 tokio::time::sleep(*d).await;
                 Ok(())
             }
-            Some(Action::Fail) => {
-                Err(StepError::internal(Message(format!("failpoint: injected {kind} failure"))))
-            }
+            Some(Action::Fail) => Err(StepError::internal(Message(format!(
+                "failpoint: injected {kind} failure"
+            )))),
         }
     }
 }
@@ -117,7 +124,10 @@ mod tests {
     #[test]
     fn parses_and_rejects() {
         let f = Failpoints::parse("storage.create=sleep:2s, network.destroy=fail").unwrap();
-        assert_eq!(f.0["storage"][&FlowKind::Create], Action::Sleep(Duration::from_secs(2)));
+        assert_eq!(
+            f.0["storage"][&FlowKind::Create],
+            Action::Sleep(Duration::from_secs(2))
+        );
         assert_eq!(f.0["network"][&FlowKind::Destroy], Action::Fail);
         assert!(Failpoints::parse("storage=fail").is_err());
         assert!(Failpoints::parse("storage.start=fail").is_err());

@@ -123,11 +123,10 @@ impl Gc {
             Ok(all) => {
                 let live: HashSet<SandboxId> = all.into_iter().map(|r| r.id).collect();
                 match parts.network.gc(&live).await {
-                    Ok(r) => {
-                        add(&mut report, "netns", r.netns);
-                        add(&mut report, "veth", r.veths);
-                        add(&mut report, "lease", r.leases);
-                        add(&mut report, "port_rule", r.port_rules);
+                    Ok(counts) => {
+                        for (kind, n) in counts {
+                            add(&mut report, kind, n);
+                        }
                     }
                     Err(e) => fail(&mut report, "network", &e),
                 }

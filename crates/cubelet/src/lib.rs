@@ -8,7 +8,9 @@ pub mod admin;
 mod app;
 pub mod config;
 pub mod ctl;
+mod failpoint;
 mod gc;
+mod network;
 mod notify;
 
 pub use app::{run, PROVIDERS};

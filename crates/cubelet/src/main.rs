@@ -69,7 +69,9 @@ fn main() -> ExitCode {
     }
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_env("CUBELET_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_env("CUBELET_LOG")
+                .or_else(|_| EnvFilter::try_from_default_env())
+                .unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
         .init();
