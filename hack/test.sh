@@ -25,8 +25,14 @@ cleanup() {
     exit "$rc"
 }
 trap cleanup EXIT
-"$HACK_DIR/containerd.sh" start && started+=(containerd)
-"$HACK_DIR/registry.sh" start && started+=(registry)
+# Stop at the end only what this run started: on a developer machine the
+# services may already be running for other work.
+for svc in containerd registry; do
+    if ! "$HACK_DIR/$svc.sh" status >/dev/null 2>&1; then
+        "$HACK_DIR/$svc.sh" start
+        started+=("$svc")
+    fi
+done
 "$HACK_DIR/test-images.sh"
 
 log "chart checks"
