@@ -45,6 +45,9 @@ fi
 # nft tables of test bridges.
 tables=$(nft list tables 2>/dev/null | grep -E 'cubelet.*(cbe2e|cbt|cbsmoke)' || true)
 count "nft tables" "$(printf '%s' "$tables" | grep -c . || true)" "$tables"
+# iptables rules left by CNI plugins (portmap) in the host's nat table.
+cni_rules=$(iptables-save -t nat 2>/dev/null | grep -E 'CNI-' || true)
+count "CNI iptables rules" "$(printf '%s' "$cni_rules" | grep -c . || true)" "$cni_rules"
 if ((leaks)); then
     log "leaks found in $leaks kinds"
     exit 1
