@@ -3,10 +3,10 @@
 use std::path::{Path, PathBuf};
 
 use containerd_client::services::v1::{
-    containers_client::ContainersClient, content_client::ContentClient,
-    diff_client::DiffClient, events_client::EventsClient, images_client::ImagesClient,
-    leases_client::LeasesClient, snapshots::snapshots_client::SnapshotsClient,
-    tasks_client::TasksClient, version_client::VersionClient,
+    containers_client::ContainersClient, content_client::ContentClient, diff_client::DiffClient,
+    events_client::EventsClient, images_client::ImagesClient, leases_client::LeasesClient,
+    snapshots::snapshots_client::SnapshotsClient, tasks_client::TasksClient,
+    version_client::VersionClient,
 };
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
@@ -29,13 +29,18 @@ pub struct Containerd {
 impl Containerd {
     /// Connects to containerd's socket at `address`, using `namespace`.
     pub async fn connect(address: &Path, namespace: &str) -> Result<Self, RuntimeError> {
-        let ns = namespace.parse().map_err(|_| RuntimeError::InvalidArgument {
-            field: "containerd.namespace".to_owned(),
-            reason: format!("{namespace:?} is not a valid header value"),
-        })?;
-        let channel = containerd_client::connect(address).await.map_err(|source| {
-            RuntimeError::Connect { address: address.display().to_string(), source }
-        })?;
+        let ns = namespace
+            .parse()
+            .map_err(|_| RuntimeError::InvalidArgument {
+                field: "containerd.namespace".to_owned(),
+                reason: format!("{namespace:?} is not a valid header value"),
+            })?;
+        let channel = containerd_client::connect(address)
+            .await
+            .map_err(|source| RuntimeError::Connect {
+                address: address.display().to_string(),
+                source,
+            })?;
         Ok(Self {
             channel,
             namespace: ns,
@@ -57,7 +62,8 @@ impl Containerd {
     /// Wraps a message in a request carrying the namespace header.
     pub fn request<T>(&self, message: T) -> Request<T> {
         let mut req = Request::new(message);
-        req.metadata_mut().insert("containerd-namespace", self.namespace.clone());
+        req.metadata_mut()
+            .insert("containerd-namespace", self.namespace.clone());
         req
     }
 

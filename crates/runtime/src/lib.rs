@@ -8,19 +8,19 @@
 //! CRI wire types, of the store or of the other providers.
 
 pub mod client;
-pub mod error;
-pub mod types;
-pub mod image;
-pub mod pause;
-pub mod registry;
-pub mod spec;
 pub mod container;
-pub mod io;
-pub mod logs;
+pub mod error;
 pub mod events;
 pub mod exec_stream;
+pub mod image;
+pub mod io;
+pub mod logs;
+pub mod pause;
+pub mod registry;
 pub mod sandbox;
+pub mod spec;
 pub mod stats;
+pub mod types;
 
 pub use client::Containerd;
 pub use error::RuntimeError;
