@@ -10,9 +10,9 @@
 
 pub mod authority;
 mod container;
-mod events;
 pub mod convert;
 pub mod error;
+mod events;
 mod image;
 mod metrics_cri;
 mod sandbox;
