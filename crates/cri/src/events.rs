@@ -28,12 +28,16 @@ pub(crate) type EventStream =
 #[derive(Debug)]
 pub(crate) struct EventHub {
     tx: broadcast::Sender<cri::ContainerEventResponse>,
+    /// Ends every subscription when the server shuts down, so an open
+    /// stream does not hold up the graceful drain.
+    closed: tokio_util::sync::CancellationToken,
 }
 
 impl Default for EventHub {
     fn default() -> Self {
         Self {
             tx: broadcast::channel(EVENT_BUFFER).0,
+            closed: tokio_util::sync::CancellationToken::new(),
         }
     }
 }
@@ -134,16 +138,26 @@ impl Cri {
         let _ = hub.tx.send(event);
     }
 
+    /// Ends every `GetContainerEvents` stream (at shutdown).
+    pub fn close_events(&self) {
+        self.inner.events.closed.cancel();
+    }
+
     /// A new subscription: every event from now on, until the client goes.
     pub(crate) fn container_events(&self) -> EventStream {
         let rx = self.inner.events.tx.subscribe();
         let observer: Arc<dyn CriObserver> = Arc::clone(&self.deps().observer);
+        let closed = self.inner.events.closed.clone();
         Box::pin(futures::stream::unfold(
-            (rx, observer),
-            |(mut rx, observer)| async move {
+            (rx, observer, closed),
+            |(mut rx, observer, closed)| async move {
                 loop {
-                    match rx.recv().await {
-                        Ok(ev) => return Some((Ok(ev), (rx, observer))),
+                    let next = tokio::select! {
+                        () = closed.cancelled() => return None,
+                        next = rx.recv() => next,
+                    };
+                    match next {
+                        Ok(ev) => return Some((Ok(ev), (rx, observer, closed))),
                         Err(broadcast::error::RecvError::Lagged(n)) => {
                             warn!(dropped = n, "container event subscriber too slow");
                             observer.events_dropped(n);

@@ -22,6 +22,16 @@ pub async fn serve_unix(
     shutdown: CancellationToken,
 ) -> io::Result<()> {
     let listener = bind(&socket)?;
+    // Event streams never end on their own; end them when shutdown starts
+    // so the graceful drain does not wait for their clients.
+    {
+        let cri = cri.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            cri.close_events();
+        });
+    }
     tonic::transport::Server::builder()
         .add_service(
             RuntimeServiceServer::new(cri.clone())
