@@ -1,5 +1,5 @@
-//! The HTTP/1.1 side: accept loop, routing by path and token, WebSocket
-//! upgrade, and the refusal of SPDY (not yet implemented).
+//! The HTTP/1.1 side: accept loop, routing by path and token, and the
+//! upgrade to WebSocket or SPDY/3.1.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::channel::{self, PORT_FORWARD, V4, V5};
 use super::session;
+use super::spdy_remote::{self, Command, PORT_FORWARD_PROTOCOL, REMOTE_COMMAND_PROTOCOLS};
 use super::{Pending, Shared};
 
 type Body = Full<Bytes>;
@@ -112,11 +113,7 @@ fn handle(
         .join(",")
         .to_ascii_lowercase();
     if upgrade.contains("spdy") {
-        return text(
-            StatusCode::BAD_REQUEST,
-            "SPDY/3.1 streaming is not implemented by cubelet yet; \
-             use a WebSocket client (v5.channel.k8s.io / v4.channel.k8s.io)",
-        );
+        return spdy_upgrade(req, kind, token, &upgrade, shared, runtime);
     }
     if !upgrade.contains("websocket") {
         return text(
@@ -191,6 +188,95 @@ fn handle(
                 let ports = if ports.is_empty() { req_ports } else { ports };
                 session::port_forward(ws, sandbox_id, netns, ports).await;
             }
+        }
+    });
+    resp
+}
+
+/// `X-Stream-Protocol-Version`: the SPDY subprotocol header.
+const STREAM_PROTOCOL: &str = "x-stream-protocol-version";
+
+/// Answers a SPDY/3.1 upgrade: negotiates the subprotocol, takes the token,
+/// switches protocols and runs the session on the upgraded connection.
+fn spdy_upgrade(
+    req: Request<Incoming>,
+    kind: &str,
+    token: &str,
+    upgrade: &str,
+    shared: &Shared,
+    runtime: Arc<ContainerRuntime>,
+) -> Response<Body> {
+    if !upgrade.split(',').any(|u| u.trim() == "spdy/3.1") {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("unsupported upgrade {upgrade:?}: cubelet speaks SPDY/3.1 and websocket"),
+        );
+    }
+    let offers: Vec<&str> = req
+        .headers()
+        .get_all(STREAM_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let supported: &[&str] = if kind == "portforward" {
+        &[PORT_FORWARD_PROTOCOL]
+    } else {
+        REMOTE_COMMAND_PROTOCOLS
+    };
+    let Some(proto) = spdy_remote::negotiate(&offers, supported) else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "unable to negotiate protocol: client supports {offers:?}, server supports {supported:?}"
+            ),
+        );
+    };
+    // No offer: the oldest protocol, unnamed (as kubelet does).
+    let proto = if proto.is_empty() && kind != "portforward" {
+        "channel.k8s.io"
+    } else {
+        proto
+    };
+    let pending = match shared.tokens.take(token) {
+        Some(p) if p.path() == kind => p,
+        _ => return text(StatusCode::NOT_FOUND, "unknown or expired streaming token"),
+    };
+    let mut resp = Response::new(Full::new(Bytes::new()));
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = resp.headers_mut();
+    h.insert(header::UPGRADE, HeaderValue::from_static("SPDY/3.1"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    if let (false, Ok(v)) = (offers.is_empty(), HeaderValue::from_str(proto)) {
+        h.insert(STREAM_PROTOCOL, v);
+    }
+    let proto = proto.to_owned();
+    tokio::spawn(async move {
+        let upgraded = match hyper::upgrade::on(req).await {
+            Ok(u) => TokioIo::new(u),
+            Err(e) => {
+                tracing::warn!(error = %e, "streaming upgrade failed");
+                return;
+            }
+        };
+        match pending {
+            Pending::Exec {
+                container_id,
+                cmd,
+                streams,
+            } => {
+                let c = Command::Exec { container_id, cmd };
+                spdy_remote::remote_command(upgraded, &proto, runtime, c, streams).await;
+            }
+            Pending::Attach {
+                container_id,
+                streams,
+            } => {
+                let c = Command::Attach { container_id };
+                spdy_remote::remote_command(upgraded, &proto, runtime, c, streams).await;
+            }
+            Pending::PortForward {
+                sandbox_id, netns, ..
+            } => spdy_remote::port_forward(upgraded, sandbox_id, netns).await,
         }
     });
     resp

@@ -1,18 +1,23 @@
-//! The streaming server: exec, attach and port-forward over WebSocket.
+//! The streaming server: exec, attach and port-forward over WebSocket and
+//! SPDY/3.1.
 //!
 //! CRI `Exec`, `Attach` and `PortForward` only validate the request, store
 //! it under a single-use random token that expires after the idle timeout,
 //! and return `http://<address>:<port>/<kind>/<token>`. The client (kubelet,
 //! crictl, kubectl through the API server) then connects to that URL on this
 //! server's own TCP listener and upgrades to WebSocket with the Kubernetes
-//! channel protocol (`v4.channel.k8s.io`, `v5.channel.k8s.io`). SPDY/3.1
-//! upgrades are answered with 400 naming the missing protocol: not yet.
+//! channel protocol (`v4.channel.k8s.io`, `v5.channel.k8s.io`), or to
+//! SPDY/3.1 (`X-Stream-Protocol-Version: v4.channel.k8s.io` .. `channel.k8s.io`,
+//! or `portforward.k8s.io`), which crictl and kubelet's proxy speak.
 
 mod channel;
 mod cri;
 mod dial;
 mod http;
 mod session;
+mod spdy;
+mod spdy_remote;
+mod spdy_session;
 mod tokens;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

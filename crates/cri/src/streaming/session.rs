@@ -1,9 +1,12 @@
-//! Sessions over an upgraded WebSocket: exec, attach and port-forward.
+//! Exec, attach and port-forward sessions.
 //!
-//! Outgoing messages go through one writer task (so output pumps never
-//! interleave partial frames); incoming messages are handled in order in
-//! the session's own loop, so a resize sent before stdin data is applied
-//! before that data reaches the process.
+//! The exec and attach cores are transport-neutral: they speak in
+//! channel-numbered [`Out`] messages and read [`In`] messages, and each
+//! transport (WebSocket here, SPDY in `spdy_remote`) adapts its own
+//! framing to them. Outgoing messages go through one writer (so output
+//! pumps never interleave partial frames); incoming messages are handled in
+//! order in the session's own loop, so a resize sent before stdin data is
+//! applied before that data reaches the process.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,38 +33,102 @@ const DRAIN: Duration = Duration::from_secs(5);
 /// Attach: quiet time after the container exited before the session ends.
 const ATTACH_SETTLE: Duration = Duration::from_millis(200);
 
-type Tx = mpsc::Sender<Message>;
+/// A message from a session to its client.
+#[derive(Debug)]
+pub(super) enum Out {
+    /// Bytes on a channel.
+    Data(u8, Bytes),
+    /// Nothing more will be sent on this channel.
+    End(u8),
+}
 
-/// Splits `ws` into a writer task fed by the returned sender, and the
-/// incoming half. The writer sends a close frame once every sender is gone.
-fn split<S>(
-    ws: WebSocketStream<S>,
-) -> (
-    Tx,
-    futures::stream::SplitStream<WebSocketStream<S>>,
-    JoinHandle<()>,
-)
+/// A message from the client; the channel closing means it is gone.
+#[derive(Debug)]
+pub(super) enum In {
+    /// Bytes on a channel (stdin, or one resize object).
+    Data(u8, Bytes),
+    /// The client closed this channel (stdin: end of input).
+    End(u8),
+}
+
+pub(super) type Tx = mpsc::Sender<Out>;
+pub(super) type Rx = mpsc::Receiver<In>;
+
+/// Adapts `ws` to the neutral messages: a writer task fed by the returned
+/// sender (it sends a close frame once every sender is gone) and a reader
+/// task feeding the returned receiver (v5 close messages become
+/// [`In::End`]).
+fn ws_adapt<S>(ws: WebSocketStream<S>, v5: bool) -> (Tx, Rx, JoinHandle<()>, JoinHandle<()>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sink, stream) = ws.split();
-    let (tx, mut rx) = mpsc::channel::<Message>(64);
+    let (mut sink, mut stream) = ws.split();
+    let (tx, mut rx) = mpsc::channel::<Out>(64);
     let writer = tokio::spawn(async move {
         while let Some(m) = rx.recv().await {
-            if sink.send(m).await.is_err() {
-                return;
+            if let Out::Data(ch, data) = m {
+                if sink
+                    .send(Message::Binary(channel::frame(ch, &data)))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
             }
         }
         let _ = sink.send(Message::Close(None)).await;
         let _ = sink.flush().await;
     });
-    (tx, stream, writer)
+    let (in_tx, in_rx) = mpsc::channel::<In>(64);
+    let reader = tokio::spawn(async move {
+        loop {
+            let m = match stream.next().await {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return,
+                Some(Ok(Message::Binary(b))) => match channel::parse(&b) {
+                    Some((CLOSE, rest)) if v5 => match rest.first() {
+                        Some(&ch) => In::End(ch),
+                        None => continue,
+                    },
+                    Some((ch, _)) => In::Data(ch, b.slice(1..)),
+                    None => continue,
+                },
+                Some(Ok(_)) => continue,
+            };
+            if in_tx.send(m).await.is_err() {
+                return;
+            }
+        }
+    });
+    (tx, in_rx, writer, reader)
+}
+
+/// Runs a neutral session core over `ws`.
+async fn over_ws<S, F, Fut>(ws: WebSocketStream<S>, v5: bool, core: F)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: FnOnce(Tx, Rx) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (tx, rx, writer, reader) = ws_adapt(ws, v5);
+    core(tx, rx).await;
+    reader.abort();
+    let _ = writer.await;
 }
 
 async fn send(tx: &Tx, ch: u8, data: &[u8]) -> bool {
-    tx.send(Message::Binary(channel::frame(ch, data)))
+    tx.send(Out::Data(ch, Bytes::copy_from_slice(data)))
         .await
         .is_ok()
+}
+
+/// Sends the final status on the error channel after ending the output
+/// channels (SPDY clients wait for stdout/stderr to end before they read
+/// the status).
+async fn finish_with(tx: &Tx, status: &[u8]) {
+    let _ = tx.send(Out::End(STDOUT)).await;
+    let _ = tx.send(Out::End(STDERR)).await;
+    send(tx, ERROR, status).await;
+    let _ = tx.send(Out::End(ERROR)).await;
 }
 
 /// Copies a pipe into channel `ch` until end of file.
@@ -90,25 +157,7 @@ async fn finish(mut h: JoinHandle<()>) {
     }
 }
 
-/// What the client sent, decoded.
-enum Incoming {
-    Data(u8, Bytes),
-    Gone,
-    Ignore,
-}
-
-fn decode(m: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>) -> Incoming {
-    match m {
-        None | Some(Err(_)) | Some(Ok(Message::Close(_))) => Incoming::Gone,
-        Some(Ok(Message::Binary(b))) => match channel::parse(&b) {
-            Some((ch, _)) => Incoming::Data(ch, b.slice(1..)),
-            None => Incoming::Ignore,
-        },
-        Some(Ok(_)) => Incoming::Ignore,
-    }
-}
-
-/// Runs `cmd` in the container and streams it until it exits.
+/// Runs `cmd` in the container and streams it over `ws` until it exits.
 pub(super) async fn exec<S>(
     ws: WebSocketStream<S>,
     v5: bool,
@@ -119,7 +168,23 @@ pub(super) async fn exec<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (tx, mut incoming, writer) = split(ws);
+    over_ws(ws, v5, |tx, rx| {
+        exec_core(tx, rx, runtime, container_id, cmd, streams)
+    })
+    .await;
+}
+
+/// Runs `cmd` in the container: output goes to `tx`, input comes from
+/// `rx`; ends with the status on the error channel (or kills the process
+/// when the client goes away).
+pub(super) async fn exec_core(
+    tx: Tx,
+    mut incoming: Rx,
+    runtime: Arc<ContainerRuntime>,
+    container_id: String,
+    cmd: Vec<String>,
+    streams: Streams,
+) {
     let opts = ExecStreamOptions {
         stdin: streams.stdin,
         tty: streams.tty,
@@ -129,14 +194,7 @@ pub(super) async fn exec<S>(
         Ok(s) => s,
         Err(e) => {
             tracing::info!(container = %container_id, error = %e, "streaming exec failed to start");
-            send(
-                &tx,
-                ERROR,
-                &channel::failure_status(&cubelet_engine::chain(&e)),
-            )
-            .await;
-            drop(tx);
-            let _ = writer.await;
+            finish_with(&tx, &channel::failure_status(&cubelet_engine::chain(&e))).await;
             return;
         }
     };
@@ -161,31 +219,30 @@ pub(super) async fn exec<S>(
         loop {
             tokio::select! {
                 r = &mut wait => break Some(r),
-                m = incoming.next() => match decode(m) {
-                    Incoming::Gone => break None,
-                    Incoming::Ignore => {}
-                    Incoming::Data(STDIN, data) => {
+                m = incoming.recv() => match m {
+                    None => break None,
+                    Some(In::Data(STDIN, data)) => {
                         if let Some(w) = stdin.as_mut() {
                             if w.write_all(&data).await.is_err() {
                                 stdin = None;
                             }
                         }
                     }
-                    Incoming::Data(RESIZE, data) => {
+                    Some(In::Data(RESIZE, data)) => {
                         if let (true, Some(sz)) = (streams.tty, channel::parse_resize(&data)) {
                             if let Err(e) = process.resize(sz.width.into(), sz.height.into()).await {
                                 tracing::debug!(error = %e, "exec resize failed");
                             }
                         }
                     }
-                    Incoming::Data(CLOSE, data) if v5 => {
-                        if data.first() == Some(&STDIN) && stdin.take().is_some() {
+                    Some(In::End(STDIN)) => {
+                        if stdin.take().is_some() {
                             if let Err(e) = process.close_stdin().await {
                                 tracing::debug!(error = %e, "exec stdin close failed");
                             }
                         }
                     }
-                    Incoming::Data(..) => {}
+                    Some(_) => {}
                 }
             }
         }
@@ -200,7 +257,7 @@ pub(super) async fn exec<S>(
                 Ok(c) => channel::exit_status(c),
                 Err(e) => channel::failure_status(&cubelet_engine::chain(&e)),
             };
-            send(&tx, ERROR, &status).await;
+            finish_with(&tx, &status).await;
         }
         None => {
             // The client went away: nobody can read the output any more.
@@ -215,14 +272,12 @@ pub(super) async fn exec<S>(
         }
     }
     process.cleanup().await;
-    drop(tx);
-    let _ = writer.await;
 }
 
 /// A sender whose messages go nowhere (for unrequested streams that must
 /// still be drained so the process does not block on a full pipe).
 fn discard_tx() -> Tx {
-    let (tx, mut rx) = mpsc::channel::<Message>(8);
+    let (tx, mut rx) = mpsc::channel::<Out>(8);
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
     tx
 }
@@ -236,8 +291,7 @@ fn chunk_channel(c: &OutputChunk, streams: Streams) -> Option<u8> {
     }
 }
 
-/// Connects the client to the container's own stdio until it exits or the
-/// client leaves (the container keeps running then).
+/// Connects a WebSocket client to the container's own stdio.
 pub(super) async fn attach<S>(
     ws: WebSocketStream<S>,
     v5: bool,
@@ -247,12 +301,24 @@ pub(super) async fn attach<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (tx, mut incoming, writer) = split(ws);
+    over_ws(ws, v5, |tx, rx| {
+        attach_core(tx, rx, runtime, container_id, streams)
+    })
+    .await;
+}
+
+/// Connects the client to the container's own stdio until it exits or the
+/// client leaves (the container keeps running then).
+pub(super) async fn attach_core(
+    tx: Tx,
+    mut incoming: Rx,
+    runtime: Arc<ContainerRuntime>,
+    container_id: String,
+    streams: Streams,
+) {
     let Some(mut output) = runtime.attach_output(&container_id) else {
         let msg = format!("container {container_id} is not running");
-        send(&tx, ERROR, &channel::failure_status(&msg)).await;
-        drop(tx);
-        let _ = writer.await;
+        finish_with(&tx, &channel::failure_status(&msg)).await;
         return;
     };
     let mut stdin = if streams.stdin {
@@ -283,17 +349,16 @@ pub(super) async fn attach<S>(
                     }
                     Err(broadcast::error::RecvError::Closed) => break Some(Ok(0)),
                 },
-                m = incoming.next() => match decode(m) {
-                    Incoming::Gone => break None,
-                    Incoming::Ignore => {}
-                    Incoming::Data(STDIN, data) => {
+                m = incoming.recv() => match m {
+                    None => break None,
+                    Some(In::Data(STDIN, data)) => {
                         if let Some(w) = stdin.as_mut() {
                             if w.write_all(&data).await.is_err() {
                                 stdin = None;
                             }
                         }
                     }
-                    Incoming::Data(RESIZE, data) => {
+                    Some(In::Data(RESIZE, data)) => {
                         if let (true, Some(sz)) = (streams.tty, channel::parse_resize(&data)) {
                             if let Err(e) = runtime
                                 .resize_container_pty(&container_id, sz.width.into(), sz.height.into())
@@ -303,12 +368,8 @@ pub(super) async fn attach<S>(
                             }
                         }
                     }
-                    Incoming::Data(CLOSE, data) if v5 => {
-                        if data.first() == Some(&STDIN) {
-                            stdin = None;
-                        }
-                    }
-                    Incoming::Data(..) => {}
+                    Some(In::End(STDIN)) => stdin = None,
+                    Some(_) => {}
                 }
             }
         }
@@ -321,10 +382,8 @@ pub(super) async fn attach<S>(
                 send(&tx, ch, &c.to_wire()).await;
             }
         }
-        send(&tx, ERROR, &channel::exit_status(0)).await;
+        finish_with(&tx, &channel::exit_status(0)).await;
     }
-    drop(tx);
-    let _ = writer.await;
 }
 
 /// Forwards each of `ports` to the same port on the sandbox's loopback:
@@ -338,11 +397,21 @@ pub(super) async fn port_forward<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (tx, mut incoming, writer) = split(ws);
+    over_ws(ws, false, |tx, rx| {
+        port_forward_ws(tx, rx, sandbox_id, netns, ports)
+    })
+    .await;
+}
+
+async fn port_forward_ws(
+    tx: Tx,
+    mut incoming: Rx,
+    sandbox_id: String,
+    netns: Option<PathBuf>,
+    ports: Vec<u16>,
+) {
     if ports.is_empty() || ports.len() > 127 {
         tracing::info!(sandbox = %sandbox_id, "port-forward without ports (or too many)");
-        drop(tx);
-        let _ = writer.await;
         return;
     }
     let mut writers: Vec<Option<tokio::net::tcp::OwnedWriteHalf>> = Vec::new();
@@ -366,21 +435,16 @@ pub(super) async fn port_forward<S>(
             }
         }
     }
-    loop {
-        match decode(incoming.next().await) {
-            Incoming::Gone => break,
-            Incoming::Ignore => {}
-            Incoming::Data(ch, data) => {
-                let i = usize::from(ch / 2);
-                if ch % 2 != 0 {
-                    continue;
-                }
-                if let Some(slot) = writers.get_mut(i) {
-                    if let Some(w) = slot.as_mut() {
-                        if w.write_all(&data).await.is_err() {
-                            *slot = None;
-                        }
-                    }
+    while let Some(m) = incoming.recv().await {
+        let In::Data(ch, data) = m else { continue };
+        let i = usize::from(ch / 2);
+        if ch % 2 != 0 {
+            continue;
+        }
+        if let Some(slot) = writers.get_mut(i) {
+            if let Some(w) = slot.as_mut() {
+                if w.write_all(&data).await.is_err() {
+                    *slot = None;
                 }
             }
         }
@@ -389,6 +453,4 @@ pub(super) async fn port_forward<S>(
     for p in pumps {
         p.abort();
     }
-    drop(tx);
-    let _ = writer.await;
 }
