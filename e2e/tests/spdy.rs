@@ -1,0 +1,502 @@
+//! Streaming over SPDY/3.1 end to end: a minimal SPDY client written here
+//! (as crictl's client-go speaks it) runs an exec (stdout, and the exit
+//! code through the error stream) and a port-forward against one real
+//! `cubelet` daemon.
+//!
+//! Custom runner (`harness = false`) as in `streaming.rs`; without the
+//! private containerd every scenario prints `SKIP:` and passes.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use cubelet_e2e::cri::*;
+use cubelet_e2e::{assert_clean, container_config, image_spec, pod_config, Daemon, DaemonOpts};
+use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
+use futures::FutureExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const BUSYBOX: &str = "127.0.0.1:5000/busybox:test";
+
+type Fut<'a> = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + 'a>>;
+type Scenario = (&'static str, u64, for<'a> fn(&'a Daemon) -> Fut<'a>);
+
+fn scenarios() -> Vec<Scenario> {
+    vec![
+        ("spdy_exec_stdout_and_exit_code", 90, |d| Box::pin(exec(d))),
+        ("spdy_port_forward_http", 90, |d| Box::pin(port_forward(d))),
+    ]
+}
+
+fn main() -> ExitCode {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let selected: Vec<Scenario> = scenarios()
+        .into_iter()
+        .filter(|(n, _, _)| filters.is_empty() || filters.iter().any(|f| n.contains(f.as_str())))
+        .collect();
+    if std::env::args().any(|a| a == "--list") {
+        for (n, _, _) in &selected {
+            println!("{n}: test");
+        }
+        return ExitCode::SUCCESS;
+    }
+    if let Some(reason) = cubelet_e2e::skip_reason() {
+        for (n, _, _) in &selected {
+            println!("SKIP: {n}: {reason}");
+        }
+        println!(
+            "\ntest result: ok. 0 passed; 0 failed; {} skipped",
+            selected.len()
+        );
+        return ExitCode::SUCCESS;
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if rt.block_on(run_all(selected)) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+async fn run_all(selected: Vec<Scenario>) -> bool {
+    let opts = DaemonOpts {
+        index: 11,
+        ..Default::default()
+    };
+    let daemon = match Daemon::start(opts).await {
+        Ok(d) => d,
+        Err(e) => {
+            println!("e2e: daemon did not start: {e:#}");
+            return false;
+        }
+    };
+    let (mut passed, mut failed) = (0, Vec::new());
+    for (name, secs, f) in selected {
+        let body = std::panic::AssertUnwindSafe(f(&daemon)).catch_unwind();
+        let result = match tokio::time::timeout(Duration::from_secs(secs), body).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(format!("{e:#}")),
+            Ok(Err(_)) => Err("panicked".to_owned()),
+            Err(_) => Err(format!("timed out after {secs} s")),
+        };
+        let cleanup = tokio::time::timeout(Duration::from_secs(60), daemon.remove_all()).await;
+        let audit = match cleanup {
+            Ok(Ok(())) => std::panic::AssertUnwindSafe(assert_clean(&daemon))
+                .catch_unwind()
+                .await
+                .map_err(|_| "leak audit failed".to_owned()),
+            Ok(Err(e)) => Err(format!("cleanup via CRI failed: {e:#}")),
+            Err(_) => Err("cleanup via CRI timed out".to_owned()),
+        };
+        match (result, audit) {
+            (Ok(()), Ok(())) => {
+                passed += 1;
+                println!("test {name} ... ok");
+            }
+            (r, a) => {
+                let why = [r.err(), a.err()].into_iter().flatten().collect::<Vec<_>>();
+                println!("test {name} ... FAILED\n  {}", why.join("\n  then: "));
+                failed.push(name);
+            }
+        }
+    }
+    if !failed.is_empty() {
+        println!("--- daemon log tail ---\n{}\n---", daemon.log_tail(40));
+    }
+    let teardown = daemon.teardown().await;
+    if let Err(e) = &teardown {
+        println!("e2e: {e:#}");
+    }
+    let ok = failed.is_empty() && teardown.is_ok();
+    println!(
+        "\ntest result: {}. {passed} passed; {} failed",
+        if ok { "ok" } else { "FAILED" },
+        failed.len()
+    );
+    ok
+}
+
+// ------------------------------------------------------- a SPDY client
+
+/// The SPDY/3 header dictionary, built from the spec's word list and tail.
+fn dictionary() -> Vec<u8> {
+    let words = "options head post put delete trace accept accept-charset accept-encoding \
+        accept-language accept-ranges age allow authorization cache-control connection \
+        content-base content-encoding content-language content-length content-location \
+        content-md5 content-range content-type date etag expect expires from host if-match \
+        if-modified-since if-none-match if-range if-unmodified-since last-modified location \
+        max-forwards pragma proxy-authenticate proxy-authorization range referer retry-after \
+        server te trailer transfer-encoding upgrade user-agent vary via warning \
+        www-authenticate method get status 200_OK version HTTP/1.1 url public set-cookie \
+        keep-alive origin";
+    let mut d = Vec::new();
+    for w in words.split_whitespace() {
+        let w = w.replace('_', " ");
+        d.extend_from_slice(&(w.len() as u32).to_be_bytes());
+        d.extend_from_slice(w.as_bytes());
+    }
+    d.extend_from_slice(
+        concat!(
+            "100101201202205206300302303304305306307402405406407408409410411412413414415416417",
+            "502504505203 Non-Authoritative Information204 No Content301 Moved Permanently",
+            "400 Bad Request401 Unauthorized403 Forbidden404 Not Found500 Internal Server Error",
+            "501 Not Implemented503 Service UnavailableJan Feb Mar Apr May Jun Jul Aug Sept Oct ",
+            "Nov Dec 00:00:00 Mon, Tue, Wed, Thu, Fri, Sat, Sun, GMTchunked,text/html,image/png,",
+            "image/jpg,image/gif,application/xml,application/xhtml+xml,text/plain,",
+            "text/javascript,publicprivatemax-age=gzip,deflate,sdchcharset=utf-8",
+            "charset=iso-8859-1,utf-,*,enq=0."
+        )
+        .as_bytes(),
+    );
+    assert_eq!(d.len(), 1423);
+    d
+}
+
+/// A frame as the client sees it.
+#[derive(Debug)]
+enum Frame {
+    Data { id: u32, fin: bool, data: Vec<u8> },
+    Control { kind: u16, body: Vec<u8> },
+}
+
+struct Client {
+    tcp: TcpStream,
+    buf: Vec<u8>,
+    deflate: Compress,
+    inflate: Decompress,
+    dict: Vec<u8>,
+    next_id: u32,
+}
+
+impl Client {
+    /// Connects to a streaming `url`, upgrading to SPDY/3.1 with `protocol`.
+    async fn connect(url: &str, protocol: &str) -> anyhow::Result<Client> {
+        let rest = url.strip_prefix("http://").context("http url")?;
+        let (authority, path) = rest.split_once('/').context("path")?;
+        let mut tcp = TcpStream::connect(authority).await?;
+        let req = format!(
+            "POST /{path} HTTP/1.1\r\nHost: {authority}\r\nConnection: Upgrade\r\n\
+             Upgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: {protocol}\r\n\
+             X-Stream-Protocol-Version: v2.channel.k8s.io\r\nContent-Length: 0\r\n\r\n"
+        );
+        tcp.write_all(req.as_bytes()).await?;
+        let mut buf = Vec::new();
+        let end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 1024];
+            let n = tcp.read(&mut chunk).await?;
+            ensure!(
+                n > 0,
+                "closed during the upgrade: {:?}",
+                String::from_utf8_lossy(&buf)
+            );
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+        ensure!(head.starts_with("http/1.1 101"), "{head}");
+        ensure!(head.contains("upgrade: spdy/3.1"), "{head}");
+        ensure!(
+            head.contains(&format!("x-stream-protocol-version: {protocol}")),
+            "{head}"
+        );
+        let dict = dictionary();
+        let mut deflate = Compress::new(Compression::default(), true);
+        deflate.set_dictionary(&dict)?;
+        Ok(Client {
+            tcp,
+            buf: buf[end..].to_vec(),
+            deflate,
+            inflate: Decompress::new(true),
+            dict,
+            next_id: 1,
+        })
+    }
+
+    async fn write_control(&mut self, kind: u16, flags: u8, body: &[u8]) -> anyhow::Result<()> {
+        let mut f = vec![0x80, 0x03];
+        f.extend_from_slice(&kind.to_be_bytes());
+        f.extend_from_slice(&((u32::from(flags) << 24) | body.len() as u32).to_be_bytes());
+        f.extend_from_slice(body);
+        self.tcp.write_all(&f).await?;
+        Ok(())
+    }
+
+    /// Opens a stream with these headers (waits for no reply).
+    async fn open(&mut self, headers: &[(&str, &str)]) -> anyhow::Result<u32> {
+        let mut raw = (headers.len() as u32).to_be_bytes().to_vec();
+        for (n, v) in headers {
+            raw.extend_from_slice(&(n.len() as u32).to_be_bytes());
+            raw.extend_from_slice(n.as_bytes());
+            raw.extend_from_slice(&(v.len() as u32).to_be_bytes());
+            raw.extend_from_slice(v.as_bytes());
+        }
+        let mut z = Vec::with_capacity(raw.len() + 128);
+        self.deflate
+            .compress_vec(&raw, &mut z, FlushCompress::Sync)?;
+        let id = self.next_id;
+        self.next_id += 2;
+        let mut body = id.to_be_bytes().to_vec();
+        body.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+        body.extend_from_slice(&z);
+        self.write_control(1, 0, &body).await?;
+        Ok(id)
+    }
+
+    async fn data(&mut self, id: u32, fin: bool, data: &[u8]) -> anyhow::Result<()> {
+        let mut f = id.to_be_bytes().to_vec();
+        f.extend_from_slice(&((u32::from(fin) << 24) | data.len() as u32).to_be_bytes());
+        f.extend_from_slice(data);
+        self.tcp.write_all(&f).await?;
+        Ok(())
+    }
+
+    /// The next frame; `None` at end of connection.
+    async fn next(&mut self) -> anyhow::Result<Option<Frame>> {
+        loop {
+            if self.buf.len() >= 8 {
+                let len = (u32::from_be_bytes([0, self.buf[5], self.buf[6], self.buf[7]])) as usize;
+                if self.buf.len() >= 8 + len {
+                    let head: Vec<u8> = self.buf.drain(..8).collect();
+                    let body: Vec<u8> = self.buf.drain(..len).collect();
+                    let w1 = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+                    return Ok(Some(if w1 & 0x8000_0000 == 0 {
+                        Frame::Data {
+                            id: w1,
+                            fin: head[4] & 1 != 0,
+                            data: body,
+                        }
+                    } else {
+                        Frame::Control {
+                            kind: (w1 & 0xffff) as u16,
+                            body,
+                        }
+                    }));
+                }
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            let n = self.tcp.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(None);
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Inflates a SYN_REPLY's header block (the zlib context must see it).
+    fn inflate_block(&mut self, block: &[u8]) -> anyhow::Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(4096);
+        match self
+            .inflate
+            .decompress_vec(block, &mut out, FlushDecompress::Sync)
+        {
+            Ok(_) => {}
+            Err(e) if e.needs_dictionary().is_some() => {
+                let used = self.inflate.total_in() as usize;
+                self.inflate.set_dictionary(&self.dict)?;
+                self.inflate
+                    .decompress_vec(&block[used..], &mut out, FlushDecompress::Sync)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(out)
+    }
+}
+
+/// Reads frames until every stream in `ids` has ended (FIN), collecting
+/// data per stream; checks every stream in `ids` got a SYN_REPLY.
+async fn collect(
+    c: &mut Client,
+    ids: &[u32],
+) -> anyhow::Result<std::collections::HashMap<u32, Vec<u8>>> {
+    let mut data: std::collections::HashMap<u32, Vec<u8>> = Default::default();
+    let mut ended = Vec::new();
+    let mut replied = Vec::new();
+    while !ids.iter().all(|i| ended.contains(i)) {
+        match c.next().await? {
+            None => bail!("connection closed; got {data:?}"),
+            Some(Frame::Data { id, fin, data: d }) => {
+                ensure!(replied.contains(&id), "data before SYN_REPLY on {id}");
+                data.entry(id).or_default().extend_from_slice(&d);
+                if fin {
+                    ended.push(id);
+                }
+            }
+            Some(Frame::Control { kind: 2, body, .. }) => {
+                let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+                let block = c.inflate_block(&body[4..])?;
+                ensure!(block == [0, 0, 0, 0], "SYN_REPLY headers {block:?}");
+                replied.push(id);
+            }
+            Some(Frame::Control { kind: 3, body, .. }) => bail!("RST_STREAM {body:?}"),
+            Some(Frame::Control { kind: 6, body, .. }) => {
+                bail!("unexpected PING from the server {body:?}")
+            }
+            Some(Frame::Control { .. }) => {}
+        }
+    }
+    Ok(data)
+}
+
+// ---------------------------------------------------------- scenarios
+
+async fn pod_with(
+    d: &Daemon,
+    name: &str,
+    cfg: ContainerConfig,
+) -> anyhow::Result<(String, String)> {
+    let mut images = d.images.clone();
+    images
+        .pull_image(PullImageRequest {
+            image: Some(image_spec(BUSYBOX)),
+            ..Default::default()
+        })
+        .await
+        .context("PullImage")?;
+    let pod_cfg = pod_config(name, &format!("uid-{name}"), &d.log_base.join(name));
+    let mut rt = d.runtime.clone();
+    let pod = rt
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(pod_cfg.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .context("RunPodSandbox")?
+        .into_inner()
+        .pod_sandbox_id;
+    let cid = rt
+        .create_container(CreateContainerRequest {
+            pod_sandbox_id: pod.clone(),
+            config: Some(cfg),
+            sandbox_config: Some(pod_cfg),
+        })
+        .await
+        .context("CreateContainer")?
+        .into_inner()
+        .container_id;
+    rt.start_container(StartContainerRequest {
+        container_id: cid.clone(),
+    })
+    .await
+    .context("StartContainer")?;
+    Ok((pod, cid))
+}
+
+async fn exec(d: &Daemon) -> anyhow::Result<()> {
+    let (_, cid) = pod_with(
+        d,
+        "spdy-exec",
+        container_config("sleeper", BUSYBOX, &["sleep", "3600"]),
+    )
+    .await?;
+    let url = d
+        .runtime
+        .clone()
+        .exec(ExecRequest {
+            container_id: cid.clone(),
+            cmd: ["sh", "-c", "echo hello-spdy; echo oops >&2; exit 3"]
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
+            tty: false,
+            stdin: false,
+            stdout: true,
+            stderr: true,
+        })
+        .await?
+        .into_inner()
+        .url;
+    let mut c = Client::connect(&url, "v4.channel.k8s.io").await?;
+    // As client-go: the error stream first, then the output streams.
+    let err = c.open(&[("streamtype", "error")]).await?;
+    let out = c.open(&[("streamtype", "stdout")]).await?;
+    let serr = c.open(&[("streamtype", "stderr")]).await?;
+    let data = collect(&mut c, &[err, out, serr]).await?;
+    let stdout = String::from_utf8_lossy(data.get(&out).map_or(&[][..], |v| v));
+    ensure!(stdout == "hello-spdy\n", "stdout {stdout:?}");
+    let stderr = String::from_utf8_lossy(data.get(&serr).map_or(&[][..], |v| v));
+    ensure!(stderr == "oops\n", "stderr {stderr:?}");
+    let status: serde_json::Value =
+        serde_json::from_slice(data.get(&err).map_or(&[][..], |v| v)).context("error stream")?;
+    ensure!(status["status"] == "Failure", "{status}");
+    ensure!(status["reason"] == "NonZeroExitCode", "{status}");
+    ensure!(status["details"]["causes"][0]["message"] == "3", "{status}");
+    // Then the server closes the connection.
+    while let Some(f) = c.next().await? {
+        if let Frame::Data { data, .. } = f {
+            ensure!(data.is_empty(), "data after the end: {data:?}");
+        }
+    }
+    Ok(())
+}
+
+async fn port_forward(d: &Daemon) -> anyhow::Result<()> {
+    let script = "mkdir -p /tmp/www && echo hello-spdy-forward > /tmp/www/index.html \
+                  && exec httpd -f -p 8080 -h /tmp/www";
+    let (pod, _) = pod_with(
+        d,
+        "spdy-pf",
+        container_config("httpd", BUSYBOX, &["sh", "-c", script]),
+    )
+    .await?;
+    let url = d
+        .runtime
+        .clone()
+        .port_forward(PortForwardRequest {
+            pod_sandbox_id: pod.clone(),
+            port: vec![8080],
+        })
+        .await?
+        .into_inner()
+        .url;
+    let mut c = Client::connect(&url, "portforward.k8s.io").await?;
+    // httpd may not listen yet: one stream pair per attempt, as client-go
+    // opens one per local connection.
+    let mut last = String::new();
+    for attempt in 0..50 {
+        let req = attempt.to_string();
+        let h = |kind| {
+            [
+                ("streamtype", kind),
+                ("port", "8080"),
+                ("requestid", req.as_str()),
+            ]
+        };
+        let err = c.open(&h("error")).await?;
+        let data = c.open(&h("data")).await?;
+        c.data(err, true, b"").await?;
+        c.data(data, true, b"GET /index.html HTTP/1.0\r\nHost: pod\r\n\r\n")
+            .await?;
+        let got = collect(&mut c, &[err, data]).await?;
+        let body = String::from_utf8_lossy(got.get(&data).map_or(&[][..], |v| v)).into_owned();
+        let error = String::from_utf8_lossy(got.get(&err).map_or(&[][..], |v| v)).into_owned();
+        if body.contains("hello-spdy-forward") {
+            ensure!(body.starts_with("HTTP/1."), "{body}");
+            ensure!(error.is_empty(), "error stream {error:?}");
+            return Ok(());
+        }
+        ensure!(
+            !error.is_empty() || !body.is_empty(),
+            "neither data nor error"
+        );
+        last = format!("data {body:?}, error {error:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("port-forward never reached httpd: {last}")
+}
