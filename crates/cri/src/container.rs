@@ -61,6 +61,23 @@ fn seccomp(field: &str, p: Option<&cri::SecurityProfile>) -> CriResult<SeccompPr
     }
 }
 
+/// The deprecated `seccomp_profile_path` string, still sent by older
+/// kubelets and cri-tools: `runtime/default`, `docker/default`,
+/// `unconfined`, `localhost/<absolute path>`; empty means unconfined.
+fn legacy_seccomp(field: &str, path: &str) -> CriResult<SeccompProfile> {
+    match path {
+        "" | "unconfined" => Ok(SeccompProfile::Unconfined),
+        "runtime/default" | "docker/default" => Ok(SeccompProfile::RuntimeDefault),
+        p => match p.strip_prefix("localhost/") {
+            Some(file) => Ok(SeccompProfile::Localhost(clean_absolute(field, file)?)),
+            None => Err(CriError::invalid(
+                field,
+                format!("{p:?}: expected runtime/default, unconfined or localhost/<path>"),
+            )),
+        },
+    }
+}
+
 fn state(s: ContainerState) -> cri::ContainerState {
     match s {
         ContainerState::Created => cri::ContainerState::ContainerCreated,
@@ -223,6 +240,12 @@ impl Cri {
                     .as_ref()
                     .and_then(|g| u32::try_from(g.value).ok()),
             },
+            Some(sc) if sc.run_as_group.is_some() => {
+                return Err(CriError::invalid(
+                    "config.linux.security_context.run_as_group",
+                    "set without run_as_user or run_as_username",
+                ))
+            }
             _ => UserRequest::Image,
         };
         let image = self
@@ -289,10 +312,16 @@ impl Cri {
             readonly_paths: sc
                 .map(|s| s.readonly_paths.clone())
                 .filter(|p| !p.is_empty()),
-            seccomp: seccomp(
-                "config.linux.security_context.seccomp.localhost_ref",
-                sc.and_then(|s| s.seccomp.as_ref()),
-            )?,
+            seccomp: match sc.and_then(|s| s.seccomp.as_ref()) {
+                Some(profile) => seccomp(
+                    "config.linux.security_context.seccomp.localhost_ref",
+                    Some(profile),
+                )?,
+                None => legacy_seccomp(
+                    "config.linux.security_context.seccomp_profile_path",
+                    sc.map_or("", |s| s.seccomp_profile_path.as_str()),
+                )?,
+            },
             devices,
             mounts,
             sandbox_files: sandbox.storage.clone(),
@@ -718,5 +747,31 @@ impl Cri {
                 warn!(container_id = %event.id, error = %cubelet_engine::chain(&e), "apply event")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn legacy_seccomp_paths() {
+        let f = "seccomp_profile_path";
+        assert_eq!(legacy_seccomp(f, "").unwrap(), SeccompProfile::Unconfined);
+        assert_eq!(
+            legacy_seccomp(f, "unconfined").unwrap(),
+            SeccompProfile::Unconfined
+        );
+        assert_eq!(
+            legacy_seccomp(f, "docker/default").unwrap(),
+            SeccompProfile::RuntimeDefault
+        );
+        assert_eq!(
+            legacy_seccomp(f, "localhost//etc/p.json").unwrap(),
+            SeccompProfile::Localhost("/etc/p.json".into())
+        );
+        let e = legacy_seccomp(f, "/etc/p.json").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(legacy_seccomp(f, "localhost/relative.json").is_err());
     }
 }

@@ -177,12 +177,18 @@ impl SandboxSpec {
     }
 
     /// The hostname to give the pod: the requested one, else the pod name.
+    ///
+    /// A pod name can be longer than a hostname may be (64 bytes): the
+    /// fallback is cut to 63 and loses trailing `-`/`.`, as kubelet does.
     pub fn effective_hostname(&self) -> &str {
-        if self.hostname.is_empty() {
-            &self.name
-        } else {
-            &self.hostname
+        if !self.hostname.is_empty() {
+            return &self.hostname;
         }
+        let mut end = self.name.len().min(63);
+        while !self.name.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.name[..end].trim_end_matches(['-', '.'])
     }
 }
 
@@ -245,5 +251,8 @@ mod tests {
         assert_eq!(s.effective_hostname(), "web");
         s.hostname = "h".into();
         assert_eq!(s.effective_hostname(), "h");
+        s.hostname.clear();
+        s.name = format!("{}-{}", "a".repeat(62), "b".repeat(20));
+        assert_eq!(s.effective_hostname(), "a".repeat(62));
     }
 }

@@ -279,6 +279,12 @@ impl BridgeNetwork {
         }
         let fwd = Path::new("/proc/sys/net/ipv4/ip_forward");
         std::fs::write(fwd, b"1").map_err(|e| NetworkError::io("enable forwarding in", fwd, e))?;
+        // Host ports on 127.0.0.1: locally generated traffic from a loopback
+        // source may only leave through the bridge with route_localnet; the
+        // postrouting rule then masquerades it to the bridge address.
+        let localnet = PathBuf::from(format!("/proc/sys/net/ipv4/conf/{name}/route_localnet"));
+        std::fs::write(&localnet, b"1")
+            .map_err(|e| NetworkError::io("enable route_localnet in", &localnet, e))?;
         nft::ensure_base(&nft, &self.table, name, self.config.subnet.trunc()).await?;
         netns::prepare_dir(&self.netns_dir)?;
         let n = self.ipam.load()?;

@@ -89,6 +89,7 @@ pub(crate) async fn ensure_base(
          flush chain {t} postrouting\n\
          add rule {t} postrouting ip saddr {subnet} ip daddr != {subnet} masquerade\n\
          add rule {t} postrouting ip saddr {subnet} ip daddr {subnet} ct status dnat masquerade\n\
+         add rule {t} postrouting ip saddr 127.0.0.0/8 ct status dnat masquerade\n\
          add chain {t} forward {{ type filter hook forward priority 0; policy accept; }}\n\
          flush chain {t} forward\n\
          add rule {t} forward iifname \"{bridge}\" accept\n\

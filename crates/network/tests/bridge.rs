@@ -327,9 +327,13 @@ fn host_ports_forward_to_the_pod_and_conflicts_are_rejected() {
             let ns = std::fs::File::open(&pin)?;
             nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
             let l = TcpListener::bind("0.0.0.0:8080")?;
-            let (mut s, peer) = l.accept()?;
-            s.write_all(b"hello from the pod")?;
-            Ok(peer.to_string())
+            let mut peer = String::new();
+            for _ in 0..2 {
+                let (mut s, p) = l.accept()?;
+                s.write_all(b"hello from the pod")?;
+                peer = p.to_string();
+            }
+            Ok(peer)
         });
         // Reached through the test namespace's own bridge address.
         let target = (net.gateway(), 18081);
@@ -350,6 +354,14 @@ fn host_ports_forward_to_the_pod_and_conflicts_are_rejected() {
             }
         }
         assert_eq!(reply, "hello from the pod");
+        // And on the node's loopback address (route_localnet + masquerade).
+        let status = std::process::Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()?;
+        assert!(status.success());
+        let mut local = String::new();
+        TcpStream::connect(("127.0.0.1", 18081))?.read_to_string(&mut local)?;
+        assert_eq!(local, "hello from the pod");
         listener.join().expect("listener thread")?;
 
         let b = sid(2);

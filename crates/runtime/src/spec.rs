@@ -591,53 +591,86 @@ fn parse_caps(names: &[String], field: &str) -> Result<Vec<Capability>, RuntimeE
         .collect()
 }
 
+/// Every capability with its kernel number.
+const CAPABILITY_BITS: [(&str, u32); 41] = [
+    ("CHOWN", 0),
+    ("DAC_OVERRIDE", 1),
+    ("DAC_READ_SEARCH", 2),
+    ("FOWNER", 3),
+    ("FSETID", 4),
+    ("KILL", 5),
+    ("SETGID", 6),
+    ("SETUID", 7),
+    ("SETPCAP", 8),
+    ("LINUX_IMMUTABLE", 9),
+    ("NET_BIND_SERVICE", 10),
+    ("NET_BROADCAST", 11),
+    ("NET_ADMIN", 12),
+    ("NET_RAW", 13),
+    ("IPC_LOCK", 14),
+    ("IPC_OWNER", 15),
+    ("SYS_MODULE", 16),
+    ("SYS_RAWIO", 17),
+    ("SYS_CHROOT", 18),
+    ("SYS_PTRACE", 19),
+    ("SYS_PACCT", 20),
+    ("SYS_ADMIN", 21),
+    ("SYS_BOOT", 22),
+    ("SYS_NICE", 23),
+    ("SYS_RESOURCE", 24),
+    ("SYS_TIME", 25),
+    ("SYS_TTY_CONFIG", 26),
+    ("MKNOD", 27),
+    ("LEASE", 28),
+    ("AUDIT_WRITE", 29),
+    ("AUDIT_CONTROL", 30),
+    ("SETFCAP", 31),
+    ("MAC_OVERRIDE", 32),
+    ("MAC_ADMIN", 33),
+    ("SYSLOG", 34),
+    ("WAKE_ALARM", 35),
+    ("BLOCK_SUSPEND", 36),
+    ("AUDIT_READ", 37),
+    ("PERFMON", 38),
+    ("BPF", 39),
+    ("CHECKPOINT_RESTORE", 40),
+];
+
+/// The agent's own capability bounding set (`CapBnd` in /proc/self/status);
+/// everything when it cannot be read.
+fn bounding_set() -> u64 {
+    static SET: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SET.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| parse_cap_bnd(&s))
+            .unwrap_or(u64::MAX)
+    })
+}
+
+fn parse_cap_bnd(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+}
+
+/// "All" capabilities for privileged containers and `add: [ALL]`: those the
+/// agent itself may hold, as containerd does. A node (or a container the
+/// agent runs in) with a reduced bounding set cannot grant the others, and
+/// asking runc for them fails the container.
 fn all_caps() -> Capabilities {
-    // Every capability the spec crate knows; runc ignores unknown ones.
+    all_caps_within(bounding_set())
+}
+
+fn all_caps_within(bounding: u64) -> Capabilities {
     let mut set = Capabilities::new();
-    for n in [
-        "AUDIT_CONTROL",
-        "AUDIT_READ",
-        "AUDIT_WRITE",
-        "BLOCK_SUSPEND",
-        "BPF",
-        "CHECKPOINT_RESTORE",
-        "CHOWN",
-        "DAC_OVERRIDE",
-        "DAC_READ_SEARCH",
-        "FOWNER",
-        "FSETID",
-        "IPC_LOCK",
-        "IPC_OWNER",
-        "KILL",
-        "LEASE",
-        "LINUX_IMMUTABLE",
-        "MAC_ADMIN",
-        "MAC_OVERRIDE",
-        "MKNOD",
-        "NET_ADMIN",
-        "NET_BIND_SERVICE",
-        "NET_BROADCAST",
-        "NET_RAW",
-        "PERFMON",
-        "SETGID",
-        "SETFCAP",
-        "SETPCAP",
-        "SETUID",
-        "SYS_ADMIN",
-        "SYS_BOOT",
-        "SYS_CHROOT",
-        "SYS_MODULE",
-        "SYS_NICE",
-        "SYS_PACCT",
-        "SYS_PTRACE",
-        "SYS_RAWIO",
-        "SYS_RESOURCE",
-        "SYS_TIME",
-        "SYS_TTY_CONFIG",
-        "SYSLOG",
-        "WAKE_ALARM",
-    ] {
-        if let Ok(c) = serde_json::from_value::<Capability>(serde_json::Value::String(n.into())) {
+    for (name, bit) in CAPABILITY_BITS {
+        if bounding & (1u64 << bit) == 0 {
+            continue;
+        }
+        if let Ok(c) = serde_json::from_value::<Capability>(serde_json::Value::String(name.into()))
+        {
             set.insert(c);
         }
     }
@@ -1148,6 +1181,17 @@ pub fn build_oci_spec(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn all_caps_stay_within_the_bounding_set() {
+        let status = "Name:\tx\nCapBnd:\t000001fffeffffff\nCapAmb:\t0\n";
+        let bnd = parse_cap_bnd(status).unwrap();
+        let caps = all_caps_within(bnd);
+        assert!(!caps.contains(&Capability::SysResource));
+        assert!(caps.contains(&Capability::SysAdmin));
+        assert_eq!(caps.len(), 40);
+        assert_eq!(all_caps_within(u64::MAX).len(), 41);
+    }
+
     use super::*;
     use crate::types::ImageConfig;
 
