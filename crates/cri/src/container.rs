@@ -317,6 +317,8 @@ impl Cri {
                     "config.linux.security_context.seccomp.localhost_ref",
                     Some(profile),
                 )?,
+                // Deprecated in CRI, still sent by older kubelets and cri-tools.
+                #[allow(deprecated)]
                 None => legacy_seccomp(
                     "config.linux.security_context.seccomp_profile_path",
                     sc.map_or("", |s| s.seccomp_profile_path.as_str()),

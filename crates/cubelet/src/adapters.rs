@@ -123,3 +123,18 @@ impl cubelet_cri::NodeConditions for Conditions {
         self.network.ready()
     }
 }
+
+/// Port forwarding dials inside pod namespaces through the network crate,
+/// the only crate that enters namespaces.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct NetnsDialer;
+
+impl cubelet_cri::PodDialer for NetnsDialer {
+    fn dial(
+        &self,
+        netns: Option<PathBuf>,
+        port: u16,
+    ) -> futures::future::BoxFuture<'static, std::io::Result<tokio::net::TcpStream>> {
+        Box::pin(cubelet_network::connect_in_netns(netns, port))
+    }
+}

@@ -178,11 +178,14 @@ pub async fn run(config: Config) -> Result<()> {
         "config".to_owned(),
         serde_json::to_string(&config).unwrap_or_default(),
     );
-    let streaming = cubelet_cri::StreamingServer::bind(&cubelet_cri::StreamingConfig {
-        address: config.streaming.address,
-        port: config.streaming.port,
-        idle_timeout: config.streaming.idle_timeout,
-    })
+    let streaming = cubelet_cri::StreamingServer::bind(
+        &cubelet_cri::StreamingConfig {
+            address: config.streaming.address,
+            port: config.streaming.port,
+            idle_timeout: config.streaming.idle_timeout,
+        },
+        Arc::new(crate::adapters::NetnsDialer),
+    )
     .await
     .context("bind the streaming server")?;
     info!(addr = %streaming.local_addr(), "streaming server bound");

@@ -34,3 +34,4 @@ pub use cni::{CniConfig, CniGcReport, CniNetwork, PluginVersion, Readiness};
 pub use error::NetworkError;
 pub use ipam::Ipam;
 pub use lease::{LeaseStore, MemLeases};
+pub use netns::connect_in_netns;

@@ -177,3 +177,56 @@ where
         })
     })
 }
+
+/// How long a connection inside a pod may take to be established.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn connect_local(port: u16) -> io::Result<std::net::TcpStream> {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+    let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    match TcpStream::connect_timeout(&v4, CONNECT_TIMEOUT) {
+        Ok(s) => Ok(s),
+        Err(e4) => {
+            let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
+            TcpStream::connect_timeout(&v6, CONNECT_TIMEOUT).map_err(|_| e4)
+        }
+    }
+}
+
+/// Connects to `localhost:port` inside the network namespace pinned at
+/// `netns` (the agent's own namespace when `None`), for port forwarding.
+///
+/// The socket is made on a fresh OS thread that enters the namespace,
+/// connects and exits; the connected socket stays in the pod's namespace
+/// whichever thread uses it afterwards.
+pub async fn connect_in_netns(
+    netns: Option<PathBuf>,
+    port: u16,
+) -> io::Result<tokio::net::TcpStream> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("cubelet-netns-dial".to_owned())
+        .spawn(move || {
+            let result = (|| {
+                if let Some(ns) = &netns {
+                    let f = File::open(ns).map_err(|e| {
+                        io::Error::new(
+                            e.kind(),
+                            format!("open network namespace {}: {e}", ns.display()),
+                        )
+                    })?;
+                    setns(&f, CloneFlags::CLONE_NEWNET).map_err(|e| {
+                        io::Error::other(format!("enter network namespace {}: {e}", ns.display()))
+                    })?;
+                }
+                connect_local(port)
+            })();
+            // The thread ends right after, so its namespace dies with it.
+            let _ = tx.send(result);
+        })?;
+    let stream = rx
+        .await
+        .map_err(|_| io::Error::other("netns dial thread panicked"))??;
+    stream.set_nonblocking(true)?;
+    tokio::net::TcpStream::from_std(stream)
+}

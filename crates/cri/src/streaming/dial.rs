@@ -1,65 +1,62 @@
 //! Connecting to a port inside a pod's network namespace.
 //!
-//! `setns` acts on the calling thread, so the socket is made on a fresh OS
-//! thread that enters the namespace, connects, and exits; no async task
-//! ever runs in another namespace. The connected socket stays in the pod's
-//! namespace whatever thread uses it afterwards.
-//!
-//! This is the one `setns` outside the network crate (DESIGN.md wants it
-//! there); it should move behind a network-crate function once that crate
-//! exports one.
+//! Entering a namespace is the network crate's business (DESIGN.md: the only
+//! crate that calls setns), so the streaming server gets a [`PodDialer`]
+//! from the binary, which wires in `cubelet_network::connect_in_netns`.
 
-use std::fs::File;
+use std::fmt;
 use std::io;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::Arc;
 
-use nix::sched::{setns, CloneFlags};
+use futures::future::BoxFuture;
 
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Opens TCP connections to `localhost:port` inside a pod's network namespace.
+pub trait PodDialer: Send + Sync + fmt::Debug + 'static {
+    /// Connects inside the namespace pinned at `netns` (the agent's own
+    /// namespace when `None`).
+    fn dial(
+        &self,
+        netns: Option<PathBuf>,
+        port: u16,
+    ) -> BoxFuture<'static, io::Result<tokio::net::TcpStream>>;
+}
 
-fn connect_local(port: u16) -> io::Result<TcpStream> {
-    let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    match TcpStream::connect_timeout(&v4, CONNECT_TIMEOUT) {
-        Ok(s) => Ok(s),
-        Err(e4) => {
-            let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
-            TcpStream::connect_timeout(&v6, CONNECT_TIMEOUT).map_err(|_| e4)
-        }
+/// A dialer for the agent's own namespace only (tests, host-network pods);
+/// refuses pod namespaces.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HostDialer;
+
+impl PodDialer for HostDialer {
+    fn dial(
+        &self,
+        netns: Option<PathBuf>,
+        port: u16,
+    ) -> BoxFuture<'static, io::Result<tokio::net::TcpStream>> {
+        Box::pin(async move {
+            if let Some(ns) = netns {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("no dialer for pod network namespace {}", ns.display()),
+                ));
+            }
+            tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+        })
     }
 }
 
-fn dial_blocking(netns: Option<PathBuf>, port: u16) -> io::Result<TcpStream> {
-    if let Some(ns) = netns {
-        let f = File::open(&ns).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("open network namespace {}: {e}", ns.display()),
-            )
-        })?;
-        setns(&f, CloneFlags::CLONE_NEWNET).map_err(|e| {
-            io::Error::other(format!("enter network namespace {}: {e}", ns.display()))
-        })?;
-    }
-    connect_local(port)
+/// Where a port-forward session connects: a namespace and the dialer for it.
+#[derive(Debug, Clone)]
+pub(crate) struct PodTarget {
+    pub(crate) netns: Option<PathBuf>,
+    pub(crate) dialer: Arc<dyn PodDialer>,
 }
 
-/// Connects to `localhost:port` in the namespace pinned at `netns` (the
-/// host's own namespace when `None`).
-pub(crate) async fn dial(netns: Option<PathBuf>, port: u16) -> io::Result<tokio::net::TcpStream> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("cubelet-pf-dial".to_owned())
-        .spawn(move || {
-            // The thread ends right after, so its namespace dies with it.
-            let _ = tx.send(dial_blocking(netns, port));
-        })?;
-    let std_stream = rx
-        .await
-        .map_err(|_| io::Error::other("port-forward dial thread panicked"))??;
-    std_stream.set_nonblocking(true)?;
-    tokio::net::TcpStream::from_std(std_stream)
+impl PodTarget {
+    /// Connects to `port` in the target namespace.
+    pub(crate) async fn dial(&self, port: u16) -> io::Result<tokio::net::TcpStream> {
+        self.dialer.dial(self.netns.clone(), port).await
+    }
 }
 
 #[cfg(test)]
@@ -75,12 +72,18 @@ mod tests {
             let (mut s, _) = l.accept().await.unwrap();
             s.write_all(b"hi").await.unwrap();
         });
-        let mut c = dial(None, port).await.unwrap();
+        let target = PodTarget {
+            netns: None,
+            dialer: Arc::new(HostDialer),
+        };
+        let mut c = target.dial(port).await.unwrap();
         let mut buf = Vec::new();
         c.read_to_end(&mut buf).await.unwrap();
         assert_eq!(buf, b"hi");
         server.await.unwrap();
-        let missing = dial(Some(PathBuf::from("/nonexistent/test-netns")), port).await;
+        let missing = HostDialer
+            .dial(Some(PathBuf::from("/nonexistent/test-netns")), port)
+            .await;
         assert!(missing
             .unwrap_err()
             .to_string()

@@ -1,6 +1,7 @@
 //! The HTTP/1.1 side: accept loop, routing by path and token, and the
 //! upgrade to WebSocket or SPDY/3.1.
 
+use super::dial::PodTarget;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -161,6 +162,7 @@ fn handle(
             HeaderValue::from_static(proto_static(proto)),
         );
     }
+    let dialer = Arc::clone(&shared.dialer);
     tokio::spawn(async move {
         let upgraded = match hyper::upgrade::on(req).await {
             Ok(u) => u,
@@ -186,7 +188,8 @@ fn handle(
                 ports: req_ports,
             } => {
                 let ports = if ports.is_empty() { req_ports } else { ports };
-                session::port_forward(ws, sandbox_id, netns, ports).await;
+                let target = PodTarget { netns, dialer };
+                session::port_forward(ws, sandbox_id, target, ports).await;
             }
         }
     });
@@ -250,6 +253,7 @@ fn spdy_upgrade(
         h.insert(STREAM_PROTOCOL, v);
     }
     let proto = proto.to_owned();
+    let dialer = Arc::clone(&shared.dialer);
     tokio::spawn(async move {
         let upgraded = match hyper::upgrade::on(req).await {
             Ok(u) => TokioIo::new(u),
@@ -276,7 +280,10 @@ fn spdy_upgrade(
             }
             Pending::PortForward {
                 sandbox_id, netns, ..
-            } => spdy_remote::port_forward(upgraded, sandbox_id, netns).await,
+            } => {
+                let target = PodTarget { netns, dialer };
+                spdy_remote::port_forward(upgraded, sandbox_id, target).await
+            }
         }
     });
     resp

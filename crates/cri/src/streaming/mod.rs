@@ -29,6 +29,7 @@ use cubelet_runtime::container::ContainerRuntime;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub use self::dial::{HostDialer, PodDialer};
 use self::tokens::TokenStore;
 
 /// Default idle timeout of a token (kubelet's streaming server: 4 minutes).
@@ -101,6 +102,8 @@ pub(crate) struct Streams {
 pub(crate) struct Shared {
     addr: SocketAddr,
     tokens: TokenStore<Pending>,
+    /// Connects port-forward sessions inside pod namespaces.
+    pub(crate) dialer: Arc<dyn PodDialer>,
 }
 
 /// Handle of the streaming server: cheap to clone; the CRI shim stores
@@ -122,13 +125,17 @@ impl std::fmt::Debug for StreamingServer {
 impl StreamingServer {
     /// Binds the listener (port 0 = a free port). Serving starts with
     /// [`StreamingServer::serve`].
-    pub async fn bind(config: &StreamingConfig) -> std::io::Result<Self> {
+    pub async fn bind(
+        config: &StreamingConfig,
+        dialer: Arc<dyn PodDialer>,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(SocketAddr::new(config.address, config.port)).await?;
         let addr = listener.local_addr()?;
         Ok(Self {
             shared: Arc::new(Shared {
                 addr,
                 tokens: TokenStore::new(config.idle_timeout),
+                dialer,
             }),
             listener: Arc::new(std::sync::Mutex::new(Some(listener))),
         })

@@ -8,7 +8,7 @@
 //! order in the session's own loop, so a resize sent before stdin data is
 //! applied before that data reaches the process.
 
-use std::path::PathBuf;
+use super::dial::PodTarget;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +24,6 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
 use super::channel::{self, CLOSE, ERROR, RESIZE, STDERR, STDIN, STDOUT};
-use super::dial;
 use super::Streams;
 
 /// How long output may still flow after the process exited (a background
@@ -392,13 +391,13 @@ pub(super) async fn attach_core(
 pub(super) async fn port_forward<S>(
     ws: WebSocketStream<S>,
     sandbox_id: String,
-    netns: Option<PathBuf>,
+    target: PodTarget,
     ports: Vec<u16>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     over_ws(ws, false, |tx, rx| {
-        port_forward_ws(tx, rx, sandbox_id, netns, ports)
+        port_forward_ws(tx, rx, sandbox_id, target, ports)
     })
     .await;
 }
@@ -407,7 +406,7 @@ async fn port_forward_ws(
     tx: Tx,
     mut incoming: Rx,
     sandbox_id: String,
-    netns: Option<PathBuf>,
+    target: PodTarget,
     ports: Vec<u16>,
 ) {
     if ports.is_empty() || ports.len() > 127 {
@@ -421,7 +420,7 @@ async fn port_forward_ws(
         let le = port.to_le_bytes();
         send(&tx, data_ch, &le).await;
         send(&tx, data_ch + 1, &le).await;
-        match dial::dial(netns.clone(), *port).await {
+        match target.dial(*port).await {
             Ok(stream) => {
                 let (r, w) = stream.into_split();
                 pumps.push(pump(r, data_ch, tx.clone()));

@@ -12,8 +12,8 @@
 //! a `data` stream sharing `port` and `requestid` headers; each pair is
 //! dialled in the pod's network namespace and spliced both ways.
 
+use super::dial::PodTarget;
 use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +24,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::channel::{self, ERROR, RESIZE, STDERR, STDIN, STDOUT};
-use super::dial;
 use super::session::{self, In, Out};
 use super::spdy::header;
 use super::spdy_session::{Conn, Event, Sender};
@@ -287,7 +286,7 @@ struct Pair {
 
 /// Serves port forwarding into `netns` on a SPDY connection until the
 /// client leaves.
-pub(crate) async fn port_forward<S>(io: S, sandbox_id: String, netns: Option<PathBuf>)
+pub(crate) async fn port_forward<S>(io: S, sandbox_id: String, target: PodTarget)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -332,7 +331,7 @@ where
                         data,
                         port,
                         sandbox_id.clone(),
-                        netns.clone(),
+                        target.clone(),
                         in_rx,
                     )));
                 }
@@ -367,12 +366,12 @@ async fn forward_pair(
     data: u32,
     port: Option<u16>,
     sandbox_id: String,
-    netns: Option<PathBuf>,
+    target: PodTarget,
     mut input: mpsc::Receiver<Option<Bytes>>,
 ) {
     let result = match port.filter(|p| *p > 0) {
         None => Err("missing or invalid port header".to_owned()),
-        Some(port) => match dial::dial(netns, port).await {
+        Some(port) => match target.dial(port).await {
             Err(e) => Err(format!(
                 "error forwarding port {port} to pod {sandbox_id}: {e}"
             )),
