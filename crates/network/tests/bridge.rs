@@ -36,8 +36,12 @@ fn init_is_idempotent_and_sets_up_the_node() {
         let rules = run(&["nft", "list", "table", "ip", net.nft_table()])?;
         assert_eq!(
             rules.matches("masquerade").count(),
-            2,
+            3,
             "no duplicate rules on re-init:\n{rules}"
+        );
+        assert!(
+            rules.contains("ip saddr 127.0.0.0/8 ct status dnat masquerade"),
+            "{rules}"
         );
         assert!(
             rules.contains("ip saddr 10.77.0.0/24 ip daddr != 10.77.0.0/24 masquerade"),
