@@ -378,21 +378,7 @@ impl Daemon {
             Some(0) => {}
             other => bail!("daemon exited with {other:?} on SIGTERM"),
         }
-        let child = spawn(
-            &self.bin,
-            &self.config_file,
-            &self.drop_ins,
-            &self.daemon_log,
-        )?;
-        let mut partial = Partial {
-            child: Some(child),
-            log: self.daemon_log.clone(),
-        };
-        wait_ready(&mut partial, self.metrics, Duration::from_secs(90)).await?;
-        if let Ok(mut c) = self.child.lock() {
-            *c = partial.child.take();
-        }
-        Ok(())
+        self.start_with_env(&[]).await
     }
 
     /// Stops and removes every container and pod sandbox through CRI.
