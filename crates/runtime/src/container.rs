@@ -58,6 +58,7 @@ const LABEL_HANDLER: &str = "io.cubelet.runtime/handler";
 const LABEL_STOP_SIGNAL: &str = "io.cubelet.runtime/stop-signal";
 const LABEL_STDIN: &str = "io.cubelet.runtime/stdin";
 const LABEL_TTY: &str = "io.cubelet.runtime/tty";
+const LABEL_STDIN_ONCE: &str = "io.cubelet.runtime/stdin-once";
 const LABEL_STARTED: &str = "io.cubelet.runtime/started-at";
 
 /// Most output `exec_sync` keeps per stream (as containerd's CRI plugin).
@@ -458,6 +459,9 @@ impl ContainerRuntime {
         if spec.tty {
             labels.insert(LABEL_TTY.to_owned(), "true".to_owned());
         }
+        if spec.stdin && spec.stdin_once {
+            labels.insert(LABEL_STDIN_ONCE.to_owned(), "true".to_owned());
+        }
         let container = Container {
             id: id.to_owned(),
             labels,
@@ -531,6 +535,34 @@ impl ContainerRuntime {
                 kind: "container",
                 id: id.to_owned(),
             })
+    }
+
+    /// Ends an attach session's input: for a container created with
+    /// `stdin_once`, closes its stdin (`Tasks.CloseIO` on the init process)
+    /// so the process reads end-of-file, as containerd's CRI does. Other
+    /// containers keep their stdin open for the next attach.
+    pub async fn attach_stdin_closed(&self, id: &str) -> Result<(), RuntimeError> {
+        let container = self.get_container(id).await?;
+        if !container
+            .labels
+            .get(LABEL_STDIN_ONCE)
+            .is_some_and(|v| v == "true")
+        {
+            return Ok(());
+        }
+        self.client
+            .tasks()
+            .close_io(
+                self.client
+                    .request(containerd_client::services::v1::CloseIoRequest {
+                        container_id: id.to_owned(),
+                        exec_id: String::new(),
+                        stdin: true,
+                    }),
+            )
+            .await
+            .map_err(|s| RuntimeError::containerd("tasks.close_io", s))?;
+        Ok(())
     }
 
     /// Starts container `id`: FIFOs, log copier, task create and start.

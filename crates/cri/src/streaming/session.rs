@@ -367,7 +367,13 @@ pub(super) async fn attach_core(
                             }
                         }
                     }
-                    Some(In::End(STDIN)) => stdin = None,
+                    Some(In::End(STDIN)) => {
+                        // Our writer goes first, then the shim's (stdin_once).
+                        stdin = None;
+                        if let Err(e) = runtime.attach_stdin_closed(&container_id).await {
+                            tracing::debug!(error = %e, "attach stdin close failed");
+                        }
+                    }
                     Some(_) => {}
                 }
             }
