@@ -543,10 +543,10 @@ impl ContainerRuntime {
     /// containers keep their stdin open for the next attach.
     pub async fn attach_stdin_closed(&self, id: &str) -> Result<(), RuntimeError> {
         let container = self.get_container(id).await?;
-        if !container
+        if container
             .labels
             .get(LABEL_STDIN_ONCE)
-            .is_some_and(|v| v == "true")
+            .is_none_or(|v| v != "true")
         {
             return Ok(());
         }
