@@ -100,13 +100,13 @@ pub struct BridgeNetwork {
 }
 
 /// Marks a sandbox's create as in flight until dropped.
-struct Inflight {
+pub(crate) struct Inflight {
     set: Arc<Mutex<HashSet<SandboxId>>>,
     id: SandboxId,
 }
 
 impl Inflight {
-    fn new(set: &Arc<Mutex<HashSet<SandboxId>>>, id: &SandboxId) -> Self {
+    pub(crate) fn new(set: &Arc<Mutex<HashSet<SandboxId>>>, id: &SandboxId) -> Self {
         lock(set).insert(id.clone());
         Self {
             set: Arc::clone(set),
@@ -123,7 +123,7 @@ impl Drop for Inflight {
 
 /// Locks a std mutex whose data stays consistent even if a holder panicked
 /// (every update is a single insert, remove or assignment).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 

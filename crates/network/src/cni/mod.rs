@@ -30,6 +30,7 @@ use serde_json::{Map, Value};
 
 use self::conf::NetworkList;
 use self::exec::{Invocation, Op};
+use crate::bridge::{lock, Inflight};
 use crate::error::NetworkError;
 use crate::{bridge, netns, POD_INTERFACE};
 
@@ -113,34 +114,6 @@ impl std::fmt::Debug for CniNetwork {
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
-}
-
-/// Marks a sandbox's create as in flight until dropped.
-struct Inflight {
-    set: Arc<Mutex<HashSet<SandboxId>>>,
-    id: SandboxId,
-}
-
-impl Inflight {
-    fn new(set: &Arc<Mutex<HashSet<SandboxId>>>, id: &SandboxId) -> Self {
-        lock(set).insert(id.clone());
-        Self {
-            set: Arc::clone(set),
-            id: id.clone(),
-        }
-    }
-}
-
-impl Drop for Inflight {
-    fn drop(&mut self) {
-        lock(&self.set).remove(&self.id);
-    }
-}
-
-/// Locks a std mutex whose data stays consistent even if a holder panicked
-/// (every update is a single insert or remove).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What a DEL needs besides the sandbox id.
