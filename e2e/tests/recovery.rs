@@ -5,9 +5,13 @@
 //!    sandbox is undone and nothing leaks: no netns pin, veth, lease, mount,
 //!    sandbox directory, containerd object or store record.
 //! 2. Orphans of every kind the GC knows (sandbox directory with a tmpfs
-//!    mount, netns pin, veth on the bridge, IP lease and journal entries of a
-//!    sandbox the store does not know) are reclaimed by one pass and counted
-//!    in `cubelet_gc_reclaimed_total{kind}`.
+//!    mount, netns pin, veth on the bridge, IP lease, journal entries and a
+//!    running containerd container with its task and rootfs snapshot, all of
+//!    a sandbox the store does not know) are reclaimed and counted in
+//!    `cubelet_gc_reclaimed_total{kind}`.
+//! 3. A cleanup that keeps failing (a test failpoint fails the storage
+//!    cleanup three times) is retried by the GC with a doubling backoff until
+//!    it succeeds, and the sandbox is gone.
 //!
 //! Without the private containerd both print SKIP and pass.
 
@@ -16,8 +20,11 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{ensure, Context};
-use cubelet_e2e::cri::{ListPodSandboxRequest, RunPodSandboxRequest};
-use cubelet_e2e::{http_get, leaks, pod_config, run, Daemon, DaemonOpts};
+use cubelet_e2e::cri::{
+    ListPodSandboxRequest, PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
+    StopPodSandboxRequest,
+};
+use cubelet_e2e::{http_get, leaks, pod_config, run, Daemon, DaemonOpts, REGISTRY};
 use cubelet_engine::{FlowKind, FlowStart, FlowState, Journal, SandboxId, SandboxSpec};
 use cubelet_store::{IpLease, Store};
 
@@ -181,19 +188,60 @@ async fn gc_reclaims_orphans(d: &Daemon) -> anyhow::Result<()> {
     )
     .await?;
     run("ip", &["link", "set", &veth, "master", &d.bridge]).await?;
+    // Containerd objects: a running container of the ghost sandbox (its
+    // infra container id), with its task and rootfs snapshot. No cgroup path,
+    // so runc leaves no parent cgroup behind.
+    let image = format!("{REGISTRY}/busybox:test");
+    d.ctr(&["images", "pull", "--plain-http", &image]).await?;
+    d.ctr(&[
+        "run",
+        "-d",
+        "--cgroup",
+        "",
+        "--net-host",
+        &image,
+        &ghost_str,
+        "sleep",
+        "1000",
+    ])
+    .await?;
+    ensure!(
+        d.ctr(&["tasks", "ls", "-q"]).await?.contains(&ghost_str),
+        "the orphan task should run"
+    );
 
     d.start_with_env(&[]).await?;
     eventually("orphans reclaimed", Duration::from_secs(60), || async {
         let links = run("ip", &["-o", "link", "show"]).await?;
-        Ok(!dir.exists() && !pin.exists() && !links.contains(&veth))
+        let containers = d.ctr(&["containers", "ls", "-q"]).await?;
+        let snapshots = d.ctr(&["snapshots", "ls"]).await?;
+        Ok(!dir.exists()
+            && !pin.exists()
+            && !links.contains(&veth)
+            && !containers.contains(&ghost_str)
+            && !snapshots.contains(&ghost_str))
     })
     .await?;
+    ensure!(
+        !d.ctr(&["tasks", "ls", "-q"]).await?.contains(&ghost_str),
+        "the orphan task is left"
+    );
     let metrics = http_get(d.metrics, "/metrics").await?.1;
     let reclaimed: Vec<&str> = metrics
         .lines()
         .filter(|l| l.starts_with("cubelet_gc_reclaimed_total{"))
         .collect();
-    for kind in ["directory", "mount", "netns", "veth", "lease", "journal"] {
+    for kind in [
+        "directory",
+        "mount",
+        "netns",
+        "veth",
+        "lease",
+        "journal",
+        "container",
+        "task",
+        "snapshot",
+    ] {
         ensure!(
             reclaimed
                 .iter()
@@ -217,6 +265,94 @@ async fn gc_reclaims_orphans(d: &Daemon) -> anyhow::Result<()> {
             "journal of the ghost left"
         );
     }
+    d.start_with_env(&[]).await?;
+    Ok(())
+}
+
+/// The value of the unlabelled-or-labelled sample `name` in a scrape.
+fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn gc_retries_failing_cleanup(d: &Daemon) -> anyhow::Result<()> {
+    // The storage cleanup fails three times (after doing its work): the
+    // RemovePodSandbox call and the GC's first two attempts fail, the third
+    // succeeds.
+    d.stop().await?;
+    d.start_with_env(&[("CUBELET_TEST_FAILPOINTS", "storage.cleanup=fail:3")])
+        .await?;
+    let mut rt = d.runtime.clone();
+    let config = pod_config("flaky-pod", "uid-flaky-pod", &d.log_base.join("flaky-pod"));
+    let id = rt
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(config),
+            runtime_handler: String::new(),
+        })
+        .await?
+        .into_inner()
+        .pod_sandbox_id;
+    rt.stop_pod_sandbox(StopPodSandboxRequest {
+        pod_sandbox_id: id.clone(),
+    })
+    .await?;
+    let removed = rt
+        .remove_pod_sandbox(RemovePodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        })
+        .await;
+    let err = removed.err().context("RemovePodSandbox should fail once")?;
+    ensure!(
+        err.message().contains("failpoint"),
+        "unexpected error: {err:?}"
+    );
+    let status = rt
+        .pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: id.clone(),
+            verbose: true,
+        })
+        .await?
+        .into_inner();
+    let info: serde_json::Value =
+        serde_json::from_str(status.info.get("info").context("verbose info")?)?;
+    ensure!(
+        info["state"] == "needs_cleanup" && info["cleanupAttempts"] == 1,
+        "kept for the GC: {info}"
+    );
+
+    eventually(
+        "the GC removed the sandbox",
+        Duration::from_secs(90),
+        || async { Ok(pods(d).await? == 0) },
+    )
+    .await?;
+    let metrics = http_get(d.metrics, "/metrics").await?.1;
+    let failures = sample(&metrics, "cubelet_gc_failures_total{kind=\"sandbox\"}");
+    let reclaimed = sample(&metrics, "cubelet_gc_reclaimed_total{kind=\"sandbox\"}");
+    let runs = sample(&metrics, "cubelet_gc_runs_total");
+    println!("gc: {failures} failed attempts, {reclaimed} reclaimed, {runs} passes");
+    ensure!(
+        (failures, reclaimed) == (2.0, 1.0),
+        "two failed GC attempts then one success, got {failures} and {reclaimed}"
+    );
+    // Backoff: the waits the GC chose double (interval 1 s: 2 s, then 4 s),
+    // so passes outnumber attempts.
+    let log = std::fs::read_to_string(&d.daemon_log)?;
+    let waits: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("gc: cleanup failed"))
+        .filter_map(|l| l.split("retry_in=").nth(1)?.split_whitespace().next())
+        .collect();
+    ensure!(waits == ["2s", "4s"], "backoff waits {waits:?}");
+    ensure!(
+        runs >= 3.0 + 2.0,
+        "passes {runs} should exceed attempts (3)"
+    );
+
+    // Restart without the failpoint for the leak audit.
+    d.stop().await?;
     d.start_with_env(&[]).await?;
     Ok(())
 }
@@ -263,4 +399,9 @@ async fn kill9_during_create_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_reclaims_orphans_of_every_kind() {
     with_daemon(10, |d| Box::pin(gc_reclaims_orphans(d))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_retries_a_failing_cleanup_with_backoff() {
+    with_daemon(14, |d| Box::pin(gc_retries_failing_cleanup(d))).await;
 }

@@ -295,6 +295,7 @@ impl Cri {
                 "netnsPath": rec.network.as_ref().and_then(|n| n.netns_path.clone()),
                 "sandboxDir": rec.storage.as_ref().map(|s| s.sandbox_dir.clone()),
                 "lastError": rec.last_error,
+                "cleanupAttempts": rec.cleanup_attempts,
                 "config": rec.spec,
                 "flows": history.iter().map(|f| serde_json::json!({
                     "flow": f.kind.as_str(),

@@ -23,6 +23,7 @@ pub(crate) const ENV: &str = "CUBELET_TEST_FAILPOINTS";
 enum Action {
     Sleep(Duration),
     Fail,
+    FailFirst(u32),
 }
 
 /// Parsed failpoints, keyed by provider then flow kind.
@@ -50,6 +51,10 @@ impl Failpoints {
             let kind: FlowKind = method.parse().map_err(|e| format!("{ENV}: {e}"))?;
             let action = match action.split_once(':') {
                 None if action == "fail" => Action::Fail,
+                Some(("fail", n)) => Action::FailFirst(
+                    n.parse()
+                        .map_err(|e| format!("{ENV}: {item:?}: fail count: {e}"))?,
+                ),
                 Some(("sleep", d)) => Action::Sleep(
                     humantime::parse_duration(d).map_err(|e| format!("{ENV}: {d:?}: {e}"))?,
                 ),
@@ -71,6 +76,7 @@ impl Failpoints {
                 Arc::new(Injected {
                     inner: flow,
                     points: points.clone(),
+                    failed: std::sync::Mutex::new(HashMap::new()),
                 })
             }
             None => flow,
@@ -81,6 +87,8 @@ impl Failpoints {
 struct Injected {
     inner: Arc<dyn Flow>,
     points: HashMap<FlowKind, Action>,
+    /// Failures injected so far, for `fail:<n>`.
+    failed: std::sync::Mutex<HashMap<FlowKind, u32>>,
 }
 
 impl Injected {
@@ -91,11 +99,23 @@ impl Injected {
                 tokio::time::sleep(*d).await;
                 Ok(())
             }
-            Some(Action::Fail) => Err(StepError::internal(Message(format!(
-                "failpoint: injected {kind} failure"
-            )))),
+            Some(Action::Fail) => Err(injected(kind)),
+            Some(Action::FailFirst(n)) => {
+                let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+                let count = failed.entry(kind).or_default();
+                if *count < *n {
+                    *count += 1;
+                    Err(injected(kind))
+                } else {
+                    Ok(())
+                }
+            }
         }
     }
+}
+
+fn injected(kind: FlowKind) -> StepError {
+    StepError::internal(Message(format!("failpoint: injected {kind} failure")))
 }
 
 #[async_trait]
@@ -132,5 +152,21 @@ mod tests {
         assert!(Failpoints::parse("storage=fail").is_err());
         assert!(Failpoints::parse("storage.start=fail").is_err());
         assert!(Failpoints::parse("storage.create=explode").is_err());
+        assert!(Failpoints::parse("storage.cleanup=fail:x").is_err());
+    }
+
+    #[tokio::test]
+    async fn fail_first_n_then_pass() {
+        let f = Failpoints::parse("storage.cleanup=fail:2").unwrap();
+        assert_eq!(f.0["storage"][&FlowKind::Cleanup], Action::FailFirst(2));
+        let flow = f.wrap("storage", cubelet_engine::fake::FakeFlow::new("storage"));
+        let ctx = FlowContext::new(
+            cubelet_engine::SandboxId::new_unchecked("a".repeat(64)),
+            Arc::new(cubelet_engine::SandboxSpec::default()),
+        );
+        assert!(flow.cleanup(&ctx).await.is_err());
+        assert!(flow.cleanup(&ctx).await.is_err());
+        assert!(flow.cleanup(&ctx).await.is_ok());
+        assert!(flow.cleanup(&ctx).await.is_ok());
     }
 }

@@ -1,6 +1,7 @@
 //! The garbage collector: reclaims sandboxes whose teardown failed or that
-//! kubelet never removed, and orphans (netns pins, veths, leases, sandbox
-//! directories, mounts, journal entries) that belong to no known sandbox.
+//! kubelet never removed, and orphans (containerd containers, tasks and
+//! snapshots, netns pins, veths, leases, sandbox directories, mounts,
+//! journal entries) that belong to no known sandbox or container.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -103,12 +104,7 @@ impl Gc {
                     Err(e) => {
                         let entry = backoff.entry(id.clone()).or_insert((0, now));
                         entry.0 += 1;
-                        let wait = parts
-                            .config
-                            .gc
-                            .interval
-                            .saturating_mul(1 << entry.0.min(10))
-                            .min(MAX_BACKOFF);
+                        let wait = backoff_delay(parts.config.gc.interval, entry.0);
                         entry.1 = Instant::now() + wait;
                         warn!(sandbox_id = %id, retry_in = ?wait, error = %cubelet_engine::chain(&e), "gc: cleanup failed");
                         *report.failures.entry("sandbox").or_default() += 1;
@@ -118,10 +114,22 @@ impl Gc {
         }
 
         // Orphans: anything of a sandbox the store does not know. Sandboxes
-        // being created are already in the store (recorded before their flow).
+        // and containers being created are already in the store (recorded
+        // before their objects are made), so containerd is listed first and
+        // the store after: whatever the listing saw has its record by then.
+        let inventory = match parts.runtime.inventory().await {
+            Ok(inv) => Some(inv),
+            Err(e) => {
+                fail(&mut report, "containerd", &e);
+                None
+            }
+        };
         match parts.store.list_sandboxes() {
             Ok(all) => {
                 let live: HashSet<SandboxId> = all.into_iter().map(|r| r.id).collect();
+                if let Some(inv) = &inventory {
+                    self.containerd_orphans(inv, &live, &mut report).await;
+                }
                 match parts.network.gc(&live).await {
                     Ok(counts) => {
                         for (kind, n) in counts {
@@ -173,6 +181,72 @@ impl Gc {
     }
 }
 
+impl Gc {
+    /// Removes containerd containers, tasks and rootfs snapshots that belong
+    /// to neither a live sandbox (its infra container) nor a container the
+    /// store knows, and extraction snapshots of pulls that died.
+    async fn containerd_orphans(
+        &self,
+        inv: &cubelet_runtime::inventory::Inventory,
+        live: &HashSet<SandboxId>,
+        report: &mut PassReport,
+    ) {
+        let parts = &self.parts;
+        let containers = match parts.store.list_containers() {
+            Ok(c) => c,
+            Err(e) => return fail(report, "containerd", &e),
+        };
+        let known: HashSet<&str> = live
+            .iter()
+            .map(SandboxId::as_str)
+            .chain(containers.iter().map(|c| c.id.as_str()))
+            .collect();
+        let orphans: Vec<String> = inv
+            .ids()
+            .into_iter()
+            .filter(|id| !known.contains(id))
+            .map(str::to_owned)
+            .collect();
+        let results = futures::stream::iter(orphans)
+            .map(|id: String| async move {
+                let result = parts.runtime.remove(&id).await;
+                (id, result)
+            })
+            .buffer_unordered(parts.config.gc.concurrency.max(1))
+            .collect::<Vec<_>>()
+            .await;
+        for (id, result) in results {
+            match result {
+                Ok(()) => {
+                    debug!(container_id = %id, "gc: removed orphan containerd objects");
+                    add(
+                        report,
+                        "container",
+                        usize::from(inv.containers.contains(&id)),
+                    );
+                    add(report, "task", usize::from(inv.tasks.contains(&id)));
+                    add(report, "snapshot", usize::from(inv.snapshots.contains(&id)));
+                }
+                Err(e) => fail(report, "containerd", &e),
+            }
+        }
+        for key in &inv.stale_extracts {
+            match parts.runtime.remove_extract_snapshot(key).await {
+                Ok(()) => add(report, "snapshot", 1),
+                Err(e) => fail(report, "containerd", &e),
+            }
+        }
+    }
+}
+
+/// How long an item that failed `failures` times in a row waits before the
+/// next attempt: the GC interval doubled per failure, at most [`MAX_BACKOFF`].
+fn backoff_delay(interval: Duration, failures: u32) -> Duration {
+    interval
+        .saturating_mul(1u32 << failures.min(10))
+        .min(MAX_BACKOFF)
+}
+
 fn add(report: &mut PassReport, kind: &'static str, n: usize) {
     if n > 0 {
         *report.reclaimed.entry(kind).or_default() += u64::try_from(n).unwrap_or(u64::MAX);
@@ -182,4 +256,19 @@ fn add(report: &mut PassReport, kind: &'static str, n: usize) {
 fn fail(report: &mut PassReport, kind: &'static str, e: &dyn std::error::Error) {
     warn!(kind, error = %cubelet_engine::chain(e), "gc failure");
     *report.failures.entry(kind).or_default() += 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_per_failure_up_to_the_cap() {
+        let i = Duration::from_secs(1);
+        let waits: Vec<u64> = (1..=4).map(|n| backoff_delay(i, n).as_secs()).collect();
+        assert_eq!(waits, [2, 4, 8, 16]);
+        assert_eq!(backoff_delay(i, 30), MAX_BACKOFF);
+        assert_eq!(backoff_delay(Duration::from_secs(60), 5), MAX_BACKOFF);
+        assert_eq!(backoff_delay(Duration::MAX, 3), MAX_BACKOFF);
+    }
 }

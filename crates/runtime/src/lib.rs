@@ -13,6 +13,7 @@ pub mod error;
 pub mod events;
 pub mod exec_stream;
 pub mod image;
+pub mod inventory;
 pub mod io;
 pub mod logs;
 pub mod pause;
