@@ -74,6 +74,9 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: journald, kubectl logs and log files
+        // get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 
     let config = match cubelet::config::Config::load(&args.config, args.config_dir.as_deref())
