@@ -168,7 +168,9 @@ pub struct ExecOutput {
 struct Live {
     sink: Arc<LogSink>,
     copiers: Vec<JoinHandle<()>>,
-    _stdin: Option<tokio::net::unix::pipe::Sender>,
+    /// The agent's writer on the stdin FIFO: keeps the container from
+    /// reading end-of-file between attach sessions.
+    stdin_keeper: Option<tokio::net::unix::pipe::Sender>,
 }
 
 /// Containers and tasks on containerd.
@@ -538,8 +540,9 @@ impl ContainerRuntime {
     }
 
     /// Ends an attach session's input: for a container created with
-    /// `stdin_once`, closes its stdin (`Tasks.CloseIO` on the init process)
-    /// so the process reads end-of-file, as containerd's CRI does. Other
+    /// `stdin_once`, closes its stdin so the process reads end-of-file, as
+    /// containerd's CRI does: the agent drops its own writer on the stdin
+    /// FIFO, then asks the shim to close its writer (`Tasks.CloseIO`). Other
     /// containers keep their stdin open for the next attach.
     pub async fn attach_stdin_closed(&self, id: &str) -> Result<(), RuntimeError> {
         let container = self.get_container(id).await?;
@@ -550,6 +553,11 @@ impl ContainerRuntime {
         {
             return Ok(());
         }
+        let keeper = self
+            .lock_live()
+            .get_mut(id)
+            .and_then(|l| l.stdin_keeper.take());
+        drop(keeper);
         self.client
             .tasks()
             .close_io(
@@ -628,7 +636,7 @@ impl ContainerRuntime {
             Live {
                 sink,
                 copiers,
-                _stdin: stdin_keeper,
+                stdin_keeper,
             },
         );
         // Taken before the start call so that it never follows the exit.
@@ -692,7 +700,7 @@ impl ContainerRuntime {
             Live {
                 sink,
                 copiers,
-                _stdin: None,
+                stdin_keeper: None,
             },
         );
         Ok(())

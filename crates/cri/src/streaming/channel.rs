@@ -24,6 +24,9 @@ pub(crate) const V4: &str = "v4.channel.k8s.io";
 pub(crate) const V5: &str = "v5.channel.k8s.io";
 /// The port-forward subprotocol name kubelet also accepts.
 pub(crate) const PORT_FORWARD: &str = "portforward.k8s.io";
+/// Port-forward as SPDY/3.1 tunnelled in WebSocket binary messages (what
+/// kubectl ≥ 1.30 and crictl ≥ 1.30 send with the WebSocket transport).
+pub(crate) const SPDY_TUNNEL_PORT_FORWARD: &str = "SPDY/3.1+portforward.k8s.io";
 
 /// A message on `channel` carrying `data`.
 pub(crate) fn frame(channel: u8, data: &[u8]) -> Bytes {

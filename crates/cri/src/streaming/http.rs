@@ -17,7 +17,7 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
-use super::channel::{self, PORT_FORWARD, V4, V5};
+use super::channel::{self, PORT_FORWARD, SPDY_TUNNEL_PORT_FORWARD, V4, V5};
 use super::session;
 use super::spdy_remote::{self, Command, PORT_FORWARD_PROTOCOL, REMOTE_COMMAND_PROTOCOLS};
 use super::{Pending, Shared};
@@ -127,7 +127,7 @@ fn handle(
     };
     let offers = header_values(&req, header::SEC_WEBSOCKET_PROTOCOL);
     let supported: &[&str] = if kind == "portforward" {
-        &[V4, PORT_FORWARD]
+        &[SPDY_TUNNEL_PORT_FORWARD, V4, PORT_FORWARD]
     } else {
         &[V5, V4]
     };
@@ -147,6 +147,7 @@ fn handle(
         _ => return text(StatusCode::NOT_FOUND, "unknown or expired streaming token"),
     };
     let v5 = proto == V5;
+    let tunnel = proto == SPDY_TUNNEL_PORT_FORWARD;
     let accept = derive_accept_key(key.as_bytes());
     let mut resp = Response::new(Full::new(Bytes::new()));
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
@@ -187,9 +188,15 @@ fn handle(
                 netns,
                 ports: req_ports,
             } => {
-                let ports = if ports.is_empty() { req_ports } else { ports };
                 let target = PodTarget { netns, dialer };
-                session::port_forward(ws, sandbox_id, target, ports).await;
+                if tunnel {
+                    // The ports come in the SPDY streams' headers.
+                    let io = session::ws_byte_stream(ws);
+                    spdy_remote::port_forward(io, sandbox_id, target).await;
+                } else {
+                    let ports = if ports.is_empty() { req_ports } else { ports };
+                    session::port_forward(ws, sandbox_id, target, ports).await;
+                }
             }
         }
     });
@@ -293,6 +300,7 @@ fn proto_static(p: &str) -> &'static str {
     match p {
         V5 => V5,
         PORT_FORWARD => PORT_FORWARD,
+        SPDY_TUNNEL_PORT_FORWARD => SPDY_TUNNEL_PORT_FORWARD,
         _ => V4,
     }
 }

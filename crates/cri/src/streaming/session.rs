@@ -20,6 +20,8 @@ use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
@@ -75,7 +77,7 @@ where
                 }
             }
         }
-        let _ = sink.send(Message::Close(None)).await;
+        let _ = sink.send(normal_close()).await;
         let _ = sink.flush().await;
     });
     let (in_tx, in_rx) = mpsc::channel::<In>(64);
@@ -99,6 +101,60 @@ where
         }
     });
     (tx, in_rx, writer, reader)
+}
+
+/// A normal-closure close frame: client-go's WebSocket clients treat any
+/// other close (even "no status") as a failed stream.
+fn normal_close() -> Message {
+    Message::Close(Some(CloseFrame {
+        code: CloseCode::Normal,
+        reason: "".into(),
+    }))
+}
+
+/// Turns `ws` into a byte stream: the payloads of binary messages in, one
+/// binary message per write out. This is the tunnel newer clients use for
+/// SPDY port-forward over WebSocket (`SPDY/3.1+portforward.k8s.io`).
+pub(super) fn ws_byte_stream<S>(ws: WebSocketStream<S>) -> tokio::io::DuplexStream
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (ours, theirs) = tokio::io::duplex(64 * 1024);
+    let (mut from_session, mut to_session) = tokio::io::split(theirs);
+    let (mut sink, mut stream) = ws.split();
+    let inbound = tokio::spawn(async move {
+        while let Some(Ok(m)) = stream.next().await {
+            match m {
+                Message::Binary(b) => {
+                    if to_session.write_all(&b).await.is_err() {
+                        return;
+                    }
+                }
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+        let _ = to_session.shutdown().await;
+    });
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            match from_session.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let msg = Message::Binary(Bytes::copy_from_slice(&buf[..n]));
+                    if sink.send(msg).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = sink.send(normal_close()).await;
+        let _ = sink.flush().await;
+        // The session is over: stop waiting for the client.
+        inbound.abort();
+    });
+    ours
 }
 
 /// Runs a neutral session core over `ws`.
@@ -331,6 +387,8 @@ pub(super) async fn attach_core(
     } else {
         None
     };
+    // Whether this session still feeds the container's stdin.
+    let mut input_open = stdin.is_some();
     let exited = {
         let wait = runtime.wait_container(&container_id);
         tokio::pin!(wait);
@@ -349,7 +407,15 @@ pub(super) async fn attach_core(
                     Err(broadcast::error::RecvError::Closed) => break Some(Ok(0)),
                 },
                 m = incoming.recv() => match m {
-                    None => break None,
+                    None => {
+                        // The client left: for stdin_once that ends the
+                        // container's input as a half-close would.
+                        if input_open {
+                            stdin = None;
+                            end_input(&runtime, &container_id).await;
+                        }
+                        break None;
+                    }
                     Some(In::Data(STDIN, data)) => {
                         if let Some(w) = stdin.as_mut() {
                             if w.write_all(&data).await.is_err() {
@@ -367,12 +433,10 @@ pub(super) async fn attach_core(
                             }
                         }
                     }
-                    Some(In::End(STDIN)) => {
-                        // Our writer goes first, then the shim's (stdin_once).
+                    Some(In::End(STDIN)) if input_open => {
+                        input_open = false;
                         stdin = None;
-                        if let Err(e) = runtime.attach_stdin_closed(&container_id).await {
-                            tracing::debug!(error = %e, "attach stdin close failed");
-                        }
+                        end_input(&runtime, &container_id).await;
                     }
                     Some(_) => {}
                 }
@@ -388,6 +452,14 @@ pub(super) async fn attach_core(
             }
         }
         finish_with(&tx, &channel::exit_status(0)).await;
+    }
+}
+
+/// Ends an attach session's input: the session's own writer is already
+/// gone; a `stdin_once` container's stdin is closed too.
+async fn end_input(runtime: &ContainerRuntime, container_id: &str) {
+    if let Err(e) = runtime.attach_stdin_closed(container_id).await {
+        tracing::debug!(container = %container_id, error = %e, "attach stdin close failed");
     }
 }
 
