@@ -1,7 +1,10 @@
 //! Streaming over SPDY/3.1 end to end: a minimal SPDY client written here
 //! (as crictl's client-go speaks it) runs an exec (stdout, and the exit
-//! code through the error stream) and a port-forward against one real
-//! `cubelet` daemon.
+//! code through the error stream), an attach to a `stdin_once` shell (as
+//! critest's attach spec: the input ends, so does the container) and a
+//! port-forward, directly and tunnelled in WebSocket binary messages (the
+//! `SPDY/3.1+portforward.k8s.io` transport of kubectl/crictl >= 1.30),
+//! against one real `cubelet` daemon.
 //!
 //! Custom runner (`harness = false`) as in `streaming.rs`; without the
 //! private containerd every scenario prints `SKIP:` and passes.
@@ -16,8 +19,11 @@ use cubelet_e2e::cri::*;
 use cubelet_e2e::{assert_clean, container_config, image_spec, pod_config, Daemon, DaemonOpts};
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
 use futures::FutureExt;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use futures::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
 
 const BUSYBOX: &str = "127.0.0.1:5000/busybox:test";
 
@@ -27,7 +33,15 @@ type Scenario = (&'static str, u64, for<'a> fn(&'a Daemon) -> Fut<'a>);
 fn scenarios() -> Vec<Scenario> {
     vec![
         ("spdy_exec_stdout_and_exit_code", 90, |d| Box::pin(exec(d))),
-        ("spdy_port_forward_http", 90, |d| Box::pin(port_forward(d))),
+        ("spdy_attach_stdin_once", 90, |d| {
+            Box::pin(attach_stdin_once(d))
+        }),
+        ("spdy_port_forward_http", 90, |d| {
+            Box::pin(port_forward(d, Transport::Direct))
+        }),
+        ("spdy_over_websocket_port_forward_http", 90, |d| {
+            Box::pin(port_forward(d, Transport::WebSocketTunnel))
+        }),
     ]
 }
 
@@ -174,8 +188,21 @@ enum Frame {
     Control { kind: u16, body: Vec<u8> },
 }
 
+/// A byte stream the SPDY frames travel on.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// How the client reaches the streaming server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    /// HTTP/1.1 upgrade to SPDY/3.1.
+    Direct,
+    /// WebSocket upgrade; SPDY bytes in binary messages.
+    WebSocketTunnel,
+}
+
 struct Client {
-    tcp: TcpStream,
+    tcp: Box<dyn Io>,
     buf: Vec<u8>,
     deflate: Compress,
     inflate: Decompress,
@@ -216,12 +243,63 @@ impl Client {
             head.contains(&format!("x-stream-protocol-version: {protocol}")),
             "{head}"
         );
+        Self::over(Box::new(tcp), buf[end..].to_vec())
+    }
+
+    /// Connects to a port-forward `url` by WebSocket, offering the SPDY
+    /// tunnel subprotocol, as client-go's tunnelling dialer does.
+    async fn connect_tunnel(url: &str) -> anyhow::Result<Client> {
+        const TUNNEL: &str = "SPDY/3.1+portforward.k8s.io";
+        let mut req = url.replacen("http://", "ws://", 1).into_client_request()?;
+        let authority = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .context("authority")?;
+        req.headers_mut()
+            .insert("Sec-WebSocket-Protocol", TUNNEL.parse()?);
+        let tcp = TcpStream::connect(authority).await?;
+        let (ws, resp) = tokio_tungstenite::client_async(req, tcp).await?;
+        let got = resp
+            .headers()
+            .get("Sec-WebSocket-Protocol")
+            .and_then(|v| v.to_str().ok());
+        ensure!(got == Some(TUNNEL), "negotiated {got:?}");
+        // Bytes <-> binary messages through an in-memory pipe.
+        let (ours, theirs) = tokio::io::duplex(64 * 1024);
+        let (mut rd, mut wr) = tokio::io::split(theirs);
+        let (mut sink, mut stream) = ws.split();
+        tokio::spawn(async move {
+            while let Some(Ok(m)) = stream.next().await {
+                match m {
+                    Message::Binary(b) if wr.write_all(&b).await.is_ok() => {}
+                    Message::Binary(_) | Message::Close(_) => break,
+                    _ => {}
+                }
+            }
+            let _ = wr.shutdown().await;
+        });
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 16 * 1024];
+            while let Ok(n @ 1..) = rd.read(&mut buf).await {
+                let msg = Message::Binary(buf[..n].to_vec().into());
+                if sink.send(msg).await.is_err() {
+                    return;
+                }
+            }
+            let _ = sink.close().await;
+        });
+        Self::over(Box::new(ours), Vec::new())
+    }
+
+    /// A client on an established byte stream (`buf`: bytes already read).
+    fn over(tcp: Box<dyn Io>, buf: Vec<u8>) -> anyhow::Result<Client> {
         let dict = dictionary();
         let mut deflate = Compress::new(Compression::default(), true);
         deflate.set_dictionary(&dict)?;
         Ok(Client {
             tcp,
-            buf: buf[end..].to_vec(),
+            buf,
             deflate,
             inflate: Decompress::new(true),
             dict,
@@ -446,12 +524,65 @@ async fn exec(d: &Daemon) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn port_forward(d: &Daemon) -> anyhow::Result<()> {
+async fn attach_stdin_once(d: &Daemon) -> anyhow::Result<()> {
+    // As critest's attach spec: a shell reading a stdin_once stdin.
+    let mut cfg = container_config("shell", BUSYBOX, &["sh"]);
+    cfg.stdin = true;
+    cfg.stdin_once = true;
+    let (_, cid) = pod_with(d, "spdy-attach", cfg).await?;
+    let mut rt = d.runtime.clone();
+    let url = rt
+        .attach(AttachRequest {
+            container_id: cid.clone(),
+            stdin: true,
+            tty: false,
+            stdout: true,
+            stderr: true,
+        })
+        .await?
+        .into_inner()
+        .url;
+    let mut c = Client::connect(&url, "v4.channel.k8s.io").await?;
+    let err = c.open(&[("streamtype", "error")]).await?;
+    let input = c.open(&[("streamtype", "stdin")]).await?;
+    let out = c.open(&[("streamtype", "stdout")]).await?;
+    let serr = c.open(&[("streamtype", "stderr")]).await?;
+    // The command, then end of input: the shell runs it and exits.
+    c.data(input, true, b"echo hello\n").await?;
+    let data = collect(&mut c, &[err, out, serr]).await?;
+    let stdout = String::from_utf8_lossy(data.get(&out).map_or(&[][..], |v| v));
+    ensure!(stdout == "hello\n", "stdout {stdout:?}");
+    let stderr = String::from_utf8_lossy(data.get(&serr).map_or(&[][..], |v| v));
+    ensure!(stderr.is_empty(), "stderr {stderr:?}");
+    let status: serde_json::Value =
+        serde_json::from_slice(data.get(&err).map_or(&[][..], |v| v)).context("error stream")?;
+    ensure!(status["status"] == "Success", "{status}");
+    let state = rt
+        .container_status(ContainerStatusRequest {
+            container_id: cid,
+            verbose: false,
+        })
+        .await?
+        .into_inner()
+        .status
+        .context("status")?;
+    ensure!(
+        state.state == ContainerState::ContainerExited as i32 && state.exit_code == 0,
+        "the shell should have exited 0 at end of input: {state:?}"
+    );
+    Ok(())
+}
+
+async fn port_forward(d: &Daemon, transport: Transport) -> anyhow::Result<()> {
     let script = "mkdir -p /tmp/www && echo hello-spdy-forward > /tmp/www/index.html \
                   && exec httpd -f -p 8080 -h /tmp/www";
+    let name = match transport {
+        Transport::Direct => "spdy-pf",
+        Transport::WebSocketTunnel => "spdy-ws-pf",
+    };
     let (pod, _) = pod_with(
         d,
-        "spdy-pf",
+        name,
         container_config("httpd", BUSYBOX, &["sh", "-c", script]),
     )
     .await?;
@@ -465,7 +596,10 @@ async fn port_forward(d: &Daemon) -> anyhow::Result<()> {
         .await?
         .into_inner()
         .url;
-    let mut c = Client::connect(&url, "portforward.k8s.io").await?;
+    let mut c = match transport {
+        Transport::Direct => Client::connect(&url, "portforward.k8s.io").await?,
+        Transport::WebSocketTunnel => Client::connect_tunnel(&url).await?,
+    };
     // httpd may not listen yet: one stream pair per attempt, as client-go
     // opens one per local connection.
     let mut last = String::new();

@@ -40,6 +40,9 @@ fn scenarios() -> Vec<Scenario> {
             Box::pin(spdy_refused(d))
         }),
         ("attach_stdin_echo", 60, |d| Box::pin(attach(d))),
+        ("attach_stdin_once_v5_close", 60, |d| {
+            Box::pin(attach_stdin_once(d))
+        }),
         ("port_forward_http", 90, |d| Box::pin(port_forward(d))),
     ]
 }
@@ -299,14 +302,15 @@ async fn read_until(ws: &mut Ws, out: &mut Output, want: &str) -> anyhow::Result
     Ok(())
 }
 
-/// Reads everything until the server closes.
-async fn read_all(ws: &mut Ws, out: &mut Output) {
+/// Reads everything until the server closes; returns the close code.
+async fn read_all(ws: &mut Ws, out: &mut Output) -> Option<u16> {
     while let Some(Ok(m)) = ws.next().await {
-        if matches!(m, Message::Close(_)) {
-            break;
+        if let Message::Close(frame) = m {
+            return frame.map(|f| f.code.into());
         }
         out.add(m);
     }
+    None
 }
 
 fn http_status(e: &WsError) -> Option<u16> {
@@ -398,7 +402,9 @@ async fn exec_stdin(d: &Daemon) -> anyhow::Result<()> {
     read_until(&mut ws, &mut out, "second\n").await?;
     // v5: close stdin, cat sees end of file and exits 0.
     send(&mut ws, 255, &[0]).await?;
-    read_all(&mut ws, &mut out).await;
+    let close = read_all(&mut ws, &mut out).await;
+    // client-go fails a stream closed with anything but 1000.
+    ensure!(close == Some(1000), "close code {close:?}");
     ensure!(out.stdout() == "hello cat\nsecond\n", "{out:?}");
     ensure!(out.status()?["status"] == "Success", "{out:?}");
     Ok(())
@@ -517,6 +523,49 @@ async fn attach(d: &Daemon) -> anyhow::Result<()> {
         Code::NotFound,
         "attach unknown container",
     )?;
+    Ok(())
+}
+
+async fn attach_stdin_once(d: &Daemon) -> anyhow::Result<()> {
+    let mut cfg = container_config("shell", BUSYBOX, &["sh"]);
+    cfg.stdin = true;
+    cfg.stdin_once = true;
+    let (_, cid) = pod_with(d, "stream-attach-once", cfg).await?;
+    let mut rt = d.runtime.clone();
+    let url = rt
+        .attach(AttachRequest {
+            container_id: cid.clone(),
+            stdin: true,
+            tty: false,
+            stdout: true,
+            stderr: true,
+        })
+        .await?
+        .into_inner()
+        .url;
+    let mut ws = ws_connect(&url, "v5.channel.k8s.io").await?;
+    send(&mut ws, 0, b"echo hello\n").await?;
+    // v5: close stdin; with stdin_once the shell reads end of file, exits,
+    // and the session ends with a success status and a normal close.
+    send(&mut ws, 255, &[0]).await?;
+    let mut out = Output::default();
+    let close = read_all(&mut ws, &mut out).await;
+    ensure!(close == Some(1000), "close code {close:?}");
+    ensure!(out.stdout() == "hello\n", "{out:?}");
+    ensure!(out.status()?["status"] == "Success", "{out:?}");
+    let st = rt
+        .container_status(ContainerStatusRequest {
+            container_id: cid,
+            verbose: false,
+        })
+        .await?
+        .into_inner()
+        .status
+        .context("status")?;
+    ensure!(
+        st.state == ContainerState::ContainerExited as i32 && st.exit_code == 0,
+        "{st:?}"
+    );
     Ok(())
 }
 
