@@ -125,11 +125,7 @@ where
     let inbound = tokio::spawn(async move {
         while let Some(Ok(m)) = stream.next().await {
             match m {
-                Message::Binary(b) => {
-                    if to_session.write_all(&b).await.is_err() {
-                        return;
-                    }
-                }
+                Message::Binary(b) if to_session.write_all(&b).await.is_err() => return,
                 Message::Close(_) => break,
                 _ => {}
             }
