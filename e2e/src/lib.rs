@@ -18,9 +18,9 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    ContainerConfig, ContainerMetadata, ImageSpec, ListContainersRequest, ListPodSandboxRequest,
-    PodSandboxConfig, PodSandboxMetadata, RemoveContainerRequest, RemovePodSandboxRequest,
-    StopContainerRequest, StopPodSandboxRequest,
+    AttachRequest, ContainerConfig, ContainerMetadata, ContainerStatus, ContainerStatusRequest,
+    ImageSpec, ListContainersRequest, ListPodSandboxRequest, PodSandboxConfig, PodSandboxMetadata,
+    RemoveContainerRequest, RemovePodSandboxRequest, StopContainerRequest, StopPodSandboxRequest,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -418,6 +418,39 @@ impl Daemon {
             .with_context(|| format!("remove pod {}", p.id))?;
         }
         Ok(())
+    }
+
+    /// The (non-verbose) status of container `id`.
+    pub async fn container_status(&self, id: &str) -> anyhow::Result<ContainerStatus> {
+        self.runtime
+            .clone()
+            .container_status(ContainerStatusRequest {
+                container_id: id.to_owned(),
+                verbose: false,
+            })
+            .await
+            .with_context(|| format!("ContainerStatus {id}"))?
+            .into_inner()
+            .status
+            .context("no status in the ContainerStatus response")
+    }
+
+    /// An attach URL for container `id`: stdin, stdout and stderr, no TTY.
+    pub async fn attach_url(&self, id: &str) -> anyhow::Result<String> {
+        Ok(self
+            .runtime
+            .clone()
+            .attach(AttachRequest {
+                container_id: id.to_owned(),
+                stdin: true,
+                tty: false,
+                stdout: true,
+                stderr: true,
+            })
+            .await
+            .with_context(|| format!("Attach {id}"))?
+            .into_inner()
+            .url)
     }
 
     /// Runs `ctr` against the test containerd in this daemon's namespace.
@@ -923,6 +956,15 @@ pub async fn assert_clean(d: &Daemon) {
         Ok(l) => panic!("leaked after cleanup:\n  {}", l.join("\n  ")),
         Err(e) => panic!("leak audit failed: {e:#}"),
     }
+}
+
+/// A `sh` that reads commands from a stdin it gets once (`stdin_once`), as
+/// critest's attach spec runs.
+pub fn stdin_once_shell(image: &str) -> ContainerConfig {
+    let mut cfg = container_config("shell", image, &["sh"]);
+    cfg.stdin = true;
+    cfg.stdin_once = true;
+    cfg
 }
 
 /// A pod config with metadata, labels and a log directory.

@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use cubelet_e2e::cri::*;
-use cubelet_e2e::{assert_clean, container_config, image_spec, pod_config, Daemon, DaemonOpts};
+use cubelet_e2e::{
+    assert_clean, container_config, image_spec, pod_config, stdin_once_shell, Daemon, DaemonOpts,
+};
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
 use futures::FutureExt;
 use futures::{SinkExt, StreamExt};
@@ -525,23 +527,8 @@ async fn exec(d: &Daemon) -> anyhow::Result<()> {
 }
 
 async fn attach_stdin_once(d: &Daemon) -> anyhow::Result<()> {
-    // As critest's attach spec: a shell reading a stdin_once stdin.
-    let mut cfg = container_config("shell", BUSYBOX, &["sh"]);
-    cfg.stdin = true;
-    cfg.stdin_once = true;
-    let (_, cid) = pod_with(d, "spdy-attach", cfg).await?;
-    let mut rt = d.runtime.clone();
-    let url = rt
-        .attach(AttachRequest {
-            container_id: cid.clone(),
-            stdin: true,
-            tty: false,
-            stdout: true,
-            stderr: true,
-        })
-        .await?
-        .into_inner()
-        .url;
+    let (_, cid) = pod_with(d, "spdy-attach", stdin_once_shell(BUSYBOX)).await?;
+    let url = d.attach_url(&cid).await?;
     let mut c = Client::connect(&url, "v4.channel.k8s.io").await?;
     let err = c.open(&[("streamtype", "error")]).await?;
     let input = c.open(&[("streamtype", "stdin")]).await?;
@@ -557,15 +544,7 @@ async fn attach_stdin_once(d: &Daemon) -> anyhow::Result<()> {
     let status: serde_json::Value =
         serde_json::from_slice(data.get(&err).map_or(&[][..], |v| v)).context("error stream")?;
     ensure!(status["status"] == "Success", "{status}");
-    let state = rt
-        .container_status(ContainerStatusRequest {
-            container_id: cid,
-            verbose: false,
-        })
-        .await?
-        .into_inner()
-        .status
-        .context("status")?;
+    let state = d.container_status(&cid).await?;
     ensure!(
         state.state == ContainerState::ContainerExited as i32 && state.exit_code == 0,
         "the shell should have exited 0 at end of input: {state:?}"

@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use cubelet_e2e::cri::*;
-use cubelet_e2e::{assert_clean, container_config, image_spec, pod_config, Daemon, DaemonOpts};
+use cubelet_e2e::{
+    assert_clean, container_config, image_spec, pod_config, stdin_once_shell, Daemon, DaemonOpts,
+};
 use futures::{FutureExt, SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -496,17 +498,7 @@ async fn attach(d: &Daemon) -> anyhow::Result<()> {
     read_until(&mut ws, &mut out, "ping attach\n").await?;
     ws.close(None).await?;
     // Leaving the attach leaves the container running.
-    let st = d
-        .runtime
-        .clone()
-        .container_status(ContainerStatusRequest {
-            container_id: cid.clone(),
-            verbose: false,
-        })
-        .await?
-        .into_inner()
-        .status
-        .context("status")?;
+    let st = d.container_status(&cid).await?;
     ensure!(
         st.state == ContainerState::ContainerRunning as i32,
         "{st:?}"
@@ -527,22 +519,8 @@ async fn attach(d: &Daemon) -> anyhow::Result<()> {
 }
 
 async fn attach_stdin_once(d: &Daemon) -> anyhow::Result<()> {
-    let mut cfg = container_config("shell", BUSYBOX, &["sh"]);
-    cfg.stdin = true;
-    cfg.stdin_once = true;
-    let (_, cid) = pod_with(d, "stream-attach-once", cfg).await?;
-    let mut rt = d.runtime.clone();
-    let url = rt
-        .attach(AttachRequest {
-            container_id: cid.clone(),
-            stdin: true,
-            tty: false,
-            stdout: true,
-            stderr: true,
-        })
-        .await?
-        .into_inner()
-        .url;
+    let (_, cid) = pod_with(d, "stream-attach-once", stdin_once_shell(BUSYBOX)).await?;
+    let url = d.attach_url(&cid).await?;
     let mut ws = ws_connect(&url, "v5.channel.k8s.io").await?;
     send(&mut ws, 0, b"echo hello\n").await?;
     // v5: close stdin; with stdin_once the shell reads end of file, exits,
@@ -553,15 +531,7 @@ async fn attach_stdin_once(d: &Daemon) -> anyhow::Result<()> {
     ensure!(close == Some(1000), "close code {close:?}");
     ensure!(out.stdout() == "hello\n", "{out:?}");
     ensure!(out.status()?["status"] == "Success", "{out:?}");
-    let st = rt
-        .container_status(ContainerStatusRequest {
-            container_id: cid,
-            verbose: false,
-        })
-        .await?
-        .into_inner()
-        .status
-        .context("status")?;
+    let st = d.container_status(&cid).await?;
     ensure!(
         st.state == ContainerState::ContainerExited as i32 && st.exit_code == 0,
         "{st:?}"
