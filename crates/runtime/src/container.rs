@@ -32,7 +32,7 @@ use tokio::io::AsyncReadExt;
 use tokio::task::JoinHandle;
 
 use crate::client::Containerd;
-use crate::error::RuntimeError;
+use crate::error::{cd, cd_container, RuntimeError};
 use crate::io::{self as fifo_io, Fifos};
 use crate::logs::{copy_stream, LogSink, Stream};
 use crate::spec::{
@@ -187,10 +187,6 @@ struct RuncOptions {
     binary_name: String,
     #[prost(string, tag = "7")]
     root: String,
-}
-
-fn cd(op: &'static str) -> impl FnOnce(tonic::Status) -> RuntimeError {
-    move |s| RuntimeError::containerd(op, s)
 }
 
 fn ts_to_system(ts: Option<&prost_types::Timestamp>) -> Option<SystemTime> {
@@ -483,16 +479,7 @@ impl ContainerRuntime {
                 container: Some(container),
             }))
             .await
-            .map_err(|s| {
-                if s.code() == tonic::Code::AlreadyExists {
-                    RuntimeError::AlreadyExists {
-                        kind: "container",
-                        id: id.to_owned(),
-                    }
-                } else {
-                    RuntimeError::containerd("containers.create", s)
-                }
-            })?;
+            .map_err(cd_container("containers.create", id))?;
         Ok(())
     }
 
@@ -521,16 +508,7 @@ impl ContainerRuntime {
                     .request(GetContainerRequest { id: id.to_owned() }),
             )
             .await
-            .map_err(|s| {
-                if s.code() == tonic::Code::NotFound {
-                    RuntimeError::NotFound {
-                        kind: "container",
-                        id: id.to_owned(),
-                    }
-                } else {
-                    RuntimeError::containerd("containers.get", s)
-                }
-            })?;
+            .map_err(cd_container("containers.get", id))?;
         resp.into_inner()
             .container
             .ok_or_else(|| RuntimeError::NotFound {
@@ -1022,16 +1000,7 @@ impl ContainerRuntime {
                 exec_id: exec_id.to_owned(),
             }))
             .await
-            .map_err(|s| {
-                if s.code() == tonic::Code::NotFound {
-                    RuntimeError::NotFound {
-                        kind: "container",
-                        id: id.to_owned(),
-                    }
-                } else {
-                    RuntimeError::containerd("tasks.exec", s)
-                }
-            })?;
+            .map_err(cd_container("tasks.exec", id))?;
         let res = self.exec_run(id, exec_id, fifos, keepers, timeout).await;
         let del = self
             .client

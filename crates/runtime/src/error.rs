@@ -136,11 +136,39 @@ pub enum RuntimeError {
     },
 }
 
+/// `map_err` adapter: [`RuntimeError::containerd`] for `op`.
+pub(crate) fn cd(op: &'static str) -> impl FnOnce(tonic::Status) -> RuntimeError {
+    move |s| RuntimeError::containerd(op, s)
+}
+
+/// `map_err` adapter: [`RuntimeError::about_container`] for `op` on `id`.
+pub(crate) fn cd_container<'a>(
+    op: &'static str,
+    id: &'a str,
+) -> impl FnOnce(tonic::Status) -> RuntimeError + 'a {
+    move |s| RuntimeError::about_container(op, id, s)
+}
+
 impl RuntimeError {
-    /// Wraps a containerd status, turning `NotFound`/`AlreadyExists` codes into
-    /// the typed variants when `kind`/`id` are known by the caller.
+    /// Wraps a containerd status as it is.
     pub fn containerd(op: &'static str, source: tonic::Status) -> Self {
         RuntimeError::Containerd { op, source }
+    }
+
+    /// Wraps a containerd status about container `id`: `NotFound` and
+    /// `AlreadyExists` become the typed variants naming the container.
+    pub fn about_container(op: &'static str, id: &str, source: tonic::Status) -> Self {
+        match source.code() {
+            tonic::Code::NotFound => RuntimeError::NotFound {
+                kind: "container",
+                id: id.to_owned(),
+            },
+            tonic::Code::AlreadyExists => RuntimeError::AlreadyExists {
+                kind: "container",
+                id: id.to_owned(),
+            },
+            _ => RuntimeError::containerd(op, source),
+        }
     }
 
     /// True if containerd said the object does not exist.
@@ -178,5 +206,33 @@ impl RuntimeError {
 impl From<RuntimeError> for StepError {
     fn from(e: RuntimeError) -> Self {
         StepError::new(e.kind(), e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn container_statuses_become_typed_errors() {
+        let e =
+            RuntimeError::about_container("containers.get", "c1", tonic::Status::not_found("x"));
+        assert!(matches!(&e, RuntimeError::NotFound { kind: "container", id } if id == "c1"));
+        assert_eq!(e.kind(), StepErrorKind::NotFound);
+        let e = RuntimeError::about_container(
+            "containers.create",
+            "c1",
+            tonic::Status::already_exists("x"),
+        );
+        assert!(matches!(e, RuntimeError::AlreadyExists { .. }));
+        let e = RuntimeError::about_container("tasks.exec", "c1", tonic::Status::unavailable("x"));
+        assert!(matches!(
+            e,
+            RuntimeError::Containerd {
+                op: "tasks.exec",
+                ..
+            }
+        ));
+        assert_eq!(e.kind(), StepErrorKind::Internal);
     }
 }

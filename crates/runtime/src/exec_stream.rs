@@ -24,7 +24,7 @@ use tokio::sync::broadcast;
 
 use crate::client::Containerd;
 use crate::container::{ContainerRuntime, PROCESS_TYPE_URL};
-use crate::error::RuntimeError;
+use crate::error::{cd, cd_container, RuntimeError};
 use crate::io::{self as fifo_io, Fifos};
 #[cfg(test)]
 use crate::logs::LogSink;
@@ -122,26 +122,6 @@ pub struct ExecProcess {
     container_id: String,
     exec_id: String,
     dir: PathBuf,
-}
-
-fn cd(op: &'static str) -> impl FnOnce(tonic::Status) -> RuntimeError {
-    move |s| RuntimeError::containerd(op, s)
-}
-
-fn not_found_as<'a>(
-    id: &'a str,
-    op: &'static str,
-) -> impl FnOnce(tonic::Status) -> RuntimeError + 'a {
-    move |s| {
-        if s.code() == tonic::Code::NotFound {
-            RuntimeError::NotFound {
-                kind: "container",
-                id: id.to_owned(),
-            }
-        } else {
-            RuntimeError::containerd(op, s)
-        }
-    }
 }
 
 impl ExecProcess {
@@ -263,7 +243,7 @@ async fn wait_process(
             exec_id: exec_id.to_owned(),
         }))
         .await
-        .map_err(not_found_as(container_id, "tasks.wait"))?
+        .map_err(cd_container("tasks.wait", container_id))?
         .into_inner();
     Ok(i32::try_from(r.exit_status).unwrap_or(i32::MAX))
 }
@@ -301,7 +281,7 @@ impl ContainerRuntime {
             .containers()
             .get(client.request(GetContainerRequest { id: id.to_owned() }))
             .await
-            .map_err(not_found_as(id, "containers.get"))?
+            .map_err(cd_container("containers.get", id))?
             .into_inner()
             .container
             .ok_or_else(|| RuntimeError::NotFound {
@@ -373,7 +353,7 @@ impl ContainerRuntime {
                 exec_id: exec_id.to_owned(),
             }))
             .await
-            .map_err(not_found_as(id, "tasks.exec"))?;
+            .map_err(cd_container("tasks.exec", id))?;
         client
             .tasks()
             .start(client.request(StartRequest {
