@@ -17,7 +17,7 @@ use tracing::warn;
 use crate::convert::{self, clean_absolute, clean_relative, nanos};
 use crate::error::{CriError, CriResult};
 use crate::sandbox::new_id;
-use crate::service::{keyed_lock, Cri};
+use crate::service::Cri;
 
 fn resources(r: Option<&cri::LinuxContainerResources>) -> Resources {
     let Some(r) = r else {
@@ -349,7 +349,11 @@ impl Cri {
             runtime_handler: sandbox.spec.runtime_handler.clone(),
         };
 
-        let _sandbox_lock = keyed_lock(&self.inner.container_locks, sandbox.id.as_str()).await;
+        let _sandbox_lock = self
+            .inner
+            .container_locks
+            .lock(&sandbox.id.as_str().to_owned())
+            .await;
         let store = &self.deps().store;
         if let Some(other) = store
             .list_containers_of(&sandbox.id)?
@@ -394,7 +398,7 @@ impl Cri {
 
     pub(crate) async fn start_container_impl(&self, id: &str) -> CriResult<()> {
         let rec = self.require_container(id)?;
-        let _lock = keyed_lock(&self.inner.container_locks, &rec.id).await;
+        let _lock = self.inner.container_locks.lock(&rec.id).await;
         if rec.state != ContainerState::Created {
             return Err(CriError::FailedPrecondition(format!(
                 "container {} is {:?}, not created",
@@ -444,7 +448,7 @@ impl Cri {
         let Some(rec) = self.find_container("container_id", id)? else {
             return Ok(());
         };
-        let _lock = keyed_lock(&self.inner.container_locks, &rec.id).await;
+        let _lock = self.inner.container_locks.lock(&rec.id).await;
         let timeout = Duration::from_secs(u64::try_from(timeout).unwrap_or(0));
         if rec.state == ContainerState::Running || rec.state == ContainerState::Unknown {
             match self.deps().runtime.stop(&rec.id, timeout).await {
@@ -498,7 +502,7 @@ impl Cri {
         let Some(rec) = self.find_container("container_id", id)? else {
             return Ok(());
         };
-        let _lock = keyed_lock(&self.inner.container_locks, &rec.id).await;
+        let _lock = self.inner.container_locks.lock(&rec.id).await;
         // Removing a running container forces it down, as containerd's CRI does.
         match self.deps().runtime.stop(&rec.id, Duration::ZERO).await {
             Ok(()) => {}

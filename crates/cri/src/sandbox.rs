@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use crate::convert;
 use crate::error::{CriError, CriResult};
-use crate::service::{keyed_lock, Cri};
+use crate::service::Cri;
 
 /// A fresh 64-hex-character id, as containerd makes them.
 pub(crate) fn new_id() -> CriResult<String> {
@@ -75,7 +75,7 @@ impl Cri {
             "{}/{}/{}/{}",
             spec.namespace, spec.name, spec.uid, spec.attempt
         );
-        let _pod = keyed_lock(&self.inner.pod_locks, &key).await;
+        let _pod = self.inner.pod_locks.lock(&key).await;
         if let Some(rec) =
             store.find_sandbox_by_pod(&spec.namespace, &spec.name, &spec.uid, spec.attempt)?
         {

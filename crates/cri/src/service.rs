@@ -5,10 +5,10 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cubelet_engine::Engine;
+use cubelet_engine::{Engine, KeyedLocks};
 use cubelet_runtime::container::ContainerRuntime;
 use cubelet_runtime::image::ImageService as Images;
 use cubelet_store::Store;
@@ -83,9 +83,9 @@ pub(crate) struct Inner {
     pub(crate) deps: CriDeps,
     /// Serialises RunPodSandbox per pod (namespace, name, uid, attempt) so a
     /// retry joins the first call instead of racing it.
-    pub(crate) pod_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub(crate) pod_locks: KeyedLocks<String>,
     /// Serialises operations per container id.
-    pub(crate) container_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub(crate) container_locks: KeyedLocks<String>,
     /// Cgroup layout and previous CPU samples for stats.
     pub(crate) stats: crate::stats::StatsState,
     /// Container lifecycle events for `GetContainerEvents`.
@@ -110,8 +110,8 @@ impl Cri {
         Self {
             inner: Arc::new(Inner {
                 deps,
-                pod_locks: Mutex::default(),
-                container_locks: Mutex::default(),
+                pod_locks: KeyedLocks::default(),
+                container_locks: KeyedLocks::default(),
                 stats: crate::stats::StatsState::default(),
                 events: crate::events::EventHub::default(),
             }),
@@ -158,42 +158,6 @@ impl Cri {
                 }
                 Err(Status::from(e))
             }
-        }
-    }
-}
-
-/// A keyed async lock from a map, removed when no one holds or waits for it.
-pub(crate) async fn keyed_lock<'a>(
-    map: &'a Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    key: &str,
-) -> KeyedGuard<'a> {
-    let m = {
-        let mut guard = map.lock().unwrap_or_else(|p| p.into_inner());
-        Arc::clone(guard.entry(key.to_owned()).or_default())
-    };
-    let g = m.clone().lock_owned().await;
-    KeyedGuard {
-        map,
-        key: key.to_owned(),
-        guard: Some(g),
-    }
-}
-
-pub(crate) struct KeyedGuard<'a> {
-    map: &'a Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    key: String,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-}
-
-impl Drop for KeyedGuard<'_> {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if map
-            .get(&self.key)
-            .is_some_and(|m| Arc::strong_count(m) == 1)
-        {
-            map.remove(&self.key);
         }
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -19,6 +19,7 @@ use crate::error::{
 };
 use crate::flow::{Flow, FlowContext, FlowKind};
 use crate::journal::{FlowId, FlowStart, FlowState, Journal, NoopJournal, StepEvent};
+use crate::keyed::KeyedLocks;
 use crate::limiter::{Limiter, LimiterSnapshot};
 use crate::observer::{FlowObserver, NoopObserver, Outcome};
 use crate::spec::SandboxId;
@@ -145,7 +146,7 @@ impl EngineBuilder {
                 observer: self.observer,
                 rollback_slots: Semaphore::new(self.options.rollback_concurrency.max(1)),
                 options: self.options,
-                locks: SandboxLocks::default(),
+                locks: KeyedLocks::default(),
             }),
         })
     }
@@ -169,7 +170,8 @@ struct Inner {
     observer: Arc<dyn FlowObserver>,
     rollback_slots: Semaphore,
     options: EngineOptions,
-    locks: SandboxLocks,
+    /// One flow at a time per sandbox.
+    locks: KeyedLocks<SandboxId>,
 }
 
 /// Runs sandbox flows. Cheap to clone; clones share everything.
@@ -716,44 +718,5 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
         _ => f(),
-    }
-}
-
-/// Per-sandbox async locks, created on demand and dropped when unused, so two
-/// flows never act on one sandbox at once.
-#[derive(Default)]
-struct SandboxLocks {
-    map: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
-}
-
-struct SandboxGuard<'a> {
-    locks: &'a SandboxLocks,
-    id: SandboxId,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-}
-
-impl SandboxLocks {
-    async fn lock(&self, id: &SandboxId) -> SandboxGuard<'_> {
-        let mutex = {
-            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            Arc::clone(map.entry(id.clone()).or_default())
-        };
-        let guard = mutex.lock_owned().await;
-        SandboxGuard {
-            locks: self,
-            id: id.clone(),
-            guard: Some(guard),
-        }
-    }
-}
-
-impl Drop for SandboxGuard<'_> {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        let mut map = self.locks.map.lock().unwrap_or_else(|p| p.into_inner());
-        // Only the map holds it now: nobody waits, so forget it.
-        if map.get(&self.id).is_some_and(|m| Arc::strong_count(m) == 1) {
-            map.remove(&self.id);
-        }
     }
 }

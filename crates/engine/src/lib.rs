@@ -18,6 +18,7 @@ mod engine;
 mod error;
 mod flow;
 mod journal;
+mod keyed;
 mod limiter;
 mod observer;
 pub mod spec;
@@ -36,6 +37,7 @@ pub use journal::{
     FlowId, FlowRecord, FlowStart, FlowState, Journal, MemJournal, NoopJournal, StepEvent,
     StepRecord,
 };
+pub use keyed::{KeyedGuard, KeyedLocks};
 pub use limiter::{Limiter, LimiterSnapshot, Permit};
 pub use observer::{FlowObserver, NoopObserver, Outcome};
 pub use spec::{SandboxId, SandboxSpec};
