@@ -18,6 +18,9 @@
 //! [`CniNetwork`] is the alternative provider on standard CNI plugin
 //! binaries: it pins the namespace with the same code, then runs the node's
 //! CNI config against it and caches each result on disk for DEL.
+//! [`NoneNetwork`] (`network.provider: none`) pins the namespace with the
+//! same code too and brings up its loopback, and does nothing else: no
+//! interface, no address, no host ports.
 
 mod bridge;
 mod cni;
@@ -26,6 +29,7 @@ mod ipam;
 mod lease;
 mod netns;
 mod nft;
+mod none;
 
 pub use bridge::{
     veth_name, BridgeConfig, BridgeNetwork, GcReport, SubStep, POD_INTERFACE, VETH_PREFIX,
@@ -35,3 +39,4 @@ pub use error::NetworkError;
 pub use ipam::Ipam;
 pub use lease::{LeaseStore, MemLeases};
 pub use netns::connect_in_netns;
+pub use none::{NoneGcReport, NoneNetwork};

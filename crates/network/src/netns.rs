@@ -9,15 +9,20 @@
 //!
 //! No `unsafe` is needed here: `nix` wraps the system calls safely.
 
+use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+use cubelet_engine::spec::NetworkStatus;
+use cubelet_engine::SandboxId;
 use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{setns, unshare, CloneFlags};
 use nix::sys::statfs::{statfs, NSFS_MAGIC};
+use rtnetlink::LinkUnspec;
 
 use crate::error::NetworkError;
 
@@ -112,6 +117,60 @@ pub(crate) fn remove(pin: &Path) -> Result<bool, NetworkError> {
         Err(e) => return Err(NetworkError::io("remove netns pin", pin, e)),
     }
     Ok(removed)
+}
+
+/// What a pod in the node's own namespace publishes: no pin, no interface,
+/// and the node's primary IPv4 address when it has one.
+pub(crate) async fn host_network_status() -> NetworkStatus {
+    NetworkStatus {
+        netns_path: None,
+        ips: crate::bridge::host_primary_ipv4()
+            .await
+            .map(IpAddr::V4)
+            .into_iter()
+            .collect(),
+        interface: None,
+    }
+}
+
+/// Removes every pin in `dir` that belongs to no sandbox in `live`: pins of
+/// other sandboxes and files whose names are not sandbox ids. Returns how
+/// many were removed; a missing `dir` holds none.
+pub(crate) fn remove_pins_except(
+    dir: &Path,
+    live: &HashSet<SandboxId>,
+) -> Result<usize, NetworkError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(NetworkError::io("read", dir, e)),
+    };
+    let mut removed = 0;
+    for entry in entries {
+        let entry = entry.map_err(|e| NetworkError::io("read", dir, e))?;
+        let keep = entry
+            .file_name()
+            .to_str()
+            .and_then(SandboxId::parse)
+            .is_some_and(|id| live.contains(&id));
+        if !keep && remove(&entry.path())? {
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// Brings the loopback interface up inside the namespace pinned at `pin`
+/// (a new namespace starts with `lo` down). Idempotent.
+pub(crate) async fn loopback_up(pin: PathBuf) -> Result<(), NetworkError> {
+    with_netlink(pin, |h| async move {
+        h.link()
+            .set(LinkUnspec::new_with_name("lo").up().build())
+            .execute()
+            .await
+            .map_err(|e| NetworkError::netlink("set up", "lo", e))
+    })
+    .await
 }
 
 /// Runs `f` with an rtnetlink handle whose socket lives in the namespace

@@ -1,0 +1,192 @@
+//! The `none` network provider: every pod that does not use the node's
+//! network gets a namespace of its own, pinned exactly as the bridge and CNI
+//! providers pin theirs, with only `lo` in it (up). No interface, no
+//! address, no route, no host ports; containerd's and CRI-O's "no network"
+//! pods look the same. Host-network pods get nothing from it.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use cubelet_engine::spec::{NetworkStatus, PortMapping};
+use cubelet_engine::{Flow, FlowContext, SandboxId, StepError};
+
+use crate::bridge::{lock, Inflight};
+use crate::error::NetworkError;
+use crate::netns;
+
+/// What [`NoneNetwork::gc`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NoneGcReport {
+    /// Namespace pins removed.
+    pub netns: usize,
+}
+
+/// The `none` network provider. See the module documentation.
+#[derive(Debug)]
+pub struct NoneNetwork {
+    netns_dir: PathBuf,
+    /// Sandboxes whose create is running; `gc` treats them as live.
+    inflight: Arc<Mutex<HashSet<SandboxId>>>,
+}
+
+impl NoneNetwork {
+    /// A provider pinning namespaces under `<state_dir>/netns`. Nothing is
+    /// touched until [`Flow::init`].
+    pub fn new(state_dir: impl Into<PathBuf>) -> Result<Self, NetworkError> {
+        let state_dir = state_dir.into();
+        if !state_dir.is_absolute() {
+            return Err(NetworkError::InvalidConfig {
+                reason: format!("state_dir {} must be absolute", state_dir.display()),
+            });
+        }
+        Ok(Self {
+            netns_dir: state_dir.join("netns"),
+            inflight: Arc::default(),
+        })
+    }
+
+    /// Where the namespace of `sandbox` is pinned.
+    pub fn netns_path(&self, sandbox: &SandboxId) -> PathBuf {
+        self.netns_dir.join(sandbox.as_str())
+    }
+
+    /// Prepares the node: the pin directory. Idempotent.
+    pub async fn setup(&self) -> Result<(), NetworkError> {
+        netns::prepare_dir(&self.netns_dir)?;
+        tracing::info!(netns_dir = %self.netns_dir.display(), "none network ready (loopback-only pod namespaces)");
+        Ok(())
+    }
+
+    /// Builds the sandbox's network (a pinned namespace with `lo` up) and
+    /// returns what it publishes: the pin, no address, no interface. Port
+    /// mappings are ignored. A host-network pod gets no namespace; like the
+    /// other providers, it reports the node's primary IPv4 address. On
+    /// failure the pin is removed again before the error returns; a repeated
+    /// call for the same sandbox returns the same namespace.
+    pub async fn create_sandbox(
+        &self,
+        sandbox: &SandboxId,
+        host_network: bool,
+        ports: &[PortMapping],
+    ) -> Result<NetworkStatus, NetworkError> {
+        self.create_with(sandbox, host_network, ports, &|| false)
+            .await
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox_id = %sandbox))]
+    async fn create_with(
+        &self,
+        sandbox: &SandboxId,
+        host_network: bool,
+        ports: &[PortMapping],
+        cancelled: &(dyn Fn() -> bool + Sync),
+    ) -> Result<NetworkStatus, NetworkError> {
+        if host_network {
+            return Ok(netns::host_network_status().await);
+        }
+        let _inflight = Inflight::new(&self.inflight, sandbox);
+        if cancelled() {
+            return Err(NetworkError::Cancelled {
+                sandbox: sandbox.clone(),
+                after: None,
+            });
+        }
+        if !ports.is_empty() {
+            tracing::debug!(sandbox = %sandbox, ports = ports.len(), "network provider none: port mappings ignored");
+        }
+        let pin = self.netns_path(sandbox);
+        netns::create(pin.clone()).await?;
+        if let Err(error) = netns::loopback_up(pin.clone()).await {
+            return match self.teardown(sandbox) {
+                Ok(()) => Err(error),
+                Err(rollback) => Err(NetworkError::RollbackFailed {
+                    error: Box::new(error),
+                    rollback: Box::new(rollback),
+                }),
+            };
+        }
+        Ok(NetworkStatus {
+            netns_path: Some(pin),
+            ips: Vec::new(),
+            interface: None,
+        })
+    }
+
+    /// Removes the sandbox's namespace pin. A missing pin is fine.
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox_id = %sandbox))]
+    pub fn teardown(&self, sandbox: &SandboxId) -> Result<(), NetworkError> {
+        netns::remove(&self.netns_path(sandbox)).map(|_| ())
+    }
+
+    /// Removes namespace pins that belong to no sandbox in `live`. Sandboxes
+    /// whose create is running in this provider count as live too.
+    pub async fn gc(&self, live: &HashSet<SandboxId>) -> Result<NoneGcReport, NetworkError> {
+        let mut live = live.clone();
+        live.extend(lock(&self.inflight).iter().cloned());
+        Ok(NoneGcReport {
+            netns: netns::remove_pins_except(&self.netns_dir, &live)?,
+        })
+    }
+}
+
+#[async_trait]
+impl Flow for NoneNetwork {
+    async fn init(&self) -> Result<(), StepError> {
+        Ok(self.setup().await?)
+    }
+
+    async fn create(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        let spec = ctx.spec();
+        let cancelled = || ctx.cancel_token().is_cancelled();
+        let status = self
+            .create_with(
+                ctx.sandbox_id(),
+                spec.host_network(),
+                &spec.port_mappings,
+                &cancelled,
+            )
+            .await?;
+        ctx.publish(status);
+        Ok(())
+    }
+
+    async fn destroy(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        if ctx.spec().host_network() {
+            return Ok(());
+        }
+        Ok(self.teardown(ctx.sandbox_id())?)
+    }
+
+    async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        if ctx.spec().host_network() {
+            return Ok(());
+        }
+        Ok(self.teardown(ctx.sandbox_id())?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relative_state_dir_is_rejected() {
+        NoneNetwork::new("/run/cubelet-test").unwrap();
+        let err = NoneNetwork::new("run/cubelet").unwrap_err();
+        assert_eq!(
+            err.kind(),
+            cubelet_engine::StepErrorKind::InvalidArgument,
+            "{err}"
+        );
+        assert!(err.to_string().contains("must be absolute"), "{err}");
+    }
+
+    #[test]
+    fn pins_live_where_the_other_providers_pin_them() {
+        let net = NoneNetwork::new("/run/cubelet").unwrap();
+        let id = SandboxId::new_unchecked("abc");
+        assert_eq!(net.netns_path(&id), PathBuf::from("/run/cubelet/netns/abc"));
+    }
+}
