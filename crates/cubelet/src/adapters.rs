@@ -7,14 +7,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use async_trait::async_trait;
 use cubelet_engine::{BoxError, SandboxId};
 use cubelet_metrics::{Metrics, Readiness};
 use cubelet_network::LeaseStore;
-use cubelet_runtime::image::ImageService;
-use cubelet_runtime::sandbox::PauseImageSource;
-use cubelet_runtime::types::ImageInfo;
-use cubelet_runtime::RuntimeError;
 use cubelet_store::{IpLease, Store, StoreError};
 
 /// The redb store as the bridge provider's IPAM backend.
@@ -67,36 +62,6 @@ impl cubelet_cri::CriObserver for CriMetrics {
 
     fn events_dropped(&self, n: u64) {
         self.0.events_dropped(n);
-    }
-}
-
-/// The pod infra image: the built-in one (imported from the static
-/// `cubelet-pause` binary) or a configured registry image.
-#[derive(Debug)]
-pub(crate) struct PauseImage {
-    pub(crate) images: Arc<ImageService>,
-    /// Configured registry image; `None` means the built-in one.
-    pub(crate) reference: Option<String>,
-    pub(crate) binary: PathBuf,
-}
-
-#[async_trait]
-impl PauseImageSource for PauseImage {
-    fn reference(&self) -> String {
-        self.reference
-            .clone()
-            .unwrap_or_else(cubelet_runtime::pause::pause_image_ref)
-    }
-
-    async fn pause_image(&self) -> Result<ImageInfo, RuntimeError> {
-        let reference = self.reference();
-        if let Some(info) = self.images.status(&reference).await? {
-            return Ok(info);
-        }
-        match &self.reference {
-            Some(r) => self.images.pull(r, None).await,
-            None => cubelet_runtime::pause::ensure_pause_image(&self.images, &self.binary).await,
-        }
     }
 }
 

@@ -16,7 +16,7 @@ use cubelet_runtime::container::{
 };
 use cubelet_runtime::events::EventMonitor;
 use cubelet_runtime::image::ImageService;
-use cubelet_runtime::sandbox::SandboxProvider;
+use cubelet_runtime::sandbox::{PauseImage, SandboxProvider};
 use cubelet_runtime::Containerd;
 use cubelet_storage::{LocalStorage, ScratchConfig, StorageConfig};
 use cubelet_store::{ContainerState, SandboxState, Store};
@@ -24,7 +24,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::adapters::{Conditions, CriMetrics, PauseImage};
+use crate::adapters::{Conditions, CriMetrics};
 use crate::config::{CgroupDriver, Config};
 use crate::failpoint::Failpoints;
 use crate::gc::Gc;
@@ -102,11 +102,11 @@ pub async fn run(config: Config) -> Result<()> {
         cd.clone(),
         &config.images.registry_config_dir,
     ));
-    let pause = Arc::new(PauseImage {
-        images: Arc::clone(&images),
-        reference: Some(config.images.pause_image.clone()).filter(|s| !s.is_empty()),
-        binary: pause_binary(&config)?,
-    });
+    let pause = Arc::new(PauseImage::configured(
+        (*images).clone(),
+        &config.images.pause_image,
+        pause_binary(&config)?,
+    ));
     let mut rt_config = RuntimeConfig::new(config.state_dir.join("runtime"));
     rt_config.handlers = config
         .runtime

@@ -32,33 +32,62 @@ pub trait PauseImageSource: Send + Sync + std::fmt::Debug + 'static {
     async fn pause_image(&self) -> Result<ImageInfo, RuntimeError>;
 }
 
-/// The built-in `cubelet-pause` image, built from the pause binary and
-/// imported on first use (see [`crate::pause::ensure_pause_image`]).
+/// The pod infra image: the built-in `cubelet-pause` image, built from the
+/// static pause binary and imported on first use (see
+/// [`crate::pause::ensure_pause_image`]), or a configured registry image,
+/// pulled on first use.
 #[derive(Debug, Clone)]
-pub struct BuiltinPauseImage {
+pub struct PauseImage {
     images: crate::image::ImageService,
+    /// Registry image; `None` means the built-in one.
+    reference: Option<String>,
     binary: std::path::PathBuf,
 }
 
-impl BuiltinPauseImage {
-    /// The pause image imported through `images` from the `cubelet-pause`
-    /// binary at `binary`.
-    pub fn new(images: crate::image::ImageService, binary: impl Into<std::path::PathBuf>) -> Self {
+impl PauseImage {
+    /// The built-in image, imported through `images` from the
+    /// `cubelet-pause` binary at `binary`.
+    pub fn builtin(
+        images: crate::image::ImageService,
+        binary: impl Into<std::path::PathBuf>,
+    ) -> Self {
         Self {
             images,
+            reference: None,
             binary: binary.into(),
+        }
+    }
+
+    /// `reference` pulled from its registry, or the built-in image when
+    /// `reference` is empty (the `images.pause_image` setting).
+    pub fn configured(
+        images: crate::image::ImageService,
+        reference: &str,
+        binary: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        Self {
+            reference: Some(reference.to_owned()).filter(|r| !r.is_empty()),
+            ..Self::builtin(images, binary)
         }
     }
 }
 
 #[async_trait]
-impl PauseImageSource for BuiltinPauseImage {
+impl PauseImageSource for PauseImage {
     fn reference(&self) -> String {
-        crate::pause::pause_image_ref()
+        self.reference
+            .clone()
+            .unwrap_or_else(crate::pause::pause_image_ref)
     }
 
     async fn pause_image(&self) -> Result<ImageInfo, RuntimeError> {
-        crate::pause::ensure_pause_image(&self.images, &self.binary).await
+        match &self.reference {
+            Some(r) => match self.images.status(r).await? {
+                Some(info) => Ok(info),
+                None => self.images.pull(r, None).await,
+            },
+            None => crate::pause::ensure_pause_image(&self.images, &self.binary).await,
+        }
     }
 }
 

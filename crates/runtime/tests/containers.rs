@@ -13,7 +13,7 @@ use cubelet_engine::{Flow, FlowContext, SandboxId, SandboxSpec, StepErrorKind};
 use cubelet_runtime::container::ContainerState;
 use cubelet_runtime::events::{ContainerEventKind, EventMonitor};
 use cubelet_runtime::logs::parse_entry;
-use cubelet_runtime::sandbox::{BuiltinPauseImage, PauseImageSource, SandboxProvider};
+use cubelet_runtime::sandbox::{PauseImage, PauseImageSource, SandboxProvider};
 use cubelet_runtime::spec::{Resources, UserRequest};
 use cubelet_runtime::types::ImageInfo;
 use cubelet_runtime::RuntimeError;
@@ -524,7 +524,7 @@ async fn sandbox_with_the_builtin_pause_image() {
         env.client.clone(),
         "/nonexistent/cubelet-test-certs.d",
     );
-    let pause = Arc::new(BuiltinPauseImage::new(images.clone(), &bin));
+    let pause = Arc::new(PauseImage::builtin(images.clone(), &bin));
     let provider = SandboxProvider::new(env.runtime.clone(), pause);
     let sid = SandboxId::parse(&env.id("real")).unwrap();
     let spec = SandboxSpec {
