@@ -134,6 +134,30 @@ pub enum RuntimeError {
         #[source]
         source: toml::de::Error,
     },
+    /// A TLS file named by a registry host config (`ca`, `client`) is
+    /// missing or unusable.
+    #[error("registry tls {what} {path}")]
+    RegistryTlsFile {
+        /// Which file (`CA certificate`, `client certificate`, `client key`).
+        what: &'static str,
+        /// Path of the file.
+        path: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A registry's TLS server certificate was not accepted.
+    #[error(
+        "registry {url}: server certificate not trusted (give its CA with `ca`, \
+         or set `skip_verify`, in the registry's hosts.toml)"
+    )]
+    RegistryCertificate {
+        /// URL requested.
+        url: String,
+        /// What rustls found wrong with the certificate.
+        #[source]
+        source: rustls::Error,
+    },
 }
 
 /// `map_err` adapter: [`RuntimeError::containerd`] for `op`.

@@ -3,18 +3,36 @@
 //!
 //! ```toml
 //! server = "https://registry.k8s.io"
-//! [host."http://127.0.0.1:5000"]
+//! ca = "/etc/cubelet/certs.d/registry.k8s.io/ca.pem"
+//!
+//! [host."https://mirror.example:5443"]
 //!   capabilities = ["pull", "resolve"]
+//!   ca = ["mirror-ca.pem", "other-ca.pem"]       # relative to this file's directory
+//!   client = [["client.pem", "client-key.pem"]]  # or "both-in-one.pem"
+//!
+//! [host."https://10.0.0.1:5000"]
+//!   skip_verify = true
 //! ```
 //!
-//! Hosts are tried in file order, then `server`. Without a file, the registry
-//! itself is used (`docker.io` means `registry-1.docker.io`), over plain HTTP
-//! for `localhost`, `127.0.0.1` and `::1`, HTTPS otherwise.
+//! Hosts are tried in file order, then `server`. TLS options (`ca`,
+//! `skip_verify`, `client`) go at the top level for `server` and under each
+//! `[host."..."]`; server certificates are checked against the system's
+//! roots plus the host's `ca` files. As in containerd, an `http://` host
+//! with TLS options and a port other than 80 is tried over HTTPS first.
+//!
+//! Without a file, the registry itself is used (`docker.io` means
+//! `registry-1.docker.io`) over HTTPS. `localhost`, `127.0.0.1` and `::1`
+//! (unless on port 80, which is plain HTTP) are tried over HTTPS first and
+//! fall back to plain HTTP when the server does not speak TLS, like
+//! containerd; unlike containerd ≥ 1.7, their certificates are still
+//! verified (add `skip_verify` in a hosts.toml to accept any).
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::tls::{self, ClientCertFiles, TlsConfig, TlsOptions};
 use crate::error::RuntimeError;
 
 /// One endpoint that can serve a registry's repositories.
@@ -32,6 +50,14 @@ pub struct RegistryHost {
     pub resolve: bool,
     /// Extra request headers.
     pub headers: Vec<(String, String)>,
+    /// Retry over plain HTTP when this `https` host does not speak TLS.
+    pub http_fallback: bool,
+    /// TLS settings (private: `tls_config` is built from them).
+    tls: TlsOptions,
+    /// The client configuration built from `tls` by [`hosts_for`]; `None`
+    /// only for hosts parsed without loading (tests), which then use the
+    /// default configuration.
+    tls_config: Option<TlsConfig>,
 }
 
 impl RegistryHost {
@@ -42,6 +68,40 @@ impl RegistryHost {
             self.scheme, self.authority, self.path
         )
     }
+
+    /// The host's TLS settings.
+    pub fn tls(&self) -> &TlsOptions {
+        &self.tls
+    }
+
+    /// The client configuration for this host's TLS settings.
+    pub(super) fn tls_config(&self) -> TlsConfig {
+        self.tls_config.clone().unwrap_or_else(tls::default_config)
+    }
+}
+
+/// A string or a list of strings.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `client`: `"both.pem"`, `["a.pem", "b.pem"]` or `[["cert.pem", "key.pem"]]`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ClientSpec {
+    One(String),
+    Many(Vec<OneOrMany>),
+}
+
+/// TLS keys shared by the top level and `[host."..."]` tables.
+#[derive(Debug, Default, Deserialize)]
+struct TlsKeys {
+    ca: Option<OneOrMany>,
+    skip_verify: Option<bool>,
+    client: Option<ClientSpec>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -51,6 +111,8 @@ struct HostsFile {
     capabilities: Option<Vec<String>>,
     #[serde(default)]
     override_path: bool,
+    #[serde(flatten)]
+    tls: TlsKeys,
     #[serde(default)]
     host: toml::map::Map<String, toml::Value>,
 }
@@ -62,23 +124,84 @@ struct HostEntry {
     override_path: bool,
     #[serde(default)]
     header: toml::map::Map<String, toml::Value>,
+    #[serde(flatten)]
+    tls: TlsKeys,
 }
 
-/// True for registries that default to plain HTTP.
-fn is_local(registry: &str) -> bool {
-    let host = if let Some(rest) = registry.strip_prefix('[') {
-        rest.split(']').next().unwrap_or(rest)
+/// `p` as containerd reads it: relative to the hosts.toml's directory.
+fn resolve_path(base: &Path, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        p.to_path_buf()
     } else {
-        registry.rsplit_once(':').map_or(registry, |(h, _)| h)
-    };
-    matches!(host, "localhost" | "127.0.0.1" | "::1")
+        base.join(p)
+    }
+}
+
+impl TlsKeys {
+    /// The options, with paths resolved against `base`, and whether any TLS
+    /// key was written at all (containerd's "explicit TLS").
+    fn options(&self, base: &Path) -> Result<(TlsOptions, bool), String> {
+        let ca = match &self.ca {
+            None => Vec::new(),
+            Some(OneOrMany::One(p)) => vec![resolve_path(base, p)],
+            Some(OneOrMany::Many(ps)) => ps.iter().map(|p| resolve_path(base, p)).collect(),
+        };
+        let client = match &self.client {
+            None => Vec::new(),
+            Some(ClientSpec::One(p)) => vec![ClientCertFiles {
+                cert: resolve_path(base, p),
+                key: None,
+            }],
+            Some(ClientSpec::Many(entries)) => entries
+                .iter()
+                .map(|e| match e {
+                    OneOrMany::One(p) => Ok(ClientCertFiles {
+                        cert: resolve_path(base, p),
+                        key: None,
+                    }),
+                    OneOrMany::Many(pair) => match pair.as_slice() {
+                        [cert, key] => Ok(ClientCertFiles {
+                            cert: resolve_path(base, cert),
+                            key: Some(resolve_path(base, key)),
+                        }),
+                        _ => Err(format!(
+                            "client pair {pair:?}: want [\"cert.pem\", \"key.pem\"]"
+                        )),
+                    },
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        let explicit = self.ca.is_some() || self.client.is_some() || self.skip_verify.is_some();
+        let options = TlsOptions {
+            ca,
+            skip_verify: self.skip_verify.unwrap_or(false),
+            client,
+        };
+        Ok((options, explicit))
+    }
+}
+
+/// Splits `authority` into host and port (`""` without one).
+fn split_port(authority: &str) -> (&str, &str) {
+    if let Some(rest) = authority.strip_prefix('[') {
+        let (host, after) = rest.split_once(']').unwrap_or((rest, ""));
+        (host, after.strip_prefix(':').unwrap_or(""))
+    } else {
+        authority.rsplit_once(':').unwrap_or((authority, ""))
+    }
+}
+
+/// True for registries that may serve plain HTTP without saying so.
+fn is_local(registry: &str) -> bool {
+    matches!(split_port(registry).0, "localhost" | "127.0.0.1" | "::1")
 }
 
 /// The default server URL for `registry`.
 fn default_server(registry: &str) -> String {
     if registry == "docker.io" {
         "https://registry-1.docker.io".to_owned()
-    } else if is_local(registry) {
+    } else if is_local(registry) && split_port(registry).1 == "80" {
         format!("http://{registry}")
     } else {
         format!("https://{registry}")
@@ -90,6 +213,7 @@ fn parse_host(
     override_path: bool,
     caps: Option<&[String]>,
     headers: Vec<(String, String)>,
+    (tls, explicit_tls): (TlsOptions, bool),
 ) -> Result<RegistryHost, String> {
     let with_scheme = if url.contains("://") {
         url.to_owned()
@@ -99,7 +223,7 @@ fn parse_host(
     let uri: http::Uri = with_scheme
         .parse()
         .map_err(|e| format!("host {url:?}: {e}"))?;
-    let scheme = uri.scheme_str().unwrap_or("https").to_owned();
+    let mut scheme = uri.scheme_str().unwrap_or("https").to_owned();
     if scheme != "http" && scheme != "https" {
         return Err(format!("host {url:?}: unsupported scheme {scheme}"));
     }
@@ -111,6 +235,14 @@ fn parse_host(
     if !override_path {
         path.push_str("/v2");
     }
+    // containerd: TLS settings on an http host whose port does not say
+    // which protocol it speaks mean "try HTTPS first".
+    let port = split_port(&authority).1;
+    let mut http_fallback = false;
+    if scheme == "http" && explicit_tls && !port.is_empty() && port != "80" {
+        scheme = "https".to_owned();
+        http_fallback = true;
+    }
     let has = |c: &str| caps.is_none_or(|cs| cs.iter().any(|x| x == c));
     Ok(RegistryHost {
         scheme,
@@ -119,10 +251,29 @@ fn parse_host(
         pull: has("pull"),
         resolve: has("resolve"),
         headers,
+        http_fallback,
+        tls,
+        tls_config: None,
     })
 }
 
-/// The hosts to try for `registry`, in order.
+/// The default host of `registry` when no `server` is configured.
+fn default_host(
+    registry: &str,
+    override_path: bool,
+    caps: Option<&[String]>,
+    tls: (TlsOptions, bool),
+) -> Result<RegistryHost, String> {
+    let server = default_server(registry);
+    let mut host = parse_host(&server, override_path, caps, Vec::new(), tls)?;
+    if is_local(registry) && host.scheme == "https" {
+        host.http_fallback = true;
+    }
+    Ok(host)
+}
+
+/// The hosts to try for `registry`, in order, with their TLS files read:
+/// a missing or unusable `ca` or `client` file is an error naming it.
 pub fn hosts_for(config_dir: &Path, registry: &str) -> Result<Vec<RegistryHost>, RuntimeError> {
     let path = config_dir.join(registry).join("hosts.toml");
     let text = match std::fs::read_to_string(&path) {
@@ -136,17 +287,45 @@ pub fn hosts_for(config_dir: &Path, registry: &str) -> Result<Vec<RegistryHost>,
             })
         }
     };
+    let mut hosts = match text {
+        Some(text) => parse_hosts_file(&path, &text, registry)?,
+        None => vec![
+            default_host(registry, false, None, Default::default()).map_err(|reason| {
+                RuntimeError::InvalidArgument {
+                    field: "registry".to_owned(),
+                    reason,
+                }
+            })?,
+        ],
+    };
+    let mut loaded: HashMap<TlsOptions, TlsConfig> = HashMap::new();
+    for host in &mut hosts {
+        let config = match loaded.get(&host.tls) {
+            Some(c) => c.clone(),
+            None => {
+                let c = tls::client_config(&host.tls)?;
+                loaded.insert(host.tls.clone(), c.clone());
+                c
+            }
+        };
+        host.tls_config = Some(config);
+    }
+    Ok(hosts)
+}
+
+/// Parses the hosts.toml at `path` (its text is `text`) without reading
+/// the files it names.
+fn parse_hosts_file(
+    path: &Path,
+    text: &str,
+    registry: &str,
+) -> Result<Vec<RegistryHost>, RuntimeError> {
+    let base = path.parent().unwrap_or(Path::new("/"));
     let bad = |reason: String| RuntimeError::InvalidArgument {
         field: format!("registry host config {}", path.display()),
         reason,
     };
-    let Some(text) = text else {
-        let server = default_server(registry);
-        return Ok(vec![
-            parse_host(&server, false, None, Vec::new()).map_err(bad)?
-        ]);
-    };
-    let file: HostsFile = toml::from_str(&text).map_err(|source| RuntimeError::HostsConfig {
+    let file: HostsFile = toml::from_str(text).map_err(|source| RuntimeError::HostsConfig {
         path: path.display().to_string(),
         source,
     })?;
@@ -170,26 +349,39 @@ pub fn hosts_for(config_dir: &Path, registry: &str) -> Result<Vec<RegistryHost>,
                 )
             })
             .collect();
+        let tls = entry
+            .tls
+            .options(base)
+            .map_err(|e| bad(format!("host {url:?}: {e}")))?;
         hosts.push(
             parse_host(
                 url,
                 entry.override_path,
                 entry.capabilities.as_deref(),
                 headers,
+                tls,
             )
             .map_err(bad)?,
         );
     }
-    let server = file.server.unwrap_or_else(|| default_server(registry));
-    hosts.push(
-        parse_host(
-            &server,
+    let tls = file.tls.options(base).map_err(bad)?;
+    let server = match &file.server {
+        Some(server) => parse_host(
+            server,
             file.override_path,
             file.capabilities.as_deref(),
             Vec::new(),
-        )
-        .map_err(bad)?,
-    );
+            tls,
+        ),
+        None => default_host(
+            registry,
+            file.override_path,
+            file.capabilities.as_deref(),
+            tls,
+        ),
+    }
+    .map_err(bad)?;
+    hosts.push(server);
     Ok(hosts)
 }
 
@@ -206,12 +398,165 @@ mod tests {
             h[0].url("library/busybox", "manifests", "latest"),
             "https://registry-1.docker.io/v2/library/busybox/manifests/latest"
         );
+        assert!(!h[0].http_fallback);
+        // Local registries: HTTPS first, plain HTTP if they do not speak TLS.
         let h = hosts_for(dir.path(), "127.0.0.1:5000").unwrap();
-        assert_eq!(h[0].scheme, "http");
+        assert_eq!((h[0].scheme.as_str(), h[0].http_fallback), ("https", true));
         let h = hosts_for(dir.path(), "localhost").unwrap();
-        assert_eq!(h[0].scheme, "http");
+        assert_eq!((h[0].scheme.as_str(), h[0].http_fallback), ("https", true));
+        let h = hosts_for(dir.path(), "[::1]:5000").unwrap();
+        assert_eq!((h[0].scheme.as_str(), h[0].http_fallback), ("https", true));
+        let h = hosts_for(dir.path(), "localhost:80").unwrap();
+        assert_eq!((h[0].scheme.as_str(), h[0].http_fallback), ("http", false));
         let h = hosts_for(dir.path(), "registry.k8s.io").unwrap();
-        assert_eq!(h[0].scheme, "https");
+        assert_eq!((h[0].scheme.as_str(), h[0].http_fallback), ("https", false));
+        assert!(h[0].tls().is_default());
+    }
+
+    fn parse(dir: &Path, registry: &str, text: &str) -> Result<Vec<RegistryHost>, RuntimeError> {
+        parse_hosts_file(&dir.join(registry).join("hosts.toml"), text, registry)
+    }
+
+    #[test]
+    fn ca_as_string_or_list_relative_to_the_file() {
+        let dir = Path::new("/etc/cubelet/certs.d");
+        let h = parse(
+            dir,
+            "r.example:5443",
+            r#"server = "https://r.example:5443"
+ca = "ca.pem"
+[host."https://mirror.example"]
+  ca = ["/abs/one.pem", "sub/two.pem"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(h.len(), 2);
+        assert_eq!(
+            h[0].tls().ca,
+            vec![
+                PathBuf::from("/abs/one.pem"),
+                PathBuf::from("/etc/cubelet/certs.d/r.example:5443/sub/two.pem")
+            ]
+        );
+        assert!(!h[0].tls().skip_verify);
+        assert_eq!(h[1].authority, "r.example:5443");
+        assert_eq!(
+            h[1].tls().ca,
+            vec![PathBuf::from("/etc/cubelet/certs.d/r.example:5443/ca.pem")]
+        );
+        assert!(h[1].tls().client.is_empty());
+    }
+
+    #[test]
+    fn skip_verify_at_top_level_and_per_host() {
+        let dir = Path::new("/certs.d");
+        let h = parse(
+            dir,
+            "r.example",
+            r#"skip_verify = true
+[host."https://a.example"]
+  skip_verify = true
+[host."https://b.example"]
+  capabilities = ["pull"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(h.len(), 3);
+        assert!(h[0].tls().skip_verify);
+        assert!(!h[1].tls().skip_verify && h[1].tls().is_default());
+        // No `server`: the registry itself, with the top-level options.
+        assert_eq!(
+            h[2].url("x", "manifests", "t"),
+            "https://r.example/v2/x/manifests/t"
+        );
+        assert!(h[2].tls().skip_verify);
+        assert!(h[2].pull && h[2].resolve);
+    }
+
+    #[test]
+    fn client_certificates_in_every_form() {
+        let dir = Path::new("/certs.d");
+        let h = parse(
+            dir,
+            "r.example",
+            r#"server = "https://r.example"
+client = "both.pem"
+[host."https://a.example"]
+  client = [["a.crt", "/keys/a.key"], "c.pem"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(
+            h[0].tls().client,
+            vec![
+                ClientCertFiles {
+                    cert: "/certs.d/r.example/a.crt".into(),
+                    key: Some("/keys/a.key".into()),
+                },
+                ClientCertFiles {
+                    cert: "/certs.d/r.example/c.pem".into(),
+                    key: None,
+                },
+            ]
+        );
+        assert_eq!(
+            h[1].tls().client,
+            vec![ClientCertFiles {
+                cert: "/certs.d/r.example/both.pem".into(),
+                key: None,
+            }]
+        );
+        let err = parse(
+            dir,
+            "r.example",
+            "[host.\"https://a.example\"]\n  client = [[\"a\", \"b\", \"c\"]]\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("hosts.toml"), "{err}");
+        assert!(format!("{err:?}").contains("client pair"), "{err:?}");
+        let err = parse(dir, "r.example", "ca = 5\n").unwrap_err();
+        assert!(matches!(err, RuntimeError::HostsConfig { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn http_host_with_tls_options_tries_https_first() {
+        let dir = Path::new("/certs.d");
+        let h = parse(
+            dir,
+            "r.example",
+            r#"server = "http://r.example:80"
+skip_verify = true
+[host."http://a.example:5000"]
+  ca = "ca.pem"
+[host."http://b.example:5000"]
+"#,
+        )
+        .unwrap();
+        assert_eq!((h[0].scheme.as_str(), h[0].http_fallback), ("https", true));
+        assert_eq!((h[1].scheme.as_str(), h[1].http_fallback), ("http", false));
+        // Port 80 says plain HTTP.
+        assert_eq!((h[2].scheme.as_str(), h[2].http_fallback), ("http", false));
+    }
+
+    #[test]
+    fn unreadable_tls_files_fail_naming_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("r.example")).unwrap();
+        std::fs::write(
+            dir.path().join("r.example/hosts.toml"),
+            "server = \"https://r.example\"\nca = \"missing-ca.pem\"\n",
+        )
+        .unwrap();
+        let err = hosts_for(dir.path(), "r.example").unwrap_err();
+        let want = dir.path().join("r.example/missing-ca.pem");
+        assert!(
+            matches!(&err, RuntimeError::RegistryTlsFile { what: "CA certificate", path, .. }
+                if *path == want.display().to_string()),
+            "{err:?}"
+        );
+        std::fs::write(dir.path().join("r.example/missing-ca.pem"), "garbage").unwrap();
+        let err = hosts_for(dir.path(), "r.example").unwrap_err();
+        assert!(err.to_string().contains("missing-ca.pem"), "{err}");
     }
 
     #[test]

@@ -1,27 +1,35 @@
 //! A client for the OCI distribution (Docker registry v2) API, on hyper:
 //! manifest resolution, blob download, token and Basic auth, redirects and
-//! `hosts.toml` mirrors. It only speaks HTTP; putting content into containerd
-//! is the `image` module's job.
+//! `hosts.toml` mirrors. It only speaks HTTP(S); putting content into
+//! containerd is the `image` module's job.
 //!
-//! Plain HTTP only in this build: an `https` host yields a clear error, so
-//! use a `hosts.toml` mirror over HTTP (tests never leave the machine).
+//! HTTPS goes through hyper-rustls (ring): server certificates are checked
+//! against the system's roots, read once per process, plus the `ca` files of
+//! the host's `hosts.toml`; `skip_verify` and client certificates (`client`)
+//! are honoured as containerd does (see [`hosts_for`]). Plain `http://`
+//! hosts work as they are. A [`RegistryClient`] keeps one hyper client per
+//! distinct TLS setting of its hosts; redirects (to blob storage, say) and
+//! token requests use the client of the host that led to them.
 
 mod auth;
 mod hosts;
+mod tls;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Response, StatusCode};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 pub use auth::RegistryAuth;
 pub use hosts::{hosts_for, RegistryHost};
+pub use tls::{ClientCertFiles, TlsOptions};
 
 use crate::error::RuntimeError;
 use crate::image::oci::{self, MANIFEST_ACCEPT};
@@ -29,6 +37,9 @@ use crate::image::oci::{self, MANIFEST_ACCEPT};
 /// Largest manifest or index accepted (as containerd: 4 MiB).
 const MAX_MANIFEST: usize = 4 << 20;
 const MAX_REDIRECTS: usize = 5;
+
+/// A hyper client for `http` and `https` URLs with one TLS setting.
+type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// A manifest or small blob read from a registry.
 #[derive(Debug, Clone)]
@@ -44,23 +55,42 @@ pub struct Fetched {
 /// A registry client for one repository, over its ordered hosts.
 #[derive(Debug)]
 pub struct RegistryClient {
-    http: Client<HttpConnector, Full<Bytes>>,
+    /// One client per distinct TLS setting of the hosts.
+    clients: HashMap<TlsOptions, HttpsClient>,
     hosts: Vec<RegistryHost>,
     repository: String,
     auth: Option<RegistryAuth>,
     /// `Authorization` values learned per host authority.
     authorization: Mutex<HashMap<String, String>>,
+    /// Authorities of `http_fallback` hosts found to speak plain HTTP.
+    plain_http: Mutex<HashSet<String>>,
+}
+
+fn https_client(config: &tls::TlsConfig) -> HttpsClient {
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config.client_config())
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Client::builder(TokioExecutor::new()).build(connector)
 }
 
 impl RegistryClient {
     /// A client for `repository` served by `hosts` (see [`hosts_for`]).
     pub fn new(hosts: Vec<RegistryHost>, repository: &str, auth: Option<RegistryAuth>) -> Self {
+        let mut clients = HashMap::new();
+        for h in &hosts {
+            clients
+                .entry(h.tls().clone())
+                .or_insert_with(|| https_client(&h.tls_config()));
+        }
         Self {
-            http: Client::builder(TokioExecutor::new()).build_http(),
+            clients,
             hosts,
             repository: repository.to_owned(),
             auth,
             authorization: Mutex::new(HashMap::new()),
+            plain_http: Mutex::new(HashSet::new()),
         }
     }
 
@@ -183,6 +213,33 @@ impl RegistryClient {
             })
     }
 
+    /// The hyper client for `host`'s TLS setting.
+    fn client(&self, host: &RegistryHost) -> Result<&HttpsClient, RuntimeError> {
+        self.clients
+            .get(host.tls())
+            .ok_or_else(|| RuntimeError::InvalidArgument {
+                field: "registry host".to_owned(),
+                reason: format!("no client for the TLS settings of {}", host.authority),
+            })
+    }
+
+    /// `url` over plain HTTP if its authority was found not to speak TLS.
+    fn after_fallback(&self, url: String) -> String {
+        let Some(rest) = url.strip_prefix("https://") else {
+            return url;
+        };
+        let authority = rest.split('/').next().unwrap_or(rest);
+        let plain = self
+            .plain_http
+            .lock()
+            .is_ok_and(|set| set.contains(authority));
+        if plain {
+            format!("http://{rest}")
+        } else {
+            url
+        }
+    }
+
     fn cached_auth(&self, authority: &str) -> Option<String> {
         self.authorization
             .lock()
@@ -197,10 +254,12 @@ impl RegistryClient {
         url: &str,
         accept: Option<&str>,
     ) -> Result<Response<Incoming>, RuntimeError> {
+        let client = self.client(host)?;
         let mut url = url.to_owned();
         let mut authed = false;
         let mut redirects = 0;
         loop {
+            url = self.after_fallback(url);
             let uri: http::Uri =
                 url.parse()
                     .map_err(|e: http::uri::InvalidUri| RuntimeError::RegistryHttp {
@@ -228,7 +287,26 @@ impl RegistryClient {
                         url: url.clone(),
                         source: e.into(),
                     })?;
-            let resp = self.request(&url, req).await?;
+            let resp = match client.request(req).await {
+                Ok(resp) => resp,
+                Err(e)
+                    if host.http_fallback
+                        && authority == host.authority
+                        && uri.scheme_str() == Some("https")
+                        && speaks_no_tls(&e, uri.port().is_some()) =>
+                {
+                    tracing::info!(
+                        host = %authority,
+                        "registry does not speak TLS; using plain HTTP"
+                    );
+                    if let Ok(mut set) = self.plain_http.lock() {
+                        set.insert(authority);
+                    }
+                    url = format!("http://{}", url.trim_start_matches("https://"));
+                    continue;
+                }
+                Err(e) => return Err(request_error(&url, e)),
+            };
             let status = resp.status();
             if status == StatusCode::UNAUTHORIZED && !authed {
                 authed = true;
@@ -237,7 +315,7 @@ impl RegistryClient {
                     .get(http::header::WWW_AUTHENTICATE)
                     .and_then(|v| v.to_str().ok())
                     .and_then(auth::parse_challenge);
-                let value = self.answer(&url, challenge).await?;
+                let value = self.answer(client, &url, challenge).await?;
                 if let Ok(mut m) = self.authorization.lock() {
                     m.insert(authority, value);
                 }
@@ -275,31 +353,11 @@ impl RegistryClient {
         }
     }
 
-    async fn request(
-        &self,
-        url: &str,
-        req: hyper::Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, RuntimeError> {
-        if req.uri().scheme_str() == Some("https") {
-            return Err(RuntimeError::RegistryHttp {
-                url: url.to_owned(),
-                source: "https registries are not supported by this build; \
-                         configure a plain-HTTP mirror in hosts.toml"
-                    .into(),
-            });
-        }
-        self.http
-            .request(req)
-            .await
-            .map_err(|e| RuntimeError::RegistryHttp {
-                url: url.to_owned(),
-                source: e.into(),
-            })
-    }
-
-    /// Computes the `Authorization` value answering `challenge`.
+    /// Computes the `Authorization` value answering `challenge`, asking
+    /// token servers through `client` (that of the challenged host).
     async fn answer(
         &self,
+        client: &HttpsClient,
         url: &str,
         challenge: Option<auth::Challenge>,
     ) -> Result<String, RuntimeError> {
@@ -323,7 +381,7 @@ impl RegistryClient {
             }) => {
                 let scope = scope.unwrap_or_else(|| format!("repository:{}:pull", self.repository));
                 let token = self
-                    .fetch_token(&realm, service.as_deref(), &scope, &auth)
+                    .fetch_token(client, &realm, service.as_deref(), &scope, &auth)
                     .await?;
                 Ok(format!("Bearer {token}"))
             }
@@ -337,6 +395,7 @@ impl RegistryClient {
     /// Asks a token server for a bearer token.
     async fn fetch_token(
         &self,
+        client: &HttpsClient,
         realm: &str,
         service: Option<&str>,
         scope: &str,
@@ -373,7 +432,10 @@ impl RegistryClient {
             url: realm.to_owned(),
             source: e.into(),
         })?;
-        let resp = self.request(realm, req).await?;
+        let resp = client
+            .request(req)
+            .await
+            .map_err(|e| request_error(realm, e))?;
         if matches!(
             resp.status(),
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
@@ -410,6 +472,37 @@ impl RegistryClient {
         }
         Ok(token)
     }
+}
+
+/// Maps a failed request: a rejected server certificate gets its own error
+/// (saying how to trust it), the rest keep the whole cause chain.
+fn request_error(url: &str, e: hyper_util::client::legacy::Error) -> RuntimeError {
+    if let Some(err @ rustls::Error::InvalidCertificate(_)) = tls::find_rustls_error(&e) {
+        return RuntimeError::RegistryCertificate {
+            url: url.to_owned(),
+            source: err.clone(),
+        };
+    }
+    RuntimeError::RegistryHttp {
+        url: url.to_owned(),
+        source: e.into(),
+    }
+}
+
+/// True when an HTTPS attempt failed because the server speaks plain HTTP:
+/// its answer to the TLS hello is not TLS (rustls sees an invalid record),
+/// or, when the URL gave no port, nothing listens on 443.
+fn speaks_no_tls(e: &hyper_util::client::legacy::Error, port_given: bool) -> bool {
+    if let Some(err) = tls::find_rustls_error(e) {
+        return matches!(err, rustls::Error::InvalidMessage(_));
+    }
+    if port_given {
+        return false;
+    }
+    tls::error_chain(e).any(|err| {
+        err.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+    })
 }
 
 /// Percent-encodes `k=v&...` (RFC 3986 unreserved characters kept).
@@ -493,5 +586,46 @@ mod tests {
             form_encode(&q),
             "scope=repository%3Alibrary%2Fbusybox%3Apull&service=a%20b"
         );
+    }
+
+    async fn https_get(url: String) -> hyper_util::client::legacy::Error {
+        let client = https_client(&tls::default_config());
+        let req = hyper::Request::get(url)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        client.request(req).await.unwrap_err()
+    }
+
+    #[tokio::test]
+    async fn plain_http_answers_and_refused_port_443_mean_no_tls() {
+        // A server that answers the TLS hello in plain HTTP, as a plain
+        // registry does.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 512];
+            let _ = conn.read(&mut buf).await;
+            let _ = conn
+                .write_all(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")
+                .await;
+        });
+        let e = https_get(format!("https://127.0.0.1:{port}/v2/")).await;
+        assert!(speaks_no_tls(&e, true), "{e:?}");
+        server.await.unwrap();
+        assert!(matches!(
+            request_error("u", e),
+            RuntimeError::RegistryHttp { .. }
+        ));
+
+        // Nothing listens on a just-closed port: that means "no TLS" only
+        // when the URL named no port (443 implied, 80 may serve HTTP).
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let e = https_get(format!("https://127.0.0.1:{port}/v2/")).await;
+        assert!(speaks_no_tls(&e, false), "{e:?}");
+        assert!(!speaks_no_tls(&e, true), "{e:?}");
     }
 }
