@@ -19,8 +19,10 @@ use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     AttachRequest, ContainerConfig, ContainerMetadata, ContainerStatus, ContainerStatusRequest,
-    ImageSpec, ListContainersRequest, ListPodSandboxRequest, PodSandboxConfig, PodSandboxMetadata,
-    RemoveContainerRequest, RemovePodSandboxRequest, StopContainerRequest, StopPodSandboxRequest,
+    CreateContainerRequest, ImageSpec, ListContainersRequest, ListPodSandboxRequest,
+    PodSandboxConfig, PodSandboxMetadata, PullImageRequest, RemoveContainerRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
+    StopPodSandboxRequest,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -418,6 +420,52 @@ impl Daemon {
             .with_context(|| format!("remove pod {}", p.id))?;
         }
         Ok(())
+    }
+
+    /// Pulls `cfg`'s image, runs pod `name` (uid `uid-<name>`, logs under
+    /// `log_base/<name>`) and creates and starts `cfg` in it. Returns the
+    /// pod and container ids.
+    pub async fn pod_with(
+        &self,
+        name: &str,
+        cfg: ContainerConfig,
+    ) -> anyhow::Result<(String, String)> {
+        let image = cfg.image.clone().context("container config has no image")?;
+        self.images
+            .clone()
+            .pull_image(PullImageRequest {
+                image: Some(image),
+                ..Default::default()
+            })
+            .await
+            .context("PullImage")?;
+        let pod_cfg = pod_config(name, &format!("uid-{name}"), &self.log_base.join(name));
+        let mut rt = self.runtime.clone();
+        let pod = rt
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(pod_cfg.clone()),
+                runtime_handler: String::new(),
+            })
+            .await
+            .context("RunPodSandbox")?
+            .into_inner()
+            .pod_sandbox_id;
+        let cid = rt
+            .create_container(CreateContainerRequest {
+                pod_sandbox_id: pod.clone(),
+                config: Some(cfg),
+                sandbox_config: Some(pod_cfg),
+            })
+            .await
+            .context("CreateContainer")?
+            .into_inner()
+            .container_id;
+        rt.start_container(StartContainerRequest {
+            container_id: cid.clone(),
+        })
+        .await
+        .context("StartContainer")?;
+        Ok((pod, cid))
     }
 
     /// The (non-verbose) status of container `id`.

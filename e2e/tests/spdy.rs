@@ -16,9 +16,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use cubelet_e2e::cri::*;
-use cubelet_e2e::{
-    assert_clean, container_config, image_spec, pod_config, stdin_once_shell, Daemon, DaemonOpts,
-};
+use cubelet_e2e::{assert_clean, container_config, stdin_once_shell, Daemon, DaemonOpts};
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
 use futures::FutureExt;
 use futures::{SinkExt, StreamExt};
@@ -436,55 +434,13 @@ async fn collect(
 
 // ---------------------------------------------------------- scenarios
 
-async fn pod_with(
-    d: &Daemon,
-    name: &str,
-    cfg: ContainerConfig,
-) -> anyhow::Result<(String, String)> {
-    let mut images = d.images.clone();
-    images
-        .pull_image(PullImageRequest {
-            image: Some(image_spec(BUSYBOX)),
-            ..Default::default()
-        })
-        .await
-        .context("PullImage")?;
-    let pod_cfg = pod_config(name, &format!("uid-{name}"), &d.log_base.join(name));
-    let mut rt = d.runtime.clone();
-    let pod = rt
-        .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(pod_cfg.clone()),
-            runtime_handler: String::new(),
-        })
-        .await
-        .context("RunPodSandbox")?
-        .into_inner()
-        .pod_sandbox_id;
-    let cid = rt
-        .create_container(CreateContainerRequest {
-            pod_sandbox_id: pod.clone(),
-            config: Some(cfg),
-            sandbox_config: Some(pod_cfg),
-        })
-        .await
-        .context("CreateContainer")?
-        .into_inner()
-        .container_id;
-    rt.start_container(StartContainerRequest {
-        container_id: cid.clone(),
-    })
-    .await
-    .context("StartContainer")?;
-    Ok((pod, cid))
-}
-
 async fn exec(d: &Daemon) -> anyhow::Result<()> {
-    let (_, cid) = pod_with(
-        d,
-        "spdy-exec",
-        container_config("sleeper", BUSYBOX, &["sleep", "3600"]),
-    )
-    .await?;
+    let (_, cid) = d
+        .pod_with(
+            "spdy-exec",
+            container_config("sleeper", BUSYBOX, &["sleep", "3600"]),
+        )
+        .await?;
     let url = d
         .runtime
         .clone()
@@ -527,7 +483,7 @@ async fn exec(d: &Daemon) -> anyhow::Result<()> {
 }
 
 async fn attach_stdin_once(d: &Daemon) -> anyhow::Result<()> {
-    let (_, cid) = pod_with(d, "spdy-attach", stdin_once_shell(BUSYBOX)).await?;
+    let (_, cid) = d.pod_with("spdy-attach", stdin_once_shell(BUSYBOX)).await?;
     let url = d.attach_url(&cid).await?;
     let mut c = Client::connect(&url, "v4.channel.k8s.io").await?;
     let err = c.open(&[("streamtype", "error")]).await?;
@@ -559,12 +515,12 @@ async fn port_forward(d: &Daemon, transport: Transport) -> anyhow::Result<()> {
         Transport::Direct => "spdy-pf",
         Transport::WebSocketTunnel => "spdy-ws-pf",
     };
-    let (pod, _) = pod_with(
-        d,
-        name,
-        container_config("httpd", BUSYBOX, &["sh", "-c", script]),
-    )
-    .await?;
+    let (pod, _) = d
+        .pod_with(
+            name,
+            container_config("httpd", BUSYBOX, &["sh", "-c", script]),
+        )
+        .await?;
     let url = d
         .runtime
         .clone()

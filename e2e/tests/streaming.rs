@@ -7,16 +7,13 @@
 //! Without the private containerd every scenario prints `SKIP:` and passes.
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use cubelet_e2e::cri::*;
-use cubelet_e2e::{
-    assert_clean, container_config, image_spec, pod_config, stdin_once_shell, Daemon, DaemonOpts,
-};
+use cubelet_e2e::{assert_clean, container_config, stdin_once_shell, Daemon, DaemonOpts};
 use futures::{FutureExt, SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -154,60 +151,13 @@ async fn run_all(selected: Vec<Scenario>) -> bool {
 
 // ---------------------------------------------------------------- helpers
 
-fn log_dir(d: &Daemon, pod: &str) -> PathBuf {
-    d.log_base.join(pod)
-}
-
-/// Pulls busybox, runs pod `name` and starts `cfg` in it.
-async fn pod_with(
-    d: &Daemon,
-    name: &str,
-    cfg: ContainerConfig,
-) -> anyhow::Result<(String, String)> {
-    let mut images = d.images.clone();
-    images
-        .pull_image(PullImageRequest {
-            image: Some(image_spec(BUSYBOX)),
-            ..Default::default()
-        })
-        .await
-        .context("PullImage")?;
-    let pod_cfg = pod_config(name, &format!("uid-{name}"), &log_dir(d, name));
-    let mut rt = d.runtime.clone();
-    let pod = rt
-        .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(pod_cfg.clone()),
-            runtime_handler: String::new(),
-        })
-        .await
-        .context("RunPodSandbox")?
-        .into_inner()
-        .pod_sandbox_id;
-    let cid = rt
-        .create_container(CreateContainerRequest {
-            pod_sandbox_id: pod.clone(),
-            config: Some(cfg),
-            sandbox_config: Some(pod_cfg),
-        })
-        .await
-        .context("CreateContainer")?
-        .into_inner()
-        .container_id;
-    rt.start_container(StartContainerRequest {
-        container_id: cid.clone(),
-    })
-    .await
-    .context("StartContainer")?;
-    Ok((pod, cid))
-}
-
 async fn sleeper(d: &Daemon, name: &str) -> anyhow::Result<String> {
-    let (_, cid) = pod_with(
-        d,
-        name,
-        container_config("sleeper", BUSYBOX, &["sleep", "3600"]),
-    )
-    .await?;
+    let (_, cid) = d
+        .pod_with(
+            name,
+            container_config("sleeper", BUSYBOX, &["sleep", "3600"]),
+        )
+        .await?;
     Ok(cid)
 }
 
@@ -477,7 +427,7 @@ async fn spdy_refused(d: &Daemon) -> anyhow::Result<()> {
 async fn attach(d: &Daemon) -> anyhow::Result<()> {
     let mut cfg = container_config("echo", BUSYBOX, &["cat"]);
     cfg.stdin = true;
-    let (_, cid) = pod_with(d, "stream-attach", cfg).await?;
+    let (_, cid) = d.pod_with("stream-attach", cfg).await?;
     let url = d
         .runtime
         .clone()
@@ -519,7 +469,9 @@ async fn attach(d: &Daemon) -> anyhow::Result<()> {
 }
 
 async fn attach_stdin_once(d: &Daemon) -> anyhow::Result<()> {
-    let (_, cid) = pod_with(d, "stream-attach-once", stdin_once_shell(BUSYBOX)).await?;
+    let (_, cid) = d
+        .pod_with("stream-attach-once", stdin_once_shell(BUSYBOX))
+        .await?;
     let url = d.attach_url(&cid).await?;
     let mut ws = ws_connect(&url, "v5.channel.k8s.io").await?;
     send(&mut ws, 0, b"echo hello\n").await?;
@@ -542,12 +494,12 @@ async fn attach_stdin_once(d: &Daemon) -> anyhow::Result<()> {
 async fn port_forward(d: &Daemon) -> anyhow::Result<()> {
     let script = "mkdir -p /tmp/www && echo hello-port-forward > /tmp/www/index.html \
                   && exec httpd -f -p 8080 -h /tmp/www";
-    let (pod, _) = pod_with(
-        d,
-        "stream-pf",
-        container_config("httpd", BUSYBOX, &["sh", "-c", script]),
-    )
-    .await?;
+    let (pod, _) = d
+        .pod_with(
+            "stream-pf",
+            container_config("httpd", BUSYBOX, &["sh", "-c", script]),
+        )
+        .await?;
     // httpd may not listen yet: retry on a fresh URL while the error channel
     // reports a refused connection.
     let mut last = String::new();
