@@ -24,4 +24,4 @@ pub mod streaming;
 pub use error::{CriError, CriResult};
 pub use server::serve_unix;
 pub use service::{Cri, CriDeps, CriObserver, NodeConditions, NoopCriObserver};
-pub use streaming::{HostDialer, PodDialer, StreamingConfig, StreamingServer};
+pub use streaming::{HostDialer, PodDialer, StreamingConfig, StreamingServer, TlsFiles};

@@ -183,6 +183,7 @@ pub async fn run(config: Config) -> Result<()> {
             address: config.streaming.address,
             port: config.streaming.port,
             idle_timeout: config.streaming.idle_timeout,
+            tls: config.streaming.tls()?,
         },
         Arc::new(crate::adapters::NetnsDialer),
     )

@@ -117,6 +117,10 @@ pub struct StreamingConfig {
     /// How long an Exec/Attach/PortForward URL stays usable (kubelet: 4m).
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
+    /// PEM certificate chain: serve HTTPS (with `tls_key_file`).
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl Default for StreamingConfig {
@@ -125,6 +129,30 @@ impl Default for StreamingConfig {
             address: IpAddr::V4(Ipv4Addr::LOCALHOST),
             port: 0,
             idle_timeout: Duration::from_secs(4 * 60),
+            tls_cert_file: None,
+            tls_key_file: None,
+        }
+    }
+}
+
+impl StreamingConfig {
+    /// The TLS files, when both are set; an error naming the missing key
+    /// when only one is.
+    pub fn tls(&self) -> Result<Option<cubelet_cri::TlsFiles>, ConfigError> {
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (None, None) => Ok(None),
+            (Some(cert), Some(key)) => Ok(Some(cubelet_cri::TlsFiles {
+                cert_file: cert.clone(),
+                key_file: key.clone(),
+            })),
+            (Some(_), None) => Err(ConfigError::Invalid {
+                key: "streaming.tls_key_file",
+                message: "required with streaming.tls_cert_file".into(),
+            }),
+            (None, Some(_)) => Err(ConfigError::Invalid {
+                key: "streaming.tls_cert_file",
+                message: "required with streaming.tls_key_file".into(),
+            }),
         }
     }
 }
@@ -547,6 +575,7 @@ impl Config {
         abs("root_dir", &self.root_dir)?;
         abs("state_dir", &self.state_dir)?;
         abs("containerd.address", &self.containerd.address)?;
+        self.streaming.tls()?;
         if self.containerd.namespace.is_empty() {
             return Err(ConfigError::Invalid {
                 key: "containerd.namespace",
@@ -710,6 +739,21 @@ gc: { interval: 60s, dead_sandbox_ttl: 1h }
         )
         .unwrap();
         assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn streaming_tls_needs_both_files() {
+        let c =
+            Config::from_yaml("streaming: { tls_cert_file: /etc/c.pem, tls_key_file: /etc/k.pem }")
+                .unwrap();
+        let tls = c.streaming.tls().unwrap().unwrap();
+        assert_eq!(tls.cert_file, Path::new("/etc/c.pem"));
+        assert_eq!(tls.key_file, Path::new("/etc/k.pem"));
+        let e = Config::from_yaml("streaming: { tls_cert_file: /etc/c.pem }")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("streaming.tls_key_file"), "{e}");
+        assert_eq!(Config::default().streaming.tls().unwrap(), None);
     }
 
     #[test]

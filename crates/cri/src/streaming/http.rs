@@ -30,7 +30,7 @@ pub(super) async fn serve(
     runtime: Arc<ContainerRuntime>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    tracing::info!(addr = %shared.addr, "streaming server listening");
+    tracing::info!(addr = %shared.addr, tls = shared.tls.is_some(), "streaming server listening");
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
@@ -45,19 +45,46 @@ pub(super) async fn serve(
         let shared = Arc::clone(&shared);
         let runtime = Arc::clone(&runtime);
         tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
-                let shared = Arc::clone(&shared);
-                let runtime = Arc::clone(&runtime);
-                async move { Ok::<_, Infallible>(handle(req, &shared, runtime)) }
-            });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .with_upgrades()
-                .await
-            {
-                tracing::debug!(%peer, error = %e, "streaming connection ended with an error");
+            match shared.tls.clone() {
+                None => serve_connection(stream, peer, shared, runtime).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
+                    {
+                        Ok(Ok(tls)) => serve_connection(tls, peer, shared, runtime).await,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "streaming TLS handshake failed")
+                        }
+                        Err(_) => tracing::debug!(%peer, "streaming TLS handshake timed out"),
+                    }
+                }
             }
         });
+    }
+}
+
+/// A client that does not finish its TLS handshake by then is dropped.
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves HTTP/1.1 with upgrades on one connection (plain or TLS).
+async fn serve_connection<S>(
+    io: S,
+    peer: std::net::SocketAddr,
+    shared: Arc<Shared>,
+    runtime: Arc<ContainerRuntime>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |req| {
+        let shared = Arc::clone(&shared);
+        let runtime = Arc::clone(&runtime);
+        async move { Ok::<_, Infallible>(handle(req, &shared, runtime)) }
+    });
+    if let Err(e) = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(io), svc)
+        .with_upgrades()
+        .await
+    {
+        tracing::debug!(%peer, error = %e, "streaming connection ended with an error");
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! CRI `Exec`, `Attach` and `PortForward` only validate the request, store
 //! it under a single-use random token that expires after the idle timeout,
-//! and return `http://<address>:<port>/<kind>/<token>`. The client (kubelet,
+//! and return `http(s)://<address>:<port>/<kind>/<token>` (https when the
+//! server has a certificate, see [`TlsFiles`]). The client (kubelet,
 //! crictl, kubectl through the API server) then connects to that URL on this
 //! server's own TCP listener and upgrades to WebSocket with the Kubernetes
 //! channel protocol (`v4.channel.k8s.io`, `v5.channel.k8s.io`), or to
@@ -18,6 +19,7 @@ mod session;
 mod spdy;
 mod spdy_remote;
 mod spdy_session;
+mod tls;
 mod tokens;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -30,6 +32,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use self::dial::{HostDialer, PodDialer};
+pub use self::tls::TlsFiles;
 use self::tokens::TokenStore;
 
 /// Default idle timeout of a token (kubelet's streaming server: 4 minutes).
@@ -44,6 +47,8 @@ pub struct StreamingConfig {
     pub port: u16,
     /// How long a returned URL stays usable.
     pub idle_timeout: Duration,
+    /// Serve HTTPS with this certificate; `None` = plain HTTP.
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for StreamingConfig {
@@ -52,6 +57,7 @@ impl Default for StreamingConfig {
             address: IpAddr::V4(Ipv4Addr::LOCALHOST),
             port: 0,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            tls: None,
         }
     }
 }
@@ -101,6 +107,8 @@ pub(crate) struct Streams {
 
 pub(crate) struct Shared {
     addr: SocketAddr,
+    /// Present when serving HTTPS.
+    tls: Option<tokio_rustls::TlsAcceptor>,
     tokens: TokenStore<Pending>,
     /// Connects port-forward sessions inside pod namespaces.
     pub(crate) dialer: Arc<dyn PodDialer>,
@@ -123,17 +131,19 @@ impl std::fmt::Debug for StreamingServer {
 }
 
 impl StreamingServer {
-    /// Binds the listener (port 0 = a free port). Serving starts with
-    /// [`StreamingServer::serve`].
+    /// Loads the TLS certificate if any and binds the listener (port 0 = a
+    /// free port). Serving starts with [`StreamingServer::serve`].
     pub async fn bind(
         config: &StreamingConfig,
         dialer: Arc<dyn PodDialer>,
     ) -> std::io::Result<Self> {
+        let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
         let listener = TcpListener::bind(SocketAddr::new(config.address, config.port)).await?;
         let addr = listener.local_addr()?;
         Ok(Self {
             shared: Arc::new(Shared {
                 addr,
+                tls,
                 tokens: TokenStore::new(config.idle_timeout),
                 dialer,
             }),
@@ -150,7 +160,12 @@ impl StreamingServer {
     pub(crate) fn register(&self, req: Pending) -> std::io::Result<String> {
         let kind = req.path();
         let token = self.shared.tokens.insert(req)?;
-        Ok(format!("http://{}/{kind}/{token}", self.shared.addr))
+        let scheme = if self.shared.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        Ok(format!("{scheme}://{}/{kind}/{token}", self.shared.addr))
     }
 
     /// Serves connections until `shutdown` is cancelled, running sessions on
