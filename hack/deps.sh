@@ -7,7 +7,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 PACKAGES=(
     containerd runc protobuf-compiler docker-registry busybox-static
     containernetworking-plugins prometheus iproute2 nftables iptables
-    e2fsprogs util-linux mount curl ca-certificates file procps
+    e2fsprogs util-linux mount curl ca-certificates file procps openssl
     python3 python3-yaml python3-jsonschema
 )
 missing=()

@@ -476,3 +476,325 @@ async fn fs_info_reports_usage() {
     env.images.remove(&info.id).await.unwrap();
     env.finish().await;
 }
+
+// ---- HTTPS registries ----------------------------------------------------
+
+const REGISTRY_ROOT: &str = "/var/lib/cubelet-test/registry";
+
+/// `err` and its causes, one per line part.
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        cur = e.source();
+    }
+    out
+}
+
+fn runs(program: &str, arg: &str) -> bool {
+    std::process::Command::new(program)
+        .arg(arg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A throw-away CA (`ca.pem`), a server certificate for IP 127.0.0.1
+/// (`server.pem`, `server.key`) and a client certificate (`client.pem`,
+/// `client.key`, and both in `client-both.pem`), all signed by the CA.
+fn make_certs(dir: &Path) {
+    std::fs::write(
+        dir.join("openssl.cnf"),
+        "[req]\ndistinguished_name = dn\nprompt = no\n[dn]\nCN = cubelet-test\n\
+         [ca]\nbasicConstraints = critical,CA:TRUE\nkeyUsage = critical,keyCertSign,cRLSign\n\
+         subjectKeyIdentifier = hash\n\
+         [server]\nbasicConstraints = CA:FALSE\nkeyUsage = critical,digitalSignature\n\
+         extendedKeyUsage = serverAuth\nsubjectAltName = IP:127.0.0.1\n\
+         [client]\nbasicConstraints = CA:FALSE\nkeyUsage = critical,digitalSignature\n\
+         extendedKeyUsage = clientAuth\n",
+    )
+    .unwrap();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let mut ca = vec![
+        "req",
+        "-x509",
+        "-config",
+        "openssl.cnf",
+        "-extensions",
+        "ca",
+    ];
+    ca.extend(ec);
+    ca.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=cubelet-test-ca",
+    ]);
+    openssl(dir, &ca);
+    for (name, cn) in [
+        ("server", "/CN=127.0.0.1"),
+        ("client", "/CN=cubelet-test-client"),
+    ] {
+        let key = format!("{name}.key");
+        let csr = format!("{name}.csr");
+        let pem = format!("{name}.pem");
+        let mut req = vec!["req", "-new", "-config", "openssl.cnf"];
+        req.extend(ec);
+        req.extend(["-keyout", &key, "-out", &csr, "-subj", cn]);
+        openssl(dir, &req);
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                "openssl.cnf",
+                "-extensions",
+                name,
+                "-out",
+                &pem,
+            ],
+        );
+    }
+    let both = [
+        std::fs::read(dir.join("client.pem")).unwrap(),
+        std::fs::read(dir.join("client.key")).unwrap(),
+    ]
+    .concat();
+    std::fs::write(dir.join("client-both.pem"), both).unwrap();
+}
+
+/// A `docker-registry` serving the plain test registry's storage over TLS
+/// on a free port of 127.0.0.1, read-only; killed (and its certificates
+/// removed) when dropped, also when a test fails.
+struct TlsRegistry {
+    child: std::process::Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for TlsRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.dir.path().join("registry.log"));
+            eprintln!("TLS registry log:\n{}", log.unwrap_or_default());
+        }
+    }
+}
+
+impl TlsRegistry {
+    /// Starts one, or says why it cannot (SKIP).
+    fn start(test: &str, client_auth: bool) -> Option<Self> {
+        let bin = std::env::var("REGISTRY_BIN").unwrap_or_else(|_| "docker-registry".to_owned());
+        if !runs(&bin, "--version") {
+            eprintln!("SKIP {test}: no {bin} (Debian package docker-registry)");
+            return None;
+        }
+        if !runs("openssl", "version") {
+            eprintln!("SKIP {test}: no openssl");
+            return None;
+        }
+        let root = std::env::var("REGISTRY_ROOT").unwrap_or_else(|_| REGISTRY_ROOT.to_owned());
+        if !Path::new(&root).is_dir() {
+            eprintln!("SKIP {test}: no registry storage at {root}");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        make_certs(dir.path());
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let d = dir.path().display();
+        let client_cas = if client_auth {
+            format!("    clientcas:\n      - {d}/ca.pem\n")
+        } else {
+            String::new()
+        };
+        // Read-only and without upload purging: it shares the plain
+        // registry's storage and must not change it.
+        let config = format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root}\n\
+             \x20 maintenance:\n    uploadpurging:\n      enabled: false\n    readonly:\n      enabled: true\n\
+             http:\n  addr: 127.0.0.1:{port}\n  tls:\n    certificate: {d}/server.pem\n    key: {d}/server.key\n\
+             {client_cas}"
+        );
+        let config_path = dir.path().join("config.yml");
+        std::fs::write(&config_path, config).unwrap();
+        let log = std::fs::File::create(dir.path().join("registry.log")).unwrap();
+        let child = std::process::Command::new(&bin)
+            .arg("serve")
+            .arg(&config_path)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut reg = TlsRegistry { child, port, dir };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(status) = reg.child.try_wait().unwrap() {
+                panic!("{bin} exited with {status} before answering");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{bin} did not listen on 127.0.0.1:{port} within 20 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Some(reg)
+    }
+
+    fn authority(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// A registry config dir with `hosts.toml` (and the CA and client
+    /// files beside it, so relative paths are exercised) for this registry.
+    fn certs_dir(&self, hosts_toml: &str) -> tempfile::TempDir {
+        let certs = tempfile::tempdir().unwrap();
+        let host_dir = certs.path().join(self.authority());
+        std::fs::create_dir_all(&host_dir).unwrap();
+        for f in ["ca.pem", "client.pem", "client.key", "client-both.pem"] {
+            std::fs::copy(self.dir.path().join(f), host_dir.join(f)).unwrap();
+        }
+        std::fs::write(host_dir.join("hosts.toml"), hosts_toml).unwrap();
+        certs
+    }
+}
+
+/// Pulls `reference` with the hosts.toml files of `certs`, checks the image
+/// and removes it.
+async fn pull_and_remove(env: &Env, certs: &Path, reference: &str) {
+    let images = ImageService::new(env.cd.clone(), certs);
+    let info = match images.pull(reference, None).await {
+        Ok(info) => info,
+        Err(e) => panic!("pull {reference}: {}", error_chain(&e)),
+    };
+    assert_eq!(info.repo_tags, vec![reference.to_owned()]);
+    assert_eq!(info.config.cmd, vec!["sh".to_owned()]);
+    assert!(env.snapshot_exists(&info.chain_id).await);
+    images.remove(reference).await.unwrap();
+}
+
+#[tokio::test]
+async fn pull_over_https_with_ca_or_skip_verify() {
+    let test = "pull_over_https_with_ca_or_skip_verify";
+    let Some(env) = setup(test).await else {
+        return;
+    };
+    let Some(reg) = TlsRegistry::start(test, false) else {
+        env.finish().await;
+        return;
+    };
+    let host = reg.authority();
+    let reference = format!("{host}/busybox:test");
+
+    // The server's CA from a hosts.toml, by a path relative to it.
+    let certs = reg.certs_dir(&format!("server = \"https://{host}\"\nca = \"ca.pem\"\n"));
+    pull_and_remove(&env, certs.path(), &reference).await;
+
+    // Without a hosts.toml the system roots do not know the CA.
+    let none = tempfile::tempdir().unwrap();
+    let err = ImageService::new(env.cd.clone(), none.path())
+        .pull(&reference, None)
+        .await
+        .unwrap_err();
+    let chain = error_chain(&err);
+    assert!(
+        matches!(err, RuntimeError::RegistryCertificate { .. }),
+        "{chain}"
+    );
+    assert!(
+        chain.contains("certificate") && chain.contains("UnknownIssuer"),
+        "{chain}"
+    );
+
+    // skip_verify on a [host] entry accepts the unknown certificate.
+    let certs = reg.certs_dir(&format!(
+        "[host.\"https://{host}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  skip_verify = true\n"
+    ));
+    pull_and_remove(&env, certs.path(), &reference).await;
+
+    drop(reg);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn pull_over_mutual_tls_with_client_certificates() {
+    let test = "pull_over_mutual_tls_with_client_certificates";
+    let Some(env) = setup(test).await else {
+        return;
+    };
+    let Some(reg) = TlsRegistry::start(test, true) else {
+        env.finish().await;
+        return;
+    };
+    let host = reg.authority();
+    let reference = format!("{host}/busybox:test");
+
+    // The server asks for a client certificate and gets none.
+    let certs = reg.certs_dir(&format!("server = \"https://{host}\"\nca = \"ca.pem\"\n"));
+    let err = ImageService::new(env.cd.clone(), certs.path())
+        .pull(&reference, None)
+        .await
+        .unwrap_err();
+    let chain = error_chain(&err);
+    // Go ≥ 1.21 sends certificate_required, older versions bad_certificate.
+    assert!(
+        chain.contains("fatal alert")
+            && (chain.contains("CertificateRequired") || chain.contains("BadCertificate")),
+        "{chain}"
+    );
+
+    // Certificate and key as a pair, then both in one file.
+    let certs = reg.certs_dir(&format!(
+        "server = \"https://{host}\"\nca = \"ca.pem\"\nclient = [[\"client.pem\", \"client.key\"]]\n"
+    ));
+    pull_and_remove(&env, certs.path(), &reference).await;
+    let certs = reg.certs_dir(&format!(
+        "server = \"https://{host}\"\nca = \"ca.pem\"\nclient = \"client-both.pem\"\n"
+    ));
+    pull_and_remove(&env, certs.path(), &reference).await;
+
+    drop(reg);
+    env.finish().await;
+}
