@@ -295,7 +295,8 @@ impl RegistryClient {
                         && uri.scheme_str() == Some("https")
                         && speaks_no_tls(&e, uri.port().is_some()) =>
                 {
-                    tracing::info!(
+                    // Once per pull for every plain local registry: not news.
+                    tracing::debug!(
                         host = %authority,
                         "registry does not speak TLS; using plain HTTP"
                     );
