@@ -397,39 +397,60 @@ impl Client {
     }
 }
 
+/// What the client has received so far, per stream.
+#[derive(Debug, Default)]
+struct Received {
+    data: std::collections::HashMap<u32, Vec<u8>>,
+    ended: Vec<u32>,
+    replied: Vec<u32>,
+}
+
+impl Received {
+    /// The data received on stream `id`, as text.
+    fn text(&self, id: u32) -> String {
+        String::from_utf8_lossy(self.data.get(&id).map_or(&[][..], |v| v)).into_owned()
+    }
+
+    /// Reads frames until `done` holds, checking every data frame follows
+    /// its stream's SYN_REPLY.
+    async fn until(&mut self, c: &mut Client, done: impl Fn(&Self) -> bool) -> anyhow::Result<()> {
+        while !done(self) {
+            match c.next().await? {
+                None => bail!("connection closed; got {:?}", self.data),
+                Some(Frame::Data { id, fin, data: d }) => {
+                    ensure!(self.replied.contains(&id), "data before SYN_REPLY on {id}");
+                    self.data.entry(id).or_default().extend_from_slice(&d);
+                    if fin {
+                        self.ended.push(id);
+                    }
+                }
+                Some(Frame::Control { kind: 2, body, .. }) => {
+                    let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+                    let block = c.inflate_block(&body[4..])?;
+                    ensure!(block == [0, 0, 0, 0], "SYN_REPLY headers {block:?}");
+                    self.replied.push(id);
+                }
+                Some(Frame::Control { kind: 3, body, .. }) => bail!("RST_STREAM {body:?}"),
+                Some(Frame::Control { kind: 6, body, .. }) => {
+                    bail!("unexpected PING from the server {body:?}")
+                }
+                Some(Frame::Control { .. }) => {}
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Reads frames until every stream in `ids` has ended (FIN), collecting
 /// data per stream; checks every stream in `ids` got a SYN_REPLY.
 async fn collect(
     c: &mut Client,
     ids: &[u32],
 ) -> anyhow::Result<std::collections::HashMap<u32, Vec<u8>>> {
-    let mut data: std::collections::HashMap<u32, Vec<u8>> = Default::default();
-    let mut ended = Vec::new();
-    let mut replied = Vec::new();
-    while !ids.iter().all(|i| ended.contains(i)) {
-        match c.next().await? {
-            None => bail!("connection closed; got {data:?}"),
-            Some(Frame::Data { id, fin, data: d }) => {
-                ensure!(replied.contains(&id), "data before SYN_REPLY on {id}");
-                data.entry(id).or_default().extend_from_slice(&d);
-                if fin {
-                    ended.push(id);
-                }
-            }
-            Some(Frame::Control { kind: 2, body, .. }) => {
-                let id = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
-                let block = c.inflate_block(&body[4..])?;
-                ensure!(block == [0, 0, 0, 0], "SYN_REPLY headers {block:?}");
-                replied.push(id);
-            }
-            Some(Frame::Control { kind: 3, body, .. }) => bail!("RST_STREAM {body:?}"),
-            Some(Frame::Control { kind: 6, body, .. }) => {
-                bail!("unexpected PING from the server {body:?}")
-            }
-            Some(Frame::Control { .. }) => {}
-        }
-    }
-    Ok(data)
+    let mut r = Received::default();
+    r.until(c, |r| ids.iter().all(|i| r.ended.contains(i)))
+        .await?;
+    Ok(r.data)
 }
 
 // ---------------------------------------------------------- scenarios
@@ -490,15 +511,25 @@ async fn attach_stdin_once(d: &Daemon) -> anyhow::Result<()> {
     let input = c.open(&[("streamtype", "stdin")]).await?;
     let out = c.open(&[("streamtype", "stdout")]).await?;
     let serr = c.open(&[("streamtype", "stderr")]).await?;
-    // The command, then end of input: the shell runs it and exits.
-    c.data(input, true, b"echo hello\n").await?;
-    let data = collect(&mut c, &[err, out, serr]).await?;
-    let stdout = String::from_utf8_lossy(data.get(&out).map_or(&[][..], |v| v));
-    ensure!(stdout == "hello\n", "stdout {stdout:?}");
-    let stderr = String::from_utf8_lossy(data.get(&serr).map_or(&[][..], |v| v));
-    ensure!(stderr.is_empty(), "stderr {stderr:?}");
-    let status: serde_json::Value =
-        serde_json::from_slice(data.get(&err).map_or(&[][..], |v| v)).context("error stream")?;
+    // As critest: output without a newline must reach the client while the
+    // shell still runs (not only when its stream ends).
+    c.data(input, false, b"echo -n hello\n").await?;
+    let mut got = Received::default();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        got.until(&mut c, |r| r.text(out) == "hello"),
+    )
+    .await
+    .context("\"hello\" without a newline did not arrive while the shell runs")??;
+    // End of input: the shell exits and the session ends.
+    c.data(input, true, b"").await?;
+    got.until(&mut c, |r| {
+        [err, out, serr].iter().all(|i| r.ended.contains(i))
+    })
+    .await?;
+    ensure!(got.text(out) == "hello", "stdout {:?}", got.text(out));
+    ensure!(got.text(serr).is_empty(), "stderr {:?}", got.text(serr));
+    let status: serde_json::Value = serde_json::from_str(&got.text(err)).context("error stream")?;
     ensure!(status["status"] == "Success", "{status}");
     let state = d.container_status(&cid).await?;
     ensure!(

@@ -34,33 +34,18 @@ use crate::logs::Stream;
 /// starts losing the oldest.
 pub const TAP_CAPACITY: usize = 1024;
 
-/// One piece of a container's output as its log copier wrote it.
+/// Container output as the process wrote it, for attach.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputChunk {
     /// Which stream.
     pub stream: Stream,
-    /// The text of one log entry, without its line ending.
-    pub text: Bytes,
-    /// True when the entry is partial (no newline ended it).
-    pub partial: bool,
+    /// The bytes, as read from the stream: not split into lines, so a
+    /// prompt without a newline reaches an attached client at once.
+    pub data: Bytes,
 }
 
-impl OutputChunk {
-    /// The bytes as the process wrote them: the text plus a newline unless
-    /// the entry was partial.
-    pub fn to_wire(&self) -> Bytes {
-        if self.partial {
-            self.text.clone()
-        } else {
-            let mut v = Vec::with_capacity(self.text.len() + 1);
-            v.extend_from_slice(&self.text);
-            v.push(b'\n');
-            Bytes::from(v)
-        }
-    }
-}
-
-/// The broadcast half of a [`LogSink`]: every entry written is also sent here.
+/// The broadcast half of a [`LogSink`]: output is sent here as it is read,
+/// before it is cut into log entries.
 #[derive(Debug)]
 pub struct OutputTap {
     tx: broadcast::Sender<OutputChunk>,
@@ -75,19 +60,18 @@ impl Default for OutputTap {
 }
 
 impl OutputTap {
-    /// Sends an entry to the current subscribers (none is fine).
-    pub fn send(&self, stream: Stream, partial: bool, text: &[u8]) {
+    /// Sends output to the current subscribers (none is fine).
+    pub fn send(&self, stream: Stream, data: &[u8]) {
         if self.tx.receiver_count() == 0 {
             return;
         }
         let _ = self.tx.send(OutputChunk {
             stream,
-            text: Bytes::copy_from_slice(text),
-            partial,
+            data: Bytes::copy_from_slice(data),
         });
     }
 
-    /// A new subscriber, seeing entries written from now on.
+    /// A new subscriber, seeing output read from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<OutputChunk> {
         self.tx.subscribe()
     }
@@ -416,20 +400,42 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn tap_reaches_subscribers_and_restores_newlines() {
+    async fn tap_sees_output_as_written_and_the_log_sees_lines() {
+        use tokio::io::AsyncWriteExt;
         let dir = tempfile::tempdir().unwrap();
-        let sink =
-            std::sync::Arc::new(LogSink::open(Some(dir.path().join("c.log"))).await.unwrap());
+        let log = dir.path().join("c.log");
+        let sink = std::sync::Arc::new(LogSink::open(Some(log.clone())).await.unwrap());
         // Nobody listens yet: nothing is kept.
         crate::logs::copy_stream(&b"early\n"[..], Stream::Stdout, sink.clone()).await;
         let mut rx = sink.tap().subscribe();
-        crate::logs::copy_stream(&b"one\ntwo"[..], Stream::Stderr, sink.clone()).await;
+        // A prompt without a newline, then a line ended by CRLF.
+        let (mut w, r) = tokio::io::duplex(64);
+        let copier = tokio::spawn(crate::logs::copy_stream(r, Stream::Stderr, sink.clone()));
+        w.write_all(b"hello").await.unwrap();
         let a = rx.recv().await.unwrap();
+        assert_eq!(
+            (a.stream, a.data),
+            (Stream::Stderr, Bytes::from_static(b"hello"))
+        );
+        w.write_all(b" world\r\nnext").await.unwrap();
+        drop(w);
+        copier.await.unwrap();
         let b = rx.recv().await.unwrap();
-        assert_eq!(a.stream, Stream::Stderr);
-        assert_eq!(a.to_wire(), Bytes::from_static(b"one\n"));
-        assert!(b.partial);
-        assert_eq!(b.to_wire(), Bytes::from_static(b"two"));
+        assert_eq!(b.data, Bytes::from_static(b" world\r\nnext"));
         assert!(rx.try_recv().is_err());
+        let text = std::fs::read_to_string(&log).unwrap();
+        let entries: Vec<_> = text
+            .lines()
+            .filter_map(crate::logs::parse_entry)
+            .map(|(_, stream, partial, text)| (stream.to_owned(), partial, text.to_owned()))
+            .collect();
+        assert_eq!(
+            entries,
+            [
+                ("stdout".to_owned(), false, "early".to_owned()),
+                ("stderr".to_owned(), false, "hello world".to_owned()),
+                ("stderr".to_owned(), true, "next".to_owned()),
+            ]
+        );
     }
 }

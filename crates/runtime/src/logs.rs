@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Mutex;
 
 use crate::error::RuntimeError;
@@ -146,8 +146,8 @@ impl LogSink {
         Ok(())
     }
 
+    /// Appends one CRI log entry.
     async fn write(&self, stream: Stream, partial: bool, text: &[u8]) {
-        self.tap.send(stream, partial, text);
         let mut buf = Vec::with_capacity(text.len() + 48);
         format_entry(&mut buf, SystemTime::now(), stream, partial, text);
         let mut guard = self.file.lock().await;
@@ -164,40 +164,48 @@ impl LogSink {
     }
 }
 
-/// Copies `reader` into `sink` as CRI log entries until end of stream.
-pub async fn copy_stream<R: AsyncRead + Unpin>(reader: R, stream: Stream, sink: Arc<LogSink>) {
-    let mut reader = BufReader::with_capacity(64 * 1024, reader);
+/// Copies `reader` into `sink` until end of stream: each read goes to the
+/// attach tap as it is, and into the log file cut into CRI entries (one per
+/// line, `P` for pieces of lines longer than the limit and for a last line
+/// without a newline).
+pub async fn copy_stream<R: AsyncRead + Unpin>(mut reader: R, stream: Stream, sink: Arc<LogSink>) {
+    let mut chunk = vec![0u8; 64 * 1024];
     let mut line: Vec<u8> = Vec::new();
     loop {
-        let buf = match reader.fill_buf().await {
-            Ok(b) => b,
+        let n = match reader.read(&mut chunk).await {
+            Ok(n) => n,
             Err(e) => {
                 tracing::warn!(stream = stream.as_str(), error = %e, "reading container output failed");
                 break;
             }
         };
-        if buf.is_empty() {
+        let Some(mut rest) = chunk.get(..n).filter(|d| !d.is_empty()) else {
             if !line.is_empty() {
                 sink.write(stream, true, &line).await;
             }
             break;
-        }
-        let room = MAX_LINE - line.len();
-        let take = buf.len().min(room);
-        if let Some(i) = buf[..take].iter().position(|b| *b == b'\n') {
-            line.extend_from_slice(&buf[..i]);
-            reader.consume(i + 1);
-            if line.last() == Some(&b'\r') {
-                line.pop();
-            }
-            sink.write(stream, false, &line).await;
-            line.clear();
-        } else {
-            line.extend_from_slice(&buf[..take]);
-            reader.consume(take);
-            if line.len() >= MAX_LINE {
-                sink.write(stream, true, &line).await;
-                line.clear();
+        };
+        sink.tap.send(stream, rest);
+        while !rest.is_empty() {
+            let take = rest.len().min(MAX_LINE - line.len());
+            match rest[..take].iter().position(|b| *b == b'\n') {
+                Some(i) => {
+                    line.extend_from_slice(&rest[..i]);
+                    rest = &rest[i + 1..];
+                    if line.last() == Some(&b'\r') {
+                        line.pop();
+                    }
+                    sink.write(stream, false, &line).await;
+                    line.clear();
+                }
+                None => {
+                    line.extend_from_slice(&rest[..take]);
+                    rest = &rest[take..];
+                    if line.len() >= MAX_LINE {
+                        sink.write(stream, true, &line).await;
+                        line.clear();
+                    }
+                }
             }
         }
     }

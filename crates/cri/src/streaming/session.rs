@@ -394,7 +394,7 @@ pub(super) async fn attach_core(
                 c = output.recv() => match c {
                     Ok(c) => {
                         if let Some(ch) = chunk_channel(&c, streams) {
-                            send(&tx, ch, &c.to_wire()).await;
+                            send(&tx, ch, &c.data).await;
                         }
                     }
                     Err(broadcast::error::RecvError::Lagged(n)) => {
@@ -444,7 +444,7 @@ pub(super) async fn attach_core(
         // The copier may still hold the last lines: forward until quiet.
         while let Ok(Ok(c)) = tokio::time::timeout(ATTACH_SETTLE, output.recv()).await {
             if let Some(ch) = chunk_channel(&c, streams) {
-                send(&tx, ch, &c.to_wire()).await;
+                send(&tx, ch, &c.data).await;
             }
         }
         finish_with(&tx, &channel::exit_status(0)).await;
