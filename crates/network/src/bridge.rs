@@ -316,16 +316,7 @@ impl BridgeNetwork {
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<NetworkStatus, NetworkError> {
         if host_network {
-            let ips = host_primary_ipv4()
-                .await
-                .map(IpAddr::V4)
-                .into_iter()
-                .collect();
-            return Ok(NetworkStatus {
-                netns_path: None,
-                ips,
-                interface: None,
-            });
+            return Ok(netns::host_network_status().await);
         }
         let _inflight = Inflight::new(&self.inflight, sandbox);
         if cancelled() {
@@ -505,23 +496,7 @@ impl BridgeNetwork {
             }
         }
 
-        match std::fs::read_dir(&self.netns_dir) {
-            Ok(entries) => {
-                for entry in entries {
-                    let entry = entry.map_err(|e| NetworkError::io("read", &self.netns_dir, e))?;
-                    let name = entry.file_name();
-                    let keep = name
-                        .to_str()
-                        .and_then(SandboxId::parse)
-                        .is_some_and(|id| live.contains(&id));
-                    if !keep && netns::remove(&entry.path())? {
-                        report.netns += 1;
-                    }
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(NetworkError::io("read", &self.netns_dir, e)),
-        }
+        report.netns = netns::remove_pins_except(&self.netns_dir, live)?;
 
         let owners: HashSet<SandboxId> = self
             .ipam
@@ -587,11 +562,7 @@ async fn configure_pod(
     gw: Ipv4Addr,
 ) -> Result<(), NetworkError> {
     for name in ["lo", POD_INTERFACE] {
-        h.link()
-            .set(LinkUnspec::new_with_name(name).up().build())
-            .execute()
-            .await
-            .map_err(|e| NetworkError::netlink("set up", name, e))?;
+        netns::link_up(&h, name).await?;
     }
     let eth0 = link_index(&h, POD_INTERFACE)
         .await?

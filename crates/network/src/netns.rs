@@ -163,14 +163,17 @@ pub(crate) fn remove_pins_except(
 /// Brings the loopback interface up inside the namespace pinned at `pin`
 /// (a new namespace starts with `lo` down). Idempotent.
 pub(crate) async fn loopback_up(pin: PathBuf) -> Result<(), NetworkError> {
-    with_netlink(pin, |h| async move {
-        h.link()
-            .set(LinkUnspec::new_with_name("lo").up().build())
-            .execute()
-            .await
-            .map_err(|e| NetworkError::netlink("set up", "lo", e))
-    })
-    .await
+    with_netlink(pin, |h| async move { link_up(&h, "lo").await }).await
+}
+
+/// Sets link `name` up through `h` (inside [`with_netlink`], the link of
+/// that namespace). Idempotent.
+pub(crate) async fn link_up(h: &rtnetlink::Handle, name: &str) -> Result<(), NetworkError> {
+    h.link()
+        .set(LinkUnspec::new_with_name(name).up().build())
+        .execute()
+        .await
+        .map_err(|e| NetworkError::netlink("set up", name, e))
 }
 
 /// Runs `f` with an rtnetlink handle whose socket lives in the namespace

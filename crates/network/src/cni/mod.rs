@@ -18,21 +18,19 @@ mod exec;
 mod result;
 
 use std::collections::HashSet;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use cubelet_engine::spec::{NetworkStatus, PortMapping, Protocol, SandboxSpec};
 use cubelet_engine::{Flow, FlowContext, SandboxId, StepError};
-use rtnetlink::LinkUnspec;
 use serde_json::{Map, Value};
 
 use self::conf::NetworkList;
 use self::exec::{Invocation, Op};
 use crate::bridge::{lock, Inflight};
 use crate::error::NetworkError;
-use crate::{bridge, netns, POD_INTERFACE};
+use crate::{netns, POD_INTERFACE};
 
 /// Configuration of the CNI provider (`network.cni` in the config file, plus
 /// the node's directories).
@@ -278,16 +276,7 @@ impl CniNetwork {
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<NetworkStatus, NetworkError> {
         if spec.host_network() {
-            let ips = bridge::host_primary_ipv4()
-                .await
-                .map(IpAddr::V4)
-                .into_iter()
-                .collect();
-            return Ok(NetworkStatus {
-                netns_path: None,
-                ips,
-                interface: None,
-            });
+            return Ok(netns::host_network_status().await);
         }
         let _inflight = Inflight::new(&self.inflight, sandbox);
         // Nothing is built unless the config and all its plugins are there.
@@ -322,14 +311,7 @@ impl CniNetwork {
         pin: &Path,
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<NetworkStatus, NetworkError> {
-        netns::with_netlink(pin.to_path_buf(), |h| async move {
-            h.link()
-                .set(LinkUnspec::new_with_name("lo").up().build())
-                .execute()
-                .await
-                .map_err(|e| NetworkError::netlink("set up", "lo", e))
-        })
-        .await?;
+        netns::loopback_up(pin.to_path_buf()).await?;
         let args = cni_args(sandbox, spec);
         let caps = capability_args(&spec.port_mappings);
         let path = self.cache_path(&list.name, sandbox);
@@ -575,22 +557,7 @@ impl CniNetwork {
                 }
             }
         }
-        let rd = match std::fs::read_dir(&self.netns_dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(report),
-            Err(e) => return Err(NetworkError::io("read", &self.netns_dir, e)),
-        };
-        for entry in rd {
-            let entry = entry.map_err(|e| NetworkError::io("read", &self.netns_dir, e))?;
-            let keep = entry
-                .file_name()
-                .to_str()
-                .and_then(SandboxId::parse)
-                .is_some_and(|id| live.contains(&id));
-            if !keep && netns::remove(&entry.path())? {
-                report.netns += 1;
-            }
-        }
+        report.netns = netns::remove_pins_except(&self.netns_dir, &live)?;
         Ok(report)
     }
 }
@@ -722,7 +689,7 @@ impl Flow for CniNetwork {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::Ipv4Addr;
+    use std::net::{IpAddr, Ipv4Addr};
 
     fn list() -> NetworkList {
         let v = serde_json::json!({
