@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
     Arch, Capabilities, Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
-    LinuxDeviceBuilder, LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType,
+    LinuxDevice, LinuxDeviceBuilder, LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType,
     LinuxHugepageLimitBuilder, LinuxMemoryBuilder, LinuxNamespace, LinuxNamespaceBuilder,
     LinuxNamespaceType, LinuxResources, LinuxResourcesBuilder, LinuxSeccomp, LinuxSeccompAction,
     LinuxSeccompBuilder, LinuxSyscallBuilder, Mount, MountBuilder, ProcessBuilder, RootBuilder,
@@ -835,6 +835,77 @@ fn default_mounts(spec: &ContainerSpec) -> Result<Vec<Mount>, RuntimeError> {
     Ok(m)
 }
 
+/// The root mount propagation the container's mounts need (as containerd):
+/// `rshared` when any mount propagates both ways, `rslave` when any only
+/// receives from the host. Without it runc makes the root `rslave`, so a
+/// bidirectional mount could not propagate back to the host.
+fn rootfs_propagation(mounts: &[MountSpec]) -> Option<&'static str> {
+    if mounts
+        .iter()
+        .any(|m| m.propagation == Propagation::Bidirectional)
+    {
+        Some("rshared")
+    } else if mounts
+        .iter()
+        .any(|m| m.propagation == Propagation::HostToContainer)
+    {
+        Some("rslave")
+    } else {
+        None
+    }
+}
+
+/// Directories under `/dev` whose nodes are not devices a privileged
+/// container should get (as containerd's host-device list).
+const SKIPPED_DEV_DIRS: &[&str] = &["pts", "shm", "fd", "mqueue", ".lxc", ".lxd-mounts", ".udev"];
+
+/// Every character and block device under `dir` (recursively, skipping
+/// [`SKIPPED_DEV_DIRS`] and `/dev/console`), as OCI devices with the
+/// host's mode and owner. Unreadable entries are skipped.
+fn host_devices(dir: &Path) -> Vec<LinuxDevice> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(md) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let ft = md.file_type();
+        if ft.is_dir() {
+            let name = entry.file_name();
+            if !SKIPPED_DEV_DIRS.iter().any(|s| name == *s) {
+                out.extend(host_devices(&path));
+            }
+            continue;
+        }
+        let typ = if ft.is_char_device() {
+            LinuxDeviceType::C
+        } else if ft.is_block_device() {
+            LinuxDeviceType::B
+        } else {
+            continue;
+        };
+        if path == Path::new("/dev/console") {
+            continue;
+        }
+        let device = LinuxDeviceBuilder::default()
+            .path(path)
+            .typ(typ)
+            .major(i64::try_from(nix::sys::stat::major(md.rdev())).unwrap_or(0))
+            .minor(i64::try_from(nix::sys::stat::minor(md.rdev())).unwrap_or(0))
+            .file_mode(md.mode() & 0o7777)
+            .uid(md.uid())
+            .gid(md.gid())
+            .build();
+        if let Ok(d) = device {
+            out.push(d);
+        }
+    }
+    out
+}
+
 fn namespace(typ: LinuxNamespaceType, join: &NamespaceJoin) -> Option<LinuxNamespace> {
     let b = LinuxNamespaceBuilder::default().typ(typ);
     let b = match join {
@@ -1109,13 +1180,29 @@ pub fn build_oci_spec(
     }
     resources.set_devices(Some(rules));
 
+    if spec.privileged {
+        // As containerd and CRI-O: a privileged container sees the host's
+        // devices (its own requested ones win at the same path).
+        let requested: Vec<PathBuf> = devices.iter().map(|d| d.path().clone()).collect();
+        devices.extend(
+            host_devices(Path::new("/dev"))
+                .into_iter()
+                .filter(|d| !requested.contains(d.path())),
+        );
+    }
     let mut linux = LinuxBuilder::default()
         .namespaces(namespaces)
         .resources(resources)
         .cgroups_path(cgroup_path(spec.cgroup_parent.as_deref(), id))
         .devices(devices)
         .sysctl(spec.sysctls.clone().into_iter().collect::<HashMap<_, _>>());
-    if !spec.privileged {
+    if let Some(p) = rootfs_propagation(&spec.mounts) {
+        linux = linux.rootfs_propagation(p);
+    }
+    if spec.privileged {
+        // Nothing masked or read-only (the builder's defaults would be).
+        linux = linux.masked_paths(Vec::new()).readonly_paths(Vec::new());
+    } else {
         linux = linux
             .masked_paths(spec.masked_paths.clone().unwrap_or_else(|| {
                 DEFAULT_MASKED_PATHS
@@ -1372,6 +1459,69 @@ mod tests {
             oci.linux().as_ref().unwrap().cgroups_path().as_deref(),
             Some(Path::new("/cubelet/c"))
         );
+    }
+
+    #[test]
+    fn root_propagation_follows_the_mounts() {
+        let bind = |propagation| MountSpec {
+            host_path: "/data".into(),
+            container_path: "/data".into(),
+            readonly: false,
+            propagation,
+        };
+        let root = |mounts: Vec<MountSpec>| {
+            let s = ContainerSpec {
+                image: image(&[], &["x"], &[]),
+                mounts,
+                ..Default::default()
+            };
+            let oci = build_oci_spec("c", &s, &SpecOptions::default()).unwrap();
+            oci.linux().as_ref().unwrap().rootfs_propagation().clone()
+        };
+        assert_eq!(root(vec![]), None);
+        assert_eq!(root(vec![bind(Propagation::Private)]), None);
+        assert_eq!(
+            root(vec![bind(Propagation::HostToContainer)]).as_deref(),
+            Some("rslave")
+        );
+        assert_eq!(
+            root(vec![
+                bind(Propagation::HostToContainer),
+                bind(Propagation::Bidirectional)
+            ])
+            .as_deref(),
+            Some("rshared")
+        );
+    }
+
+    #[test]
+    fn privileged_gets_host_devices_and_nothing_masked() {
+        let s = ContainerSpec {
+            image: image(&[], &["x"], &[]),
+            privileged: true,
+            ..Default::default()
+        };
+        let oci = build_oci_spec("c", &s, &SpecOptions::default()).unwrap();
+        let linux = oci.linux().as_ref().unwrap();
+        assert_eq!(linux.masked_paths().as_deref(), Some(&[][..]));
+        assert_eq!(linux.readonly_paths().as_deref(), Some(&[][..]));
+        let devices = linux.devices().clone().unwrap_or_default();
+        let paths: Vec<_> = devices.iter().map(|d| d.path().clone()).collect();
+        assert!(paths.contains(&PathBuf::from("/dev/null")), "{paths:?}");
+        assert!(
+            !paths
+                .iter()
+                .any(|p| p.starts_with("/dev/pts") || p == Path::new("/dev/console")),
+            "{paths:?}"
+        );
+        let unprivileged = ContainerSpec {
+            privileged: false,
+            ..s
+        };
+        let oci = build_oci_spec("c", &unprivileged, &SpecOptions::default()).unwrap();
+        let linux = oci.linux().as_ref().unwrap();
+        assert!(!linux.masked_paths().clone().unwrap_or_default().is_empty());
+        assert!(linux.devices().clone().unwrap_or_default().is_empty());
     }
 
     #[test]
