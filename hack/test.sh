@@ -13,6 +13,9 @@ log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+# Non-test code (the daemon, its crates, the test harness library) must
+# not unwrap or expect: errors are typed and handled.
+cargo clippy --workspace --lib --bins -- -D warnings -D clippy::unwrap_used -D clippy::expect_used
 
 log "building"
 cargo build --workspace

@@ -131,7 +131,7 @@ impl ImageService {
         let r = Reference::parse(reference)?;
         let name = r.to_string();
         let hosts = hosts_for(&self.registry_config_dir, &r.registry)?;
-        let client = RegistryClient::new(hosts, &r.repository, auth);
+        let client = RegistryClient::new(hosts, &r.repository, auth)?;
         let not_found = || RuntimeError::NotFound {
             kind: "image",
             id: reference.to_owned(),

@@ -74,9 +74,13 @@ impl RegistryHost {
         &self.tls
     }
 
-    /// The client configuration for this host's TLS settings.
-    pub(super) fn tls_config(&self) -> TlsConfig {
-        self.tls_config.clone().unwrap_or_else(tls::default_config)
+    /// The client configuration for this host's TLS settings (loaded by
+    /// [`hosts_for`]; the defaults for a host built otherwise).
+    pub(super) fn tls_config(&self) -> Result<TlsConfig, RuntimeError> {
+        match &self.tls_config {
+            Some(c) => Ok(c.clone()),
+            None => tls::client_config(&self.tls),
+        }
     }
 }
 

@@ -77,21 +77,26 @@ fn https_client(config: &tls::TlsConfig) -> HttpsClient {
 
 impl RegistryClient {
     /// A client for `repository` served by `hosts` (see [`hosts_for`]).
-    pub fn new(hosts: Vec<RegistryHost>, repository: &str, auth: Option<RegistryAuth>) -> Self {
+    /// Fails only if a host's TLS configuration cannot be built.
+    pub fn new(
+        hosts: Vec<RegistryHost>,
+        repository: &str,
+        auth: Option<RegistryAuth>,
+    ) -> Result<Self, RuntimeError> {
         let mut clients = HashMap::new();
         for h in &hosts {
-            clients
-                .entry(h.tls().clone())
-                .or_insert_with(|| https_client(&h.tls_config()));
+            if !clients.contains_key(h.tls()) {
+                clients.insert(h.tls().clone(), https_client(&h.tls_config()?));
+            }
         }
-        Self {
+        Ok(Self {
             clients,
             hosts,
             repository: repository.to_owned(),
             auth,
             authorization: Mutex::new(HashMap::new()),
             plain_http: Mutex::new(HashSet::new()),
-        }
+        })
     }
 
     /// The hosts, in the order they are tried.
@@ -590,7 +595,7 @@ mod tests {
     }
 
     async fn https_get(url: String) -> hyper_util::client::legacy::Error {
-        let client = https_client(&tls::default_config());
+        let client = https_client(&tls::default_config().unwrap());
         let req = hyper::Request::get(url)
             .body(Full::new(Bytes::new()))
             .unwrap();

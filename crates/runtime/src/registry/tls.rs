@@ -158,26 +158,32 @@ fn add_system_pem(roots: &mut RootCertStore, path: &Path) {
     }
 }
 
+/// A client config builder for `provider` with TLS 1.2 and 1.3.
+fn versions(
+    provider: Arc<CryptoProvider>,
+) -> Result<rustls::ConfigBuilder<ClientConfig, rustls::WantsVerifier>, RuntimeError> {
+    ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| RuntimeError::FailedPrecondition(format!("registry TLS setup: {e}")))
+}
+
 /// The configuration of hosts without TLS options, built once.
-pub(crate) fn default_config() -> TlsConfig {
+pub(crate) fn default_config() -> Result<TlsConfig, RuntimeError> {
     static DEFAULT: OnceLock<TlsConfig> = OnceLock::new();
-    DEFAULT
-        .get_or_init(|| {
-            let config = ClientConfig::builder_with_provider(provider())
-                .with_safe_default_protocol_versions()
-                .expect("the ring provider supports TLS 1.2 and 1.3")
-                .with_root_certificates(system_roots())
-                .with_no_client_auth();
-            TlsConfig(Arc::new(config))
-        })
-        .clone()
+    if let Some(c) = DEFAULT.get() {
+        return Ok(c.clone());
+    }
+    let config = versions(provider())?
+        .with_root_certificates(system_roots())
+        .with_no_client_auth();
+    Ok(DEFAULT.get_or_init(|| TlsConfig(Arc::new(config))).clone())
 }
 
 /// Builds the client configuration for `options`, reading its files now:
 /// a missing or unusable file is an error naming it.
 pub(crate) fn client_config(options: &TlsOptions) -> Result<TlsConfig, RuntimeError> {
     if options.is_default() {
-        return Ok(default_config());
+        return default_config();
     }
     let provider = provider();
     // Read the CAs even with skip_verify, so that a wrong path is reported
@@ -190,9 +196,7 @@ pub(crate) fn client_config(options: &TlsOptions) -> Result<TlsConfig, RuntimeEr
                 .map_err(|e| tls_file("CA certificate", path, e))?;
         }
     }
-    let builder = ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .expect("the ring provider supports TLS 1.2 and 1.3");
+    let builder = versions(provider.clone())?;
     let builder = if options.skip_verify {
         builder
             .dangerous()
@@ -355,7 +359,7 @@ mod tests {
     #[test]
     fn default_options_share_one_config() {
         let a = client_config(&TlsOptions::default()).unwrap();
-        let b = default_config();
+        let b = default_config().unwrap();
         assert!(Arc::ptr_eq(&a.0, &b.0));
     }
 
