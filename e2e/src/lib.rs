@@ -997,6 +997,63 @@ pub async fn leaks(d: &Daemon) -> anyhow::Result<Vec<String>> {
     Ok(out)
 }
 
+/// Polls `check` every 200 ms until it returns true; an error naming
+/// `what` once `limit` has passed.
+pub async fn eventually<F, Fut>(what: &str, limit: Duration, mut check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        if check().await? {
+            return Ok(());
+        }
+        if start.elapsed() >= limit {
+            bail!("{what}: not within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Runs `scenario` against a daemon started with `opts`, for at most
+/// `limit`; then audits leaks (see [`leaks`]) and tears the daemon down.
+/// Panics with the failure and the daemon's log tail if the scenario fails,
+/// leaks or the teardown fails. Prints `SKIP:` and returns when the private
+/// containerd is not there.
+pub async fn with_daemon<F>(opts: DaemonOpts, limit: Duration, scenario: F)
+where
+    F: for<'a> FnOnce(&'a Daemon) -> futures::future::BoxFuture<'a, anyhow::Result<()>>,
+{
+    if let Some(reason) = skip_reason() {
+        println!("SKIP: {reason}");
+        return;
+    }
+    let d = match Daemon::start(opts).await {
+        Ok(d) => d,
+        Err(e) => panic!("start daemon: {e:#}"),
+    };
+    let result = tokio::time::timeout(limit, scenario(&d))
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("scenario timed out after {limit:?}")));
+    let result = match result {
+        Ok(()) => match leaks(&d).await {
+            Ok(l) if l.is_empty() => Ok(()),
+            Ok(l) => Err(anyhow::anyhow!("leaked:\n  {}", l.join("\n  "))),
+            Err(e) => Err(e.context("leak audit")),
+        },
+        Err(e) => Err(e),
+    };
+    let log = d.log_tail(60);
+    let torn = d.teardown().await;
+    if let Err(e) = result {
+        panic!("{e:#}\ndaemon log tail:\n{log}");
+    }
+    if let Err(e) = torn {
+        panic!("teardown: {e:#}");
+    }
+}
+
 /// Panics listing every leak [`leaks`] finds (test helper).
 pub async fn assert_clean(d: &Daemon) {
     match leaks(d).await {

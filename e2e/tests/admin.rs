@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use cubelet_e2e::cri::{RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest};
-use cubelet_e2e::{leaks, pod_config, workspace_root, Daemon, DaemonOpts};
+use cubelet_e2e::{pod_config, with_daemon, workspace_root, Daemon, DaemonOpts};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn cubelet_bin() -> PathBuf {
@@ -180,31 +180,19 @@ async fn scenario(d: &Daemon) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctl_talks_to_the_admin_socket() {
-    if let Some(reason) = cubelet_e2e::skip_reason() {
-        println!("SKIP: {reason}");
-        return;
-    }
-    let d = Daemon::start(DaemonOpts {
+    let opts = DaemonOpts {
         index: 6,
         ..Default::default()
-    })
-    .await
-    .expect("start daemon");
-    let result = scenario(&d).await;
-    let log = d.log_tail(40);
-    let result = match result {
-        Ok(()) => match leaks(&d).await {
-            Ok(l) if l.is_empty() => Ok(()),
-            Ok(l) => Err(anyhow::anyhow!("leaked:\n  {}", l.join("\n  "))),
-            Err(e) => Err(e.context("leak audit")),
-        },
-        Err(e) => Err(e),
     };
-    let socket = d.state_dir.join("admin.sock");
-    let torn = d.teardown().await;
-    if let Err(e) = result {
-        panic!("{e:#}\ndaemon log tail:\n{log}");
-    }
-    torn.expect("teardown");
-    assert!(!socket.exists(), "admin socket left behind");
+    with_daemon(opts, Duration::from_secs(240), |d| {
+        Box::pin(async move {
+            scenario(d).await?;
+            // A clean stop removes the admin socket.
+            let socket = d.state_dir.join("admin.sock");
+            d.stop().await?;
+            ensure!(!socket.exists(), "admin socket left behind");
+            d.start_with_env(&[]).await
+        })
+    })
+    .await;
 }

@@ -10,7 +10,7 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use cubelet_e2e::cri::{
@@ -19,7 +19,8 @@ use cubelet_e2e::cri::{
     StartContainerRequest, StatusRequest, StopPodSandboxRequest,
 };
 use cubelet_e2e::{
-    container_config, http_get, image_spec, leaks, pod_config, run, Daemon, DaemonOpts,
+    container_config, eventually, http_get, image_spec, pod_config, run, with_daemon, Daemon,
+    DaemonOpts,
 };
 
 const BUSYBOX: &str = "127.0.0.1:5000/busybox:test";
@@ -46,22 +47,6 @@ async fn exec(d: &Daemon, ctr: &str, cmd: &[&str]) -> anyhow::Result<String> {
         String::from_utf8_lossy(&r.stderr)
     );
     Ok(String::from_utf8_lossy(&r.stdout).into_owned())
-}
-
-/// Polls `check` every 200 ms until it returns true or `limit` passes.
-async fn eventually<F, Fut>(what: &str, limit: Duration, mut check: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let start = Instant::now();
-    loop {
-        if check().await? {
-            return Ok(());
-        }
-        ensure!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 async fn network_ready(d: &Daemon) -> anyhow::Result<()> {
@@ -246,32 +231,10 @@ async fn scenario(d: &Daemon) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn none_provider_gives_pods_a_loopback_only_namespace() {
-    if let Some(reason) = cubelet_e2e::skip_reason() {
-        println!("SKIP: {reason}");
-        return;
-    }
-    let d = Daemon::start(DaemonOpts {
+    let opts = DaemonOpts {
         index: 15,
         extra_config: Some(EXTRA_CONFIG.into()),
         ..Default::default()
-    })
-    .await
-    .expect("start daemon");
-    let result = tokio::time::timeout(Duration::from_secs(180), scenario(&d))
-        .await
-        .unwrap_or_else(|_| Err(anyhow::anyhow!("timed out")));
-    let log = d.log_tail(60);
-    let result = match result {
-        Ok(()) => match leaks(&d).await {
-            Ok(l) if l.is_empty() => Ok(()),
-            Ok(l) => Err(anyhow::anyhow!("leaked:\n  {}", l.join("\n  "))),
-            Err(e) => Err(e.context("leak audit")),
-        },
-        Err(e) => Err(e),
     };
-    let torn = d.teardown().await;
-    if let Err(e) = result {
-        panic!("{e:#}\ndaemon log tail:\n{log}");
-    }
-    torn.expect("teardown");
+    with_daemon(opts, Duration::from_secs(180), |d| Box::pin(scenario(d))).await;
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use cubelet_e2e::cri::{RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest};
-use cubelet_e2e::{leaks, pod_config, Daemon, DaemonOpts};
+use cubelet_e2e::{pod_config, with_daemon, Daemon, DaemonOpts};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -274,42 +274,23 @@ async fn scenario(d: &Daemon, prom: &Prometheus) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_scrapes_flow_metrics() {
-    if let Some(reason) = cubelet_e2e::skip_reason() {
-        println!("SKIP: {reason}");
-        return;
-    }
     for tool in [PROMETHEUS, PROMTOOL] {
         if !Path::new(tool).is_file() {
             println!("SKIP: {tool} missing");
             return;
         }
     }
-    let d = Daemon::start(DaemonOpts {
+    let opts = DaemonOpts {
         index: 5,
         ..Default::default()
-    })
-    .await
-    .expect("start daemon");
-    let result = match Prometheus::start(d.metrics).await {
-        Ok(prom) => {
-            let r = scenario(&d, &prom).await;
+    };
+    with_daemon(opts, Duration::from_secs(300), |d| {
+        Box::pin(async move {
+            let prom = Prometheus::start(d.metrics).await?;
+            let r = scenario(d, &prom).await;
             let stopped = prom.stop().await;
             r.and(stopped)
-        }
-        Err(e) => Err(e),
-    };
-    let log = d.log_tail(40);
-    let result = match result {
-        Ok(()) => match leaks(&d).await {
-            Ok(l) if l.is_empty() => Ok(()),
-            Ok(l) => Err(anyhow::anyhow!("leaked:\n  {}", l.join("\n  "))),
-            Err(e) => Err(e.context("leak audit")),
-        },
-        Err(e) => Err(e),
-    };
-    let torn = d.teardown().await;
-    if let Err(e) = result {
-        panic!("{e:#}\ndaemon log tail:\n{log}");
-    }
-    torn.expect("teardown");
+        })
+    })
+    .await;
 }

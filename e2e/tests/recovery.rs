@@ -17,34 +17,18 @@
 
 use std::net::IpAddr;
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{ensure, Context};
 use cubelet_e2e::cri::{
     ListPodSandboxRequest, PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
     StopPodSandboxRequest,
 };
-use cubelet_e2e::{http_get, leaks, pod_config, run, Daemon, DaemonOpts, REGISTRY};
+use cubelet_e2e::{eventually, http_get, pod_config, run, Daemon, DaemonOpts, REGISTRY};
 use cubelet_engine::{FlowKind, FlowStart, FlowState, Journal, SandboxId, SandboxSpec};
 use cubelet_store::{IpLease, Store};
 
 const GC_FAST: &str = "gc: { interval: 1s }\n";
-
-/// Polls `check` every 200 ms until it returns true or `limit` passes.
-async fn eventually<F, Fut>(what: &str, limit: Duration, mut check: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let start = Instant::now();
-    loop {
-        if check().await? {
-            return Ok(());
-        }
-        ensure!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 fn entries(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
@@ -361,34 +345,12 @@ async fn with_daemon(
     index: u8,
     scenario: for<'a> fn(&'a Daemon) -> futures::future::BoxFuture<'a, anyhow::Result<()>>,
 ) {
-    if let Some(reason) = cubelet_e2e::skip_reason() {
-        println!("SKIP: {reason}");
-        return;
-    }
-    let d = Daemon::start(DaemonOpts {
+    let opts = DaemonOpts {
         index,
         extra_config: Some(GC_FAST.to_owned()),
         ..Default::default()
-    })
-    .await
-    .expect("start daemon");
-    let result = tokio::time::timeout(Duration::from_secs(240), scenario(&d))
-        .await
-        .unwrap_or_else(|_| Err(anyhow::anyhow!("scenario timed out")));
-    let log = d.log_tail(60);
-    let result = match result {
-        Ok(()) => match leaks(&d).await {
-            Ok(l) if l.is_empty() => Ok(()),
-            Ok(l) => Err(anyhow::anyhow!("leaked:\n  {}", l.join("\n  "))),
-            Err(e) => Err(e.context("leak audit")),
-        },
-        Err(e) => Err(e),
     };
-    let torn = d.teardown().await;
-    if let Err(e) = result {
-        panic!("{e:#}\ndaemon log tail:\n{log}");
-    }
-    torn.expect("teardown");
+    cubelet_e2e::with_daemon(opts, Duration::from_secs(240), scenario).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

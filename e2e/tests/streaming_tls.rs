@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use cubelet_e2e::cri::ExecRequest;
-use cubelet_e2e::{container_config, leaks, run, Daemon, DaemonOpts};
+use cubelet_e2e::{container_config, run, with_daemon, Daemon, DaemonOpts};
 use futures::StreamExt;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
@@ -189,10 +189,6 @@ async fn scenario(d: &Daemon, certs: &Path) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_over_tls() {
-    if let Some(reason) = cubelet_e2e::skip_reason() {
-        println!("SKIP: {reason}");
-        return;
-    }
     if run("openssl", &["version"]).await.is_err() {
         println!("SKIP: no openssl");
         return;
@@ -204,28 +200,14 @@ async fn exec_over_tls() {
         certs.path().join("server.pem").display(),
         certs.path().join("server.key").display()
     );
-    let d = Daemon::start(DaemonOpts {
+    let opts = DaemonOpts {
         index: 16,
         extra_config: Some(extra),
         ..Default::default()
-    })
-    .await
-    .expect("start daemon");
-    let result = tokio::time::timeout(Duration::from_secs(180), scenario(&d, certs.path()))
-        .await
-        .unwrap_or_else(|_| Err(anyhow::anyhow!("scenario timed out")));
-    let result = match result {
-        Ok(()) => match leaks(&d).await {
-            Ok(l) if l.is_empty() => Ok(()),
-            Ok(l) => Err(anyhow::anyhow!("leaked:\n  {}", l.join("\n  "))),
-            Err(e) => Err(e.context("leak audit")),
-        },
-        Err(e) => Err(e),
     };
-    let log = d.log_tail(40);
-    let torn = d.teardown().await;
-    if let Err(e) = result {
-        panic!("{e:#}\ndaemon log tail:\n{log}");
-    }
-    torn.expect("teardown");
+    let dir = certs.path().to_path_buf();
+    with_daemon(opts, Duration::from_secs(180), |d| {
+        Box::pin(async move { scenario(d, &dir).await })
+    })
+    .await;
 }
