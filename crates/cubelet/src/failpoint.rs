@@ -4,8 +4,10 @@
 //! Enabled only by the `CUBELET_TEST_FAILPOINTS` environment variable, a
 //! comma-separated list of `<provider>.<method>=<action>` where method is
 //! `create`, `destroy` or `cleanup` and action is `sleep:<duration>` (after
-//! the real step ran) or `fail` (after the real step ran, so there is
-//! something to roll back). Example:
+//! the real step ran), `fail` (after the real step ran, so there is
+//! something to roll back) or `fail:<n>` (the first `n` calls of that
+//! method fail, whatever the sandbox, later ones pass: a flaky step).
+//! Example:
 //! `CUBELET_TEST_FAILPOINTS=storage.create=sleep:60s,network.create=fail`.
 
 use std::collections::HashMap;

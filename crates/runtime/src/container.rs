@@ -32,7 +32,7 @@ use tokio::io::AsyncReadExt;
 use tokio::task::JoinHandle;
 
 use crate::client::Containerd;
-use crate::error::{cd, cd_container, RuntimeError};
+use crate::error::{cd, cd_container, cd_process, RuntimeError};
 use crate::io::{self as fifo_io, Fifos};
 use crate::logs::{copy_stream, LogSink, Stream};
 use crate::spec::{
@@ -1000,7 +1000,7 @@ impl ContainerRuntime {
                 exec_id: exec_id.to_owned(),
             }))
             .await
-            .map_err(cd_container("tasks.exec", id))?;
+            .map_err(cd_process("tasks.exec", id))?;
         let res = self.exec_run(id, exec_id, fifos, keepers, timeout).await;
         let del = self
             .client

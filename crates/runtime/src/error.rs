@@ -173,6 +173,22 @@ pub(crate) fn cd_container<'a>(
     move |s| RuntimeError::about_container(op, id, s)
 }
 
+/// `map_err` adapter for calls on a container's processes (`tasks.exec`,
+/// `tasks.wait`): only `NotFound` names the container; any other status,
+/// `AlreadyExists` of an exec id included, stays a containerd error.
+pub(crate) fn cd_process<'a>(
+    op: &'static str,
+    id: &'a str,
+) -> impl FnOnce(tonic::Status) -> RuntimeError + 'a {
+    move |s| {
+        if s.code() == tonic::Code::NotFound {
+            RuntimeError::about_container(op, id, s)
+        } else {
+            RuntimeError::containerd(op, s)
+        }
+    }
+}
+
 impl RuntimeError {
     /// Wraps a containerd status as it is.
     pub fn containerd(op: &'static str, source: tonic::Status) -> Self {

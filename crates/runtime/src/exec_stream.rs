@@ -24,7 +24,7 @@ use tokio::sync::broadcast;
 
 use crate::client::Containerd;
 use crate::container::{ContainerRuntime, PROCESS_TYPE_URL};
-use crate::error::{cd, cd_container, RuntimeError};
+use crate::error::{cd, cd_container, cd_process, RuntimeError};
 use crate::io::{self as fifo_io, Fifos};
 #[cfg(test)]
 use crate::logs::LogSink;
@@ -227,7 +227,7 @@ async fn wait_process(
             exec_id: exec_id.to_owned(),
         }))
         .await
-        .map_err(cd_container("tasks.wait", container_id))?
+        .map_err(cd_process("tasks.wait", container_id))?
         .into_inner();
     Ok(i32::try_from(r.exit_status).unwrap_or(i32::MAX))
 }
@@ -337,7 +337,7 @@ impl ContainerRuntime {
                 exec_id: exec_id.to_owned(),
             }))
             .await
-            .map_err(cd_container("tasks.exec", id))?;
+            .map_err(cd_process("tasks.exec", id))?;
         client
             .tasks()
             .start(client.request(StartRequest {

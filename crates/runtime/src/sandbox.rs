@@ -86,7 +86,14 @@ impl PauseImageSource for PauseImage {
                 Some(info) => Ok(info),
                 None => self.images.pull(r, None).await,
             },
-            None => crate::pause::ensure_pause_image(&self.images, &self.binary).await,
+            None => {
+                // Imported once: later sandboxes find it without reading
+                // (or needing) the binary again.
+                match self.images.status(&crate::pause::pause_image_ref()).await? {
+                    Some(info) => Ok(info),
+                    None => crate::pause::ensure_pause_image(&self.images, &self.binary).await,
+                }
+            }
         }
     }
 }

@@ -73,6 +73,15 @@ impl Reference {
         if registry.chars().any(|c| c.is_ascii_uppercase()) && !registry.contains('.') {
             return Err(bad("invalid registry host"));
         }
+        // host[:port] or [ipv6]:port: it also names a directory under the
+        // registry config dir, so `.`/`..` and other path tricks are refused.
+        let host_ok = registry.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '[')
+            && registry
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || ".-:[]".contains(c));
+        if !host_ok {
+            return Err(bad("invalid registry host"));
+        }
         let repository = if registry == DEFAULT_REGISTRY && !path.contains('/') {
             format!("library/{path}")
         } else {
@@ -153,6 +162,27 @@ mod tests {
     use super::*;
 
     const D: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn registry_hosts_that_are_paths_are_refused() {
+        for r in ["../busybox", "./busybox", "../x/busybox:1", "a..b/../c"] {
+            // `a..b` is a host (odd but harmless); `..` as a component is not.
+            if r == "a..b/../c" {
+                assert!(Reference::parse(r).is_err(), "{r}");
+                continue;
+            }
+            let e = Reference::parse(r).unwrap_err().to_string();
+            assert!(e.contains("registry host"), "{r}: {e}");
+        }
+        assert_eq!(
+            Reference::parse("[::1]:5000/x").unwrap().registry,
+            "[::1]:5000"
+        );
+        assert_eq!(
+            Reference::parse("127.0.0.1:5000/x").unwrap().registry,
+            "127.0.0.1:5000"
+        );
+    }
 
     #[test]
     fn normalises_like_containerd() {

@@ -55,8 +55,8 @@ pub struct RegistryHost {
     /// TLS settings (private: `tls_config` is built from them).
     tls: TlsOptions,
     /// The client configuration built from `tls` by [`hosts_for`]; `None`
-    /// only for hosts parsed without loading (tests), which then use the
-    /// default configuration.
+    /// only for hosts parsed without loading (tests), which build it from
+    /// `tls` on demand.
     tls_config: Option<TlsConfig>,
 }
 
@@ -75,7 +75,7 @@ impl RegistryHost {
     }
 
     /// The client configuration for this host's TLS settings (loaded by
-    /// [`hosts_for`]; the defaults for a host built otherwise).
+    /// [`hosts_for`]; built from them now for a host made otherwise).
     pub(super) fn tls_config(&self) -> Result<TlsConfig, RuntimeError> {
         match &self.tls_config {
             Some(c) => Ok(c.clone()),
@@ -279,6 +279,17 @@ fn default_host(
 /// The hosts to try for `registry`, in order, with their TLS files read:
 /// a missing or unusable `ca` or `client` file is an error naming it.
 pub fn hosts_for(config_dir: &Path, registry: &str) -> Result<Vec<RegistryHost>, RuntimeError> {
+    // The registry names a directory under `config_dir`: never a way out.
+    if registry.is_empty()
+        || registry == "."
+        || registry == ".."
+        || registry.contains(['/', '\\', '\0'])
+    {
+        return Err(RuntimeError::InvalidArgument {
+            field: "registry".to_owned(),
+            reason: format!("{registry:?} is not a registry host"),
+        });
+    }
     let path = config_dir.join(registry).join("hosts.toml");
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => Some(t),
