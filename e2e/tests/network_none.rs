@@ -193,18 +193,20 @@ async fn scenario(d: &Daemon) -> anyhow::Result<()> {
     let ghost = d.state_dir.join("netns").join(format!("{:0>64}", "0dead"));
     std::fs::write(&ghost, "")?;
     run("unshare", &[&format!("--net={}", ghost.display()), "true"]).await?;
-    eventually("orphan pin reclaimed", Duration::from_secs(30), || async {
-        Ok(!ghost.exists())
-    })
+    // The pin goes during a pass; the pass counts it when it ends.
+    eventually(
+        "orphan pin reclaimed and counted",
+        Duration::from_secs(30),
+        || async {
+            let metrics = http_get(d.metrics, "/metrics").await?.1;
+            Ok(!ghost.exists()
+                && metrics.lines().any(|l| {
+                    l.starts_with("cubelet_gc_reclaimed_total{") && l.contains("kind=\"netns\"")
+                }))
+        },
+    )
     .await?;
     ensure!(pin.exists(), "the GC removed the live pod's pin");
-    let metrics = http_get(d.metrics, "/metrics").await?.1;
-    ensure!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("cubelet_gc_reclaimed_total{") && l.contains("kind=\"netns\"")),
-        "no netns reclaimed in the metrics"
-    );
 
     // StopPodSandbox (containers, then destroy) removes the pin;
     // RemovePodSandbox (cleanup) finds it gone and succeeds.

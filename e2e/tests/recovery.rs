@@ -19,7 +19,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use anyhow::{ensure, Context};
+use anyhow::{bail, ensure, Context};
 use cubelet_e2e::cri::{
     ListPodSandboxRequest, PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
     StopPodSandboxRequest,
@@ -85,28 +85,21 @@ async fn kill_mid_create(d: &Daemon) -> anyhow::Result<()> {
     // Restart without the failpoint: recovery destroys what the create built,
     // reconciliation marks the record, the GC removes the rest.
     d.start_with_env(&[]).await?;
+    // The GC removes the record; its pass counts it when it ends.
     eventually(
-        "half-built sandbox gone",
+        "half-built sandbox gone and counted by the GC",
         Duration::from_secs(60),
         || async {
+            let metrics = http_get(d.metrics, "/metrics").await?.1;
             Ok(!netns_dir.join(&id).exists()
                 && !sandboxes_dir.join(&id).exists()
-                && pods(d).await? == 0)
+                && pods(d).await? == 0
+                && metrics
+                    .lines()
+                    .any(|l| l.starts_with("cubelet_gc_reclaimed_total{kind=\"sandbox\"}")))
         },
     )
     .await?;
-    let metrics = http_get(d.metrics, "/metrics").await?.1;
-    ensure!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("cubelet_gc_reclaimed_total{kind=\"sandbox\"}")),
-        "the GC removed the record: {}",
-        metrics
-            .lines()
-            .filter(|l| l.starts_with("cubelet_gc"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
     Ok(())
 }
 
@@ -210,12 +203,8 @@ async fn gc_reclaims_orphans(d: &Daemon) -> anyhow::Result<()> {
         !d.ctr(&["tasks", "ls", "-q"]).await?.contains(&ghost_str),
         "the orphan task is left"
     );
-    let metrics = http_get(d.metrics, "/metrics").await?.1;
-    let reclaimed: Vec<&str> = metrics
-        .lines()
-        .filter(|l| l.starts_with("cubelet_gc_reclaimed_total{"))
-        .collect();
-    for kind in [
+    // A pass counts what it reclaimed when it ends.
+    let kinds = [
         "directory",
         "mount",
         "netns",
@@ -225,12 +214,29 @@ async fn gc_reclaims_orphans(d: &Daemon) -> anyhow::Result<()> {
         "container",
         "task",
         "snapshot",
-    ] {
-        ensure!(
-            reclaimed
+    ];
+    let uncounted = || async {
+        let metrics = http_get(d.metrics, "/metrics").await?.1;
+        Ok::<_, anyhow::Error>(
+            kinds
                 .iter()
-                .any(|l| l.contains(&format!("kind=\"{kind}\""))),
-            "no {kind} reclaimed: {reclaimed:?}"
+                .filter(|k| {
+                    !metrics.lines().any(|l| {
+                        l.starts_with(&format!("cubelet_gc_reclaimed_total{{kind=\"{k}\"}}"))
+                    })
+                })
+                .map(|k| (*k).to_owned())
+                .collect::<Vec<_>>(),
+        )
+    };
+    let waited = eventually("every kind counted", Duration::from_secs(30), || async {
+        Ok(uncounted().await?.is_empty())
+    })
+    .await;
+    if waited.is_err() {
+        bail!(
+            "not counted in cubelet_gc_reclaimed_total: {:?}",
+            uncounted().await?
         );
     }
     // The store's orphan records are gone too.
@@ -306,15 +312,20 @@ async fn gc_retries_failing_cleanup(d: &Daemon) -> anyhow::Result<()> {
         "kept for the GC: {info}"
     );
 
+    // The record goes first; the pass counts what it reclaimed at its end.
+    let reclaimed_line = "cubelet_gc_reclaimed_total{kind=\"sandbox\"}";
     eventually(
-        "the GC removed the sandbox",
+        "the GC removed the sandbox and counted it",
         Duration::from_secs(90),
-        || async { Ok(pods(d).await? == 0) },
+        || async {
+            let metrics = http_get(d.metrics, "/metrics").await?.1;
+            Ok(pods(d).await? == 0 && sample(&metrics, reclaimed_line) > 0.0)
+        },
     )
     .await?;
     let metrics = http_get(d.metrics, "/metrics").await?.1;
     let failures = sample(&metrics, "cubelet_gc_failures_total{kind=\"sandbox\"}");
-    let reclaimed = sample(&metrics, "cubelet_gc_reclaimed_total{kind=\"sandbox\"}");
+    let reclaimed = sample(&metrics, reclaimed_line);
     let runs = sample(&metrics, "cubelet_gc_runs_total");
     println!("gc: {failures} failed attempts, {reclaimed} reclaimed, {runs} passes");
     ensure!(
