@@ -997,6 +997,130 @@ pub async fn leaks(d: &Daemon) -> anyhow::Result<Vec<String>> {
     Ok(out)
 }
 
+/// The future of one scenario of a custom-runner test.
+pub type ScenarioFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send + 'a>>;
+
+/// A named scenario of a custom-runner test, with its time limit in seconds.
+pub type Scenario = (
+    &'static str,
+    u64,
+    for<'a> fn(&'a Daemon) -> ScenarioFuture<'a>,
+);
+
+/// `main` of a custom-runner (`harness = false`) test: runs the scenarios
+/// whose names contain a command-line filter (all without one) in order
+/// against one daemon started with `opts`; after each, removes every pod
+/// through CRI and audits leaks; tears the daemon down at the end. Prints
+/// libtest-like lines (`--list` lists), `SKIP:` without the private
+/// containerd.
+pub fn scenario_main(opts: DaemonOpts, scenarios: Vec<Scenario>) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let mut filters = Vec::new();
+    let mut list = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--list" => list = true,
+            "--test-threads" | "--skip" | "--format" | "--color" | "-Z" | "--logfile" => {
+                args.next();
+            }
+            s if s.starts_with('-') => {}
+            s => filters.push(s.to_owned()),
+        }
+    }
+    let selected: Vec<Scenario> = scenarios
+        .into_iter()
+        .filter(|(n, _, _)| filters.is_empty() || filters.iter().any(|f| n.contains(f.as_str())))
+        .collect();
+    if list {
+        for (n, _, _) in &selected {
+            println!("{n}: test");
+        }
+        return ExitCode::SUCCESS;
+    }
+    if let Some(reason) = skip_reason() {
+        for (n, _, _) in &selected {
+            println!("SKIP: {n}: {reason}");
+        }
+        println!(
+            "\ntest result: ok. 0 passed; 0 failed; {} skipped",
+            selected.len()
+        );
+        return ExitCode::SUCCESS;
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if rt.block_on(run_scenarios(opts, selected)) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+async fn run_scenarios(opts: DaemonOpts, selected: Vec<Scenario>) -> bool {
+    use futures::FutureExt;
+    let daemon = match Daemon::start(opts).await {
+        Ok(d) => d,
+        Err(e) => {
+            println!("e2e: daemon did not start: {e:#}");
+            return false;
+        }
+    };
+    let (mut passed, mut failed) = (0, Vec::new());
+    for (name, secs, f) in selected {
+        let body = std::panic::AssertUnwindSafe(f(&daemon)).catch_unwind();
+        let result = match tokio::time::timeout(Duration::from_secs(secs), body).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(format!("{e:#}")),
+            Ok(Err(_)) => Err("panicked".to_owned()),
+            Err(_) => Err(format!("timed out after {secs} s")),
+        };
+        let cleanup = tokio::time::timeout(Duration::from_secs(60), daemon.remove_all()).await;
+        let audit = match cleanup {
+            Ok(Ok(())) => std::panic::AssertUnwindSafe(assert_clean(&daemon))
+                .catch_unwind()
+                .await
+                .map_err(|_| "leak audit failed".to_owned()),
+            Ok(Err(e)) => Err(format!("cleanup via CRI failed: {e:#}")),
+            Err(_) => Err("cleanup via CRI timed out".to_owned()),
+        };
+        match (result, audit) {
+            (Ok(()), Ok(())) => {
+                passed += 1;
+                println!("test {name} ... ok");
+            }
+            (r, a) => {
+                let why = [r.err(), a.err()].into_iter().flatten().collect::<Vec<_>>();
+                println!("test {name} ... FAILED\n  {}", why.join("\n  then: "));
+                failed.push(name);
+            }
+        }
+    }
+    if !failed.is_empty() {
+        println!("--- daemon log tail ---\n{}\n---", daemon.log_tail(40));
+    }
+    let teardown = daemon.teardown().await;
+    if let Err(e) = &teardown {
+        println!("e2e: {e:#}");
+    }
+    let ok = failed.is_empty() && teardown.is_ok();
+    println!(
+        "\ntest result: {}. {passed} passed; {} failed",
+        if ok { "ok" } else { "FAILED" },
+        failed.len()
+    );
+    ok
+}
+
 /// Polls `check` every 200 ms until it returns true; an error naming
 /// `what` once `limit` has passed.
 pub async fn eventually<F, Fut>(what: &str, limit: Duration, mut check: F) -> anyhow::Result<()>

@@ -6,15 +6,13 @@
 //! removing every pod through CRI and a leak audit; teardown at the end.
 //! Without the private containerd every scenario prints `SKIP:` and passes.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use cubelet_e2e::cri::*;
-use cubelet_e2e::{assert_clean, container_config, stdin_once_shell, Daemon, DaemonOpts};
-use futures::{FutureExt, SinkExt, StreamExt};
+use cubelet_e2e::{container_config, stdin_once_shell, Daemon, DaemonOpts, Scenario};
+use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -25,9 +23,6 @@ use tonic::Code;
 const BUSYBOX: &str = "127.0.0.1:5000/busybox:test";
 /// Short, so the expiry scenario need not wait 4 minutes.
 const IDLE_TIMEOUT_SECS: u64 = 3;
-
-type Fut<'a> = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + 'a>>;
-type Scenario = (&'static str, u64, for<'a> fn(&'a Daemon) -> Fut<'a>);
 
 fn scenarios() -> Vec<Scenario> {
     vec![
@@ -47,106 +42,16 @@ fn scenarios() -> Vec<Scenario> {
 }
 
 fn main() -> ExitCode {
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let selected: Vec<Scenario> = scenarios()
-        .into_iter()
-        .filter(|(n, _, _)| filters.is_empty() || filters.iter().any(|f| n.contains(f.as_str())))
-        .collect();
-    if std::env::args().any(|a| a == "--list") {
-        for (n, _, _) in &selected {
-            println!("{n}: test");
-        }
-        return ExitCode::SUCCESS;
-    }
-    if let Some(reason) = cubelet_e2e::skip_reason() {
-        for (n, _, _) in &selected {
-            println!("SKIP: {n}: {reason}");
-        }
-        println!(
-            "\ntest result: ok. 0 passed; 0 failed; {} skipped",
-            selected.len()
-        );
-        return ExitCode::SUCCESS;
-    }
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    if rt.block_on(run_all(selected)) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
-}
-
-async fn run_all(selected: Vec<Scenario>) -> bool {
-    let opts = DaemonOpts {
-        index: 1,
-        extra_config: Some(format!(
-            "streaming:\n  idle_timeout: {IDLE_TIMEOUT_SECS}s\n"
-        )),
-        ..Default::default()
-    };
-    let daemon = match Daemon::start(opts).await {
-        Ok(d) => d,
-        Err(e) => {
-            println!("e2e: daemon did not start: {e:#}");
-            return false;
-        }
-    };
-    let (mut passed, mut failed) = (0, Vec::new());
-    for (name, secs, f) in selected {
-        let body = std::panic::AssertUnwindSafe(f(&daemon)).catch_unwind();
-        let result = match tokio::time::timeout(Duration::from_secs(secs), body).await {
-            Ok(Ok(Ok(()))) => Ok(()),
-            Ok(Ok(Err(e))) => Err(format!("{e:#}")),
-            Ok(Err(_)) => Err("panicked".to_owned()),
-            Err(_) => Err(format!("timed out after {secs} s")),
-        };
-        let cleanup = tokio::time::timeout(Duration::from_secs(60), daemon.remove_all()).await;
-        let audit = match cleanup {
-            Ok(Ok(())) => std::panic::AssertUnwindSafe(assert_clean(&daemon))
-                .catch_unwind()
-                .await
-                .map_err(|_| "leak audit failed".to_owned()),
-            Ok(Err(e)) => Err(format!("cleanup via CRI failed: {e:#}")),
-            Err(_) => Err("cleanup via CRI timed out".to_owned()),
-        };
-        match (result, audit) {
-            (Ok(()), Ok(())) => {
-                passed += 1;
-                println!("test {name} ... ok");
-            }
-            (r, a) => {
-                let why = [r.err(), a.err()].into_iter().flatten().collect::<Vec<_>>();
-                println!("test {name} ... FAILED\n  {}", why.join("\n  then: "));
-                failed.push(name);
-            }
-        }
-    }
-    if !failed.is_empty() {
-        println!("--- daemon log tail ---\n{}\n---", daemon.log_tail(40));
-    }
-    let teardown = daemon.teardown().await;
-    if let Err(e) = &teardown {
-        println!("e2e: {e:#}");
-    }
-    let ok = failed.is_empty() && teardown.is_ok();
-    println!(
-        "\ntest result: {}. {passed} passed; {} failed",
-        if ok { "ok" } else { "FAILED" },
-        failed.len()
-    );
-    ok
+    cubelet_e2e::scenario_main(
+        DaemonOpts {
+            index: 1,
+            extra_config: Some(format!(
+                "streaming:\n  idle_timeout: {IDLE_TIMEOUT_SECS}s\n"
+            )),
+            ..Default::default()
+        },
+        scenarios(),
+    )
 }
 
 // ---------------------------------------------------------------- helpers
