@@ -878,11 +878,17 @@ impl ContainerRuntime {
     }
 
     /// Removes everything of container `id`: task (killed if running),
-    /// container record, rootfs snapshot, FIFOs. Idempotent.
+    /// rootfs snapshot, container record, FIFOs. Idempotent.
+    ///
+    /// The snapshot goes before the record, as containerd's own client does
+    /// (`WithSnapshotCleanup`): once the record is gone the snapshot is
+    /// unreferenced, and if containerd's GC collects it first, the GC leaves
+    /// the child link in the image's parent snapshot behind, which then
+    /// refuses an explicit removal ("cannot remove snapshot with child").
     pub async fn remove(&self, id: &str) -> Result<(), RuntimeError> {
         self.delete_task(id).await?;
-        self.delete_container(id).await?;
         self.remove_snapshot(id).await?;
+        self.delete_container(id).await?;
         fifo_io::remove_dir(&self.io_dir(id))?;
         let mnt = self.config.state_dir.join("mnt").join(id);
         match std::fs::remove_dir(&mnt) {

@@ -147,10 +147,10 @@ impl SandboxProvider {
     }
 
     async fn teardown(&self, id: &str) -> Result<(), RuntimeError> {
-        // The pause process has nothing to flush: kill it outright.
+        // The pause process has nothing to flush: kill it outright. Its
+        // rootfs goes with it (snapshot before record, see `remove`).
         self.runtime.stop(id, Duration::ZERO).await?;
-        self.runtime.delete_task(id).await?;
-        self.runtime.delete_container(id).await
+        self.runtime.remove(id).await
     }
 }
 
@@ -184,8 +184,6 @@ impl Flow for SandboxProvider {
     }
 
     async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError> {
-        let id = ctx.sandbox_id().as_str();
-        self.teardown(id).await?;
-        Ok(self.runtime.remove(id).await?)
+        Ok(self.teardown(ctx.sandbox_id().as_str()).await?)
     }
 }
