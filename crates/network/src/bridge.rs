@@ -19,6 +19,7 @@ use netlink_packet_route::link::{
 use netlink_packet_route::route::RouteAttribute;
 use rtnetlink::{Handle, LinkBridge, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
+use crate::create::{self, InFlight};
 use crate::error::{netlink_errno, NetworkError};
 use crate::ipam::Ipam;
 use crate::lease::LeaseStore;
@@ -95,35 +96,13 @@ pub struct BridgeNetwork {
     /// Serialises host-port checks and updates (check-then-add must not race).
     ports: tokio::sync::Mutex<()>,
     /// Sandboxes whose create is running; `gc` treats them as live.
-    inflight: Arc<Mutex<HashSet<SandboxId>>>,
+    in_flight: InFlight,
     failpoint: Mutex<Option<SubStep>>,
-}
-
-/// Marks a sandbox's create as in flight until dropped.
-pub(crate) struct Inflight {
-    set: Arc<Mutex<HashSet<SandboxId>>>,
-    id: SandboxId,
-}
-
-impl Inflight {
-    pub(crate) fn new(set: &Arc<Mutex<HashSet<SandboxId>>>, id: &SandboxId) -> Self {
-        lock(set).insert(id.clone());
-        Self {
-            set: Arc::clone(set),
-            id: id.clone(),
-        }
-    }
-}
-
-impl Drop for Inflight {
-    fn drop(&mut self) {
-        lock(&self.set).remove(&self.id);
-    }
 }
 
 /// Locks a std mutex whose data stays consistent even if a holder panicked
 /// (every update is a single insert, remove or assignment).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -171,7 +150,7 @@ impl BridgeNetwork {
             ipam,
             config,
             ports: tokio::sync::Mutex::new(()),
-            inflight: Arc::default(),
+            in_flight: InFlight::default(),
             failpoint: Mutex::new(None),
         })
     }
@@ -238,11 +217,11 @@ impl BridgeNetwork {
             }
             None => {
                 let msg = LinkBridge::new(name).mtu(self.config.mtu).build();
-                match handle.link().add(msg).execute().await {
-                    Ok(()) => {}
-                    Err(e) if netlink_errno(&e) == Some(libc::EEXIST) => {}
-                    Err(e) => return Err(NetworkError::netlink("add bridge", name.as_str(), e)),
-                }
+                exists_ok(
+                    handle.link().add(msg).execute().await,
+                    "add bridge",
+                    name.as_str(),
+                )?;
                 link_index(&handle, name)
                     .await?
                     .ok_or_else(|| NetworkError::LinkNotFound { name: name.clone() })?
@@ -261,22 +240,15 @@ impl BridgeNetwork {
             .map_err(|e| NetworkError::netlink("set up", name.as_str(), e))?;
         let gw = self.gateway();
         let prefix = self.config.subnet.prefix_len();
-        match handle
-            .address()
-            .add(index, IpAddr::V4(gw), prefix)
-            .execute()
-            .await
-        {
-            Ok(()) => {}
-            Err(e) if netlink_errno(&e) == Some(libc::EEXIST) => {}
-            Err(e) => {
-                return Err(NetworkError::netlink(
-                    "add address",
-                    format!("{gw}/{prefix} on {name}"),
-                    e,
-                ))
-            }
-        }
+        exists_ok(
+            handle
+                .address()
+                .add(index, IpAddr::V4(gw), prefix)
+                .execute()
+                .await,
+            "add address",
+            format!("{gw}/{prefix} on {name}"),
+        )?;
         let fwd = Path::new("/proc/sys/net/ipv4/ip_forward");
         std::fs::write(fwd, b"1").map_err(|e| NetworkError::io("enable forwarding in", fwd, e))?;
         // Host ports on 127.0.0.1: locally generated traffic from a loopback
@@ -315,26 +287,15 @@ impl BridgeNetwork {
         ports: &[PortMapping],
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<NetworkStatus, NetworkError> {
-        if host_network {
-            return Ok(netns::host_network_status().await);
-        }
-        let _inflight = Inflight::new(&self.inflight, sandbox);
-        if cancelled() {
-            return Err(NetworkError::Cancelled {
-                sandbox: sandbox.clone(),
-                after: None,
-            });
-        }
-        match self.build(sandbox, ports, cancelled).await {
-            Ok(status) => Ok(status),
-            Err(error) => match self.teardown(sandbox, !ports.is_empty()).await {
-                Ok(()) => Err(error),
-                Err(rollback) => Err(NetworkError::RollbackFailed {
-                    error: Box::new(error),
-                    rollback: Box::new(rollback),
-                }),
-            },
-        }
+        create::create(
+            &self.in_flight,
+            sandbox,
+            host_network,
+            cancelled,
+            || self.build(sandbox, ports, cancelled),
+            || self.teardown(sandbox, !ports.is_empty()),
+        )
+        .await
     }
 
     async fn build(
@@ -469,9 +430,7 @@ impl BridgeNetwork {
     /// taken just before a create cannot reclaim it halfway.
     pub async fn gc(&self, live: &HashSet<SandboxId>) -> Result<GcReport, NetworkError> {
         let mut report = GcReport::default();
-        let mut live = live.clone();
-        live.extend(lock(&self.inflight).iter().cloned());
-        let live = &live;
+        let live = &self.in_flight.and(live);
 
         // Veths first: removing a pin lets the kernel tear the namespace
         // down, which takes the pair with it asynchronously.
@@ -569,34 +528,37 @@ async fn configure_pod(
         .ok_or_else(|| NetworkError::LinkNotFound {
             name: POD_INTERFACE.into(),
         })?;
-    match h
-        .address()
-        .add(eth0, IpAddr::V4(ip), prefix)
-        .execute()
-        .await
-    {
-        Ok(()) => {}
-        Err(e) if netlink_errno(&e) == Some(libc::EEXIST) => {}
-        Err(e) => {
-            return Err(NetworkError::netlink(
-                "add address",
-                format!("{ip}/{prefix}"),
-                e,
-            ))
-        }
-    }
+    exists_ok(
+        h.address()
+            .add(eth0, IpAddr::V4(ip), prefix)
+            .execute()
+            .await,
+        "add address",
+        format!("{ip}/{prefix}"),
+    )?;
     let route = RouteMessageBuilder::<Ipv4Addr>::new()
         .gateway(gw)
         .output_interface(eth0)
         .build();
-    match h.route().add(route).execute().await {
-        Ok(()) => Ok(()),
-        Err(e) if netlink_errno(&e) == Some(libc::EEXIST) => Ok(()),
-        Err(e) => Err(NetworkError::netlink(
-            "add default route via",
-            gw.to_string(),
-            e,
-        )),
+    exists_ok(
+        h.route().add(route).execute().await,
+        "add default route via",
+        gw.to_string(),
+    )
+}
+
+/// The result of a netlink add that may find its object already there (a
+/// repeated setup or create), which counts as done.
+fn exists_ok(
+    added: Result<(), rtnetlink::Error>,
+    op: &'static str,
+    target: impl Into<String>,
+) -> Result<(), NetworkError> {
+    match added {
+        Err(e) if netlink_errno(&e) != Some(libc::EEXIST) => {
+            Err(NetworkError::netlink(op, target, e))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -24,6 +24,7 @@
 
 mod bridge;
 mod cni;
+mod create;
 mod error;
 mod ipam;
 mod lease;

@@ -6,13 +6,12 @@
 
 use std::collections::HashSet;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use cubelet_engine::spec::{NetworkStatus, PortMapping};
 use cubelet_engine::{Flow, FlowContext, SandboxId, StepError};
 
-use crate::bridge::{lock, Inflight};
+use crate::create::{self, InFlight};
 use crate::error::NetworkError;
 use crate::netns;
 
@@ -28,7 +27,7 @@ pub struct NoneGcReport {
 pub struct NoneNetwork {
     netns_dir: PathBuf,
     /// Sandboxes whose create is running; `gc` treats them as live.
-    inflight: Arc<Mutex<HashSet<SandboxId>>>,
+    in_flight: InFlight,
 }
 
 impl NoneNetwork {
@@ -43,7 +42,7 @@ impl NoneNetwork {
         }
         Ok(Self {
             netns_dir: state_dir.join("netns"),
-            inflight: Arc::default(),
+            in_flight: InFlight::default(),
         })
     }
 
@@ -83,35 +82,29 @@ impl NoneNetwork {
         ports: &[PortMapping],
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<NetworkStatus, NetworkError> {
-        if host_network {
-            return Ok(netns::host_network_status().await);
-        }
-        let _inflight = Inflight::new(&self.inflight, sandbox);
-        if cancelled() {
-            return Err(NetworkError::Cancelled {
-                sandbox: sandbox.clone(),
-                after: None,
-            });
-        }
-        if !ports.is_empty() {
-            tracing::debug!(sandbox = %sandbox, ports = ports.len(), "network provider none: port mappings ignored");
-        }
-        let pin = self.netns_path(sandbox);
-        netns::create(pin.clone()).await?;
-        if let Err(error) = netns::loopback_up(pin.clone()).await {
-            return match self.teardown(sandbox) {
-                Ok(()) => Err(error),
-                Err(rollback) => Err(NetworkError::RollbackFailed {
-                    error: Box::new(error),
-                    rollback: Box::new(rollback),
-                }),
-            };
-        }
-        Ok(NetworkStatus {
-            netns_path: Some(pin),
-            ips: Vec::new(),
-            interface: None,
-        })
+        let build = || async {
+            if !ports.is_empty() {
+                tracing::debug!(sandbox = %sandbox, ports = ports.len(), "network provider none: port mappings ignored");
+            }
+            let pin = self.netns_path(sandbox);
+            netns::create(pin.clone()).await?;
+            netns::loopback_up(pin.clone()).await?;
+            Ok(NetworkStatus {
+                netns_path: Some(pin),
+                ips: Vec::new(),
+                interface: None,
+            })
+        };
+        let undo = || async { self.teardown(sandbox) };
+        create::create(
+            &self.in_flight,
+            sandbox,
+            host_network,
+            cancelled,
+            build,
+            undo,
+        )
+        .await
     }
 
     /// Removes the sandbox's namespace pin. A missing pin is fine.
@@ -123,10 +116,8 @@ impl NoneNetwork {
     /// Removes namespace pins that belong to no sandbox in `live`. Sandboxes
     /// whose create is running in this provider count as live too.
     pub async fn gc(&self, live: &HashSet<SandboxId>) -> Result<NoneGcReport, NetworkError> {
-        let mut live = live.clone();
-        live.extend(lock(&self.inflight).iter().cloned());
         Ok(NoneGcReport {
-            netns: netns::remove_pins_except(&self.netns_dir, &live)?,
+            netns: netns::remove_pins_except(&self.netns_dir, &self.in_flight.and(live))?,
         })
     }
 }
@@ -159,11 +150,10 @@ impl Flow for NoneNetwork {
         Ok(self.teardown(ctx.sandbox_id())?)
     }
 
+    /// Nothing is kept between destroy and cleanup: cleanup is a repeated
+    /// (idempotent) destroy.
     async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError> {
-        if ctx.spec().host_network() {
-            return Ok(());
-        }
-        Ok(self.teardown(ctx.sandbox_id())?)
+        self.destroy(ctx).await
     }
 }
 

@@ -19,7 +19,6 @@ mod result;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use cubelet_engine::spec::{NetworkStatus, PortMapping, Protocol, SandboxSpec};
@@ -28,7 +27,7 @@ use serde_json::{Map, Value};
 
 use self::conf::NetworkList;
 use self::exec::{Invocation, Op};
-use crate::bridge::{lock, Inflight};
+use crate::create::{self, InFlight};
 use crate::error::NetworkError;
 use crate::{netns, POD_INTERFACE};
 
@@ -103,7 +102,7 @@ pub struct CniNetwork {
     netns_dir: PathBuf,
     cni_path: String,
     /// Sandboxes whose create is running; `gc` treats them as live.
-    inflight: Arc<Mutex<HashSet<SandboxId>>>,
+    in_flight: InFlight,
 }
 
 impl std::fmt::Debug for CniNetwork {
@@ -151,7 +150,7 @@ impl CniNetwork {
             netns_dir: config.state_dir.join("netns"),
             cni_path: exec::join_dirs(&config.bin_dirs),
             config,
-            inflight: Arc::default(),
+            in_flight: InFlight::default(),
         })
     }
 
@@ -275,30 +274,26 @@ impl CniNetwork {
         spec: &SandboxSpec,
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<NetworkStatus, NetworkError> {
-        if spec.host_network() {
-            return Ok(netns::host_network_status().await);
-        }
-        let _inflight = Inflight::new(&self.inflight, sandbox);
-        // Nothing is built unless the config and all its plugins are there.
-        let list = conf::load(&self.config.conf_dir)?;
-        let binaries = (0..list.plugins.len())
-            .map(|i| exec::find(&self.config.bin_dirs, list.plugin_type(i)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let pin = self.netns_path(sandbox);
-        netns::create(pin.clone()).await?;
-        match self
-            .attach(sandbox, spec, &list, &binaries, &pin, cancelled)
-            .await
-        {
-            Ok(status) => Ok(status),
-            Err(error) => match self.teardown(sandbox, spec).await {
-                Ok(()) => Err(error),
-                Err(rollback) => Err(NetworkError::RollbackFailed {
-                    error: Box::new(error),
-                    rollback: Box::new(rollback),
-                }),
-            },
-        }
+        let build = || async {
+            // Nothing is built unless the config and all its plugins are there.
+            let list = conf::load(&self.config.conf_dir)?;
+            let binaries = (0..list.plugins.len())
+                .map(|i| exec::find(&self.config.bin_dirs, list.plugin_type(i)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let pin = self.netns_path(sandbox);
+            netns::create(pin.clone()).await?;
+            self.attach(sandbox, spec, &list, &binaries, &pin, cancelled)
+                .await
+        };
+        create::create(
+            &self.in_flight,
+            sandbox,
+            spec.host_network(),
+            cancelled,
+            build,
+            || self.teardown(sandbox, spec),
+        )
+        .await
     }
 
     /// Loopback up, cache entry, ADD chain, cache entry with the result.
@@ -539,8 +534,7 @@ impl CniNetwork {
     /// provider count as live. A failed DEL is counted and retried next time.
     pub async fn gc(&self, live: &HashSet<SandboxId>) -> Result<CniGcReport, NetworkError> {
         let mut report = CniGcReport::default();
-        let mut live = live.clone();
-        live.extend(lock(&self.inflight).iter().cloned());
+        let live = self.in_flight.and(live);
         for (path, entry) in cache::list(&self.config.cache_dir)? {
             let Some(id) = SandboxId::parse(&entry.container_id) else {
                 tracing::warn!(path = %path.display(), "cni cache entry with an invalid sandbox id; left alone");
@@ -678,11 +672,10 @@ impl Flow for CniNetwork {
         Ok(self.teardown(ctx.sandbox_id(), ctx.spec()).await?)
     }
 
+    /// Nothing is kept between destroy and cleanup: cleanup is a repeated
+    /// (idempotent) destroy.
     async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError> {
-        if ctx.spec().host_network() {
-            return Ok(());
-        }
-        Ok(self.teardown(ctx.sandbox_id(), ctx.spec()).await?)
+        self.destroy(ctx).await
     }
 }
 
