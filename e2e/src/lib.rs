@@ -1049,6 +1049,10 @@ pub fn scenario_main(opts: DaemonOpts, scenarios: Vec<Scenario>) -> std::process
         );
         return ExitCode::SUCCESS;
     }
+    if selected.is_empty() {
+        println!("test result: ok. 0 passed; 0 failed (no scenario matches)");
+        return ExitCode::SUCCESS;
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -1075,21 +1079,27 @@ async fn run_scenarios(opts: DaemonOpts, selected: Vec<Scenario>) -> bool {
             return false;
         }
     };
+    println!(
+        "running {} scenarios against {}",
+        selected.len(),
+        daemon.socket.display()
+    );
     let (mut passed, mut failed) = (0, Vec::new());
     for (name, secs, f) in selected {
         let body = std::panic::AssertUnwindSafe(f(&daemon)).catch_unwind();
         let result = match tokio::time::timeout(Duration::from_secs(secs), body).await {
             Ok(Ok(Ok(()))) => Ok(()),
             Ok(Ok(Err(e))) => Err(format!("{e:#}")),
-            Ok(Err(_)) => Err("panicked".to_owned()),
+            Ok(Err(panic)) => Err(panic_text(&panic)),
             Err(_) => Err(format!("timed out after {secs} s")),
         };
+        // Cleanup always runs, then the audit is part of the verdict.
         let cleanup = tokio::time::timeout(Duration::from_secs(60), daemon.remove_all()).await;
         let audit = match cleanup {
             Ok(Ok(())) => std::panic::AssertUnwindSafe(assert_clean(&daemon))
                 .catch_unwind()
                 .await
-                .map_err(|_| "leak audit failed".to_owned()),
+                .map_err(|p| format!("leak audit: {}", panic_text(&p))),
             Ok(Err(e)) => Err(format!("cleanup via CRI failed: {e:#}")),
             Err(_) => Err("cleanup via CRI timed out".to_owned()),
         };
@@ -1114,11 +1124,24 @@ async fn run_scenarios(opts: DaemonOpts, selected: Vec<Scenario>) -> bool {
     }
     let ok = failed.is_empty() && teardown.is_ok();
     println!(
-        "\ntest result: {}. {passed} passed; {} failed",
+        "\ntest result: {}. {passed} passed; {} failed{}",
         if ok { "ok" } else { "FAILED" },
-        failed.len()
+        failed.len(),
+        if failed.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", failed.join(", "))
+        }
     );
     ok
+}
+
+/// The message of a caught panic.
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "panic".to_owned())
 }
 
 /// Polls `check` every 200 ms until it returns true; an error naming

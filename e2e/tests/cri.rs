@@ -1,32 +1,26 @@
 //! CRI end-to-end scenarios against one real `cubelet` daemon.
 //!
-//! Custom runner (`harness = false`): the daemon is started once, scenarios
-//! run in order, each under a timeout, each followed by removing every pod
-//! through CRI and a leak audit of the kernel and containerd; the daemon,
-//! bridge, nft table, dirs and containerd namespace are torn down at the
-//! end. Positional arguments filter scenarios by substring; `--list` lists.
+//! Custom runner (`harness = false`, [`cubelet_e2e::scenario_main`]): the
+//! daemon is started once, scenarios run in order, each under a timeout, each
+//! followed by removing every pod through CRI and a leak audit of the kernel
+//! and containerd; the daemon, bridge, nft table, dirs and containerd
+//! namespace are torn down at the end. Positional arguments filter scenarios by substring; `--list` lists.
 //! Without the private containerd every scenario prints `SKIP:` and passes.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use cubelet_e2e::cri::*;
-use cubelet_e2e::{assert_clean, container_config, image_spec, pod_config, Daemon, DaemonOpts};
-use futures::FutureExt;
+use cubelet_e2e::{container_config, image_spec, pod_config, Daemon, DaemonOpts, Scenario};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
 
 const BUSYBOX: &str = "127.0.0.1:5000/busybox:test";
 const BUSYBOX_OCI: &str = "127.0.0.1:5000/busybox-oci:test";
 const BUSYBOX_MULTI: &str = "127.0.0.1:5000/busybox-multi:test";
-
-type Fut<'a> = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + 'a>>;
-type Scenario = (&'static str, u64, for<'a> fn(&'a Daemon) -> Fut<'a>);
 
 fn scenarios() -> Vec<Scenario> {
     vec![
@@ -62,138 +56,7 @@ fn scenarios() -> Vec<Scenario> {
 }
 
 fn main() -> ExitCode {
-    let mut filters = Vec::new();
-    let mut list = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--list" => list = true,
-            "--test-threads" | "--skip" | "--format" | "--color" | "-Z" | "--logfile" => {
-                args.next();
-            }
-            s if s.starts_with('-') => {}
-            s => filters.push(s.to_owned()),
-        }
-    }
-    let selected: Vec<Scenario> = scenarios()
-        .into_iter()
-        .filter(|(n, _, _)| filters.is_empty() || filters.iter().any(|f| n.contains(f.as_str())))
-        .collect();
-    if list {
-        for (n, _, _) in &selected {
-            println!("{n}: test");
-        }
-        return ExitCode::SUCCESS;
-    }
-    if let Some(reason) = cubelet_e2e::skip_reason() {
-        for (n, _, _) in &selected {
-            println!("SKIP: {n}: {reason}");
-        }
-        println!(
-            "\ntest result: ok. 0 passed; 0 failed; {} skipped",
-            selected.len()
-        );
-        return ExitCode::SUCCESS;
-    }
-    if selected.is_empty() {
-        println!("test result: ok. 0 passed; 0 failed (no scenario matches)");
-        return ExitCode::SUCCESS;
-    }
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    if rt.block_on(run_all(selected)) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
-}
-
-async fn run_all(selected: Vec<Scenario>) -> bool {
-    let daemon = match Daemon::start(DaemonOpts::default()).await {
-        Ok(d) => d,
-        Err(e) => {
-            println!("e2e: daemon did not start: {e:#}");
-            return false;
-        }
-    };
-    println!(
-        "running {} scenarios against {}",
-        selected.len(),
-        daemon.socket.display()
-    );
-    let (mut passed, mut failed) = (0, Vec::new());
-    for (name, secs, f) in selected {
-        let body = std::panic::AssertUnwindSafe(f(&daemon)).catch_unwind();
-        let result = match tokio::time::timeout(Duration::from_secs(secs), body).await {
-            Ok(Ok(Ok(()))) => Ok(()),
-            Ok(Ok(Err(e))) => Err(format!("{e:#}")),
-            Ok(Err(panic)) => Err(panic_text(&panic)),
-            Err(_) => Err(format!("timed out after {secs} s")),
-        };
-        // Cleanup always runs, then the audit is part of the verdict.
-        let cleanup = tokio::time::timeout(Duration::from_secs(60), daemon.remove_all()).await;
-        let audit = match cleanup {
-            Ok(Ok(())) => std::panic::AssertUnwindSafe(assert_clean(&daemon))
-                .catch_unwind()
-                .await
-                .map_err(|p| panic_text(&p)),
-            Ok(Err(e)) => Err(format!("cleanup via CRI failed: {e:#}")),
-            Err(_) => Err("cleanup via CRI timed out".to_owned()),
-        };
-        match (result, audit) {
-            (Ok(()), Ok(())) => {
-                passed += 1;
-                println!("test {name} ... ok");
-            }
-            (r, a) => {
-                let why = [r.err(), a.err()]
-                    .into_iter()
-                    .flatten()
-                    .collect::<Vec<_>>()
-                    .join("\n  then: ");
-                println!("test {name} ... FAILED\n  {why}");
-                failed.push(name);
-            }
-        }
-    }
-    let log_tail = daemon.log_tail(40);
-    if !failed.is_empty() {
-        println!("--- daemon log tail ---\n{log_tail}\n---");
-    }
-    let teardown = daemon.teardown().await;
-    if let Err(e) = &teardown {
-        println!("e2e: {e:#}");
-    }
-    println!(
-        "\ntest result: {}. {passed} passed; {} failed{}",
-        if failed.is_empty() && teardown.is_ok() {
-            "ok"
-        } else {
-            "FAILED"
-        },
-        failed.len(),
-        if failed.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", failed.join(", "))
-        }
-    );
-    failed.is_empty() && teardown.is_ok()
-}
-
-fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-        .unwrap_or_else(|| "panic".to_owned())
+    cubelet_e2e::scenario_main(DaemonOpts::default(), scenarios())
 }
 
 // ---------------------------------------------------------------- helpers
