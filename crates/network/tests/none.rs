@@ -3,14 +3,14 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Result;
 use common::*;
-use cubelet_engine::spec::{NamespaceMode, NetworkStatus, PortMapping, Protocol, SandboxSpec};
+use cubelet_engine::spec::{NetworkStatus, PortMapping, Protocol, SandboxSpec};
 use cubelet_engine::{Flow, StepErrorKind};
 use cubelet_network::{NoneGcReport, NoneNetwork};
 
@@ -185,25 +185,16 @@ fn host_network_pods_get_no_namespace() {
     isolated(|env| async move {
         let net = provider(&env);
         net.init().await?;
-        // A stand-in "host uplink" inside the test namespace.
-        run(&[
-            "ip", "link", "add", "tup0", "type", "veth", "peer", "name", "tup1",
-        ])?;
-        run(&["ip", "addr", "add", "192.0.2.10/24", "dev", "tup0"])?;
-        run(&["ip", "link", "set", "tup0", "up"])?;
-        run(&["ip", "link", "set", "tup1", "up"])?;
-        run(&["ip", "route", "add", "default", "via", "192.0.2.1"])?;
-        let mut spec = SandboxSpec::default();
-        spec.namespaces.network = NamespaceMode::Node;
+        fake_uplink()?;
         let id = sid(1);
-        let c = ctx(&id, spec);
+        let c = ctx(&id, host_network_spec());
         net.create(&c).await?;
         let status: NetworkStatus = c.get().expect("status");
         assert_eq!(status.netns_path, None::<PathBuf>);
         assert_eq!(status.interface, None);
         assert_eq!(
             status.ips,
-            vec![IpAddr::V4(Ipv4Addr::new(192, 0, 2, 10))],
+            vec![IpAddr::V4(UPLINK_IP)],
             "the node's address, as with the other providers"
         );
         assert!(pins(&env).is_empty());

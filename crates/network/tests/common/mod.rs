@@ -14,7 +14,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use cubelet_engine::spec::SandboxSpec;
+use cubelet_engine::spec::{NamespaceMode, SandboxSpec};
 use cubelet_engine::{FlowContext, SandboxId};
 use cubelet_network::{BridgeConfig, BridgeNetwork, MemLeases};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
@@ -84,6 +84,30 @@ impl Drop for StateDir {
         }
         let _ = umount2(&netns, MntFlags::MNT_DETACH);
     }
+}
+
+/// The node address a host-network pod reports when [`fake_uplink`] is up.
+pub const UPLINK_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+
+/// A stand-in "host uplink" inside the test namespace: a veth `tup0` with
+/// [`UPLINK_IP`] and the default route through it. Remove it with
+/// `ip link del tup0`.
+pub fn fake_uplink() -> Result<()> {
+    run(&[
+        "ip", "link", "add", "tup0", "type", "veth", "peer", "name", "tup1",
+    ])?;
+    run(&["ip", "addr", "add", "192.0.2.10/24", "dev", "tup0"])?;
+    run(&["ip", "link", "set", "tup0", "up"])?;
+    run(&["ip", "link", "set", "tup1", "up"])?;
+    run(&["ip", "route", "add", "default", "via", "192.0.2.1"])?;
+    Ok(())
+}
+
+/// A sandbox spec for a pod in the node's network namespace.
+pub fn host_network_spec() -> SandboxSpec {
+    let mut spec = SandboxSpec::default();
+    spec.namespaces.network = NamespaceMode::Node;
+    spec
 }
 
 /// Runs a command (in the calling thread's namespaces), failing on non-zero exit.
