@@ -422,49 +422,93 @@ impl Daemon {
         Ok(())
     }
 
-    /// Pulls `cfg`'s image, runs pod `name` (uid `uid-<name>`, logs under
-    /// `log_base/<name>`) and creates and starts `cfg` in it. Returns the
-    /// pod and container ids.
+    /// Pulls `image`; returns its image ref.
+    pub async fn pull(&self, image: &str) -> anyhow::Result<String> {
+        let r = self
+            .images
+            .clone()
+            .pull_image(PullImageRequest {
+                image: Some(image_spec(image)),
+                ..Default::default()
+            })
+            .await
+            .with_context(|| format!("PullImage {image}"))?;
+        Ok(r.into_inner().image_ref)
+    }
+
+    /// The config of pod `name`: uid `uid-<name>`, logs under
+    /// `log_base/<name>`.
+    pub fn pod_config(&self, name: &str) -> PodSandboxConfig {
+        pod_config(name, &format!("uid-{name}"), &self.log_base.join(name))
+    }
+
+    /// RunPodSandbox with `config` on runtime `handler` (`""` for the
+    /// default); returns the pod id.
+    pub async fn run_pod(
+        &self,
+        config: &PodSandboxConfig,
+        handler: &str,
+    ) -> anyhow::Result<String> {
+        let name = config.metadata.as_ref().map_or("", |m| m.name.as_str());
+        let r = self
+            .runtime
+            .clone()
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config.clone()),
+                runtime_handler: handler.to_owned(),
+            })
+            .await
+            .with_context(|| format!("RunPodSandbox {name}"))?;
+        Ok(r.into_inner().pod_sandbox_id)
+    }
+
+    /// Creates and starts `cfg` in pod `pod` (run from `pod_cfg`); returns
+    /// the container id.
+    pub async fn start_in(
+        &self,
+        pod: &str,
+        pod_cfg: &PodSandboxConfig,
+        cfg: ContainerConfig,
+    ) -> anyhow::Result<String> {
+        let name = cfg
+            .metadata
+            .as_ref()
+            .map_or("", |m| m.name.as_str())
+            .to_owned();
+        let mut rt = self.runtime.clone();
+        let id = rt
+            .create_container(CreateContainerRequest {
+                pod_sandbox_id: pod.to_owned(),
+                config: Some(cfg),
+                sandbox_config: Some(pod_cfg.clone()),
+            })
+            .await
+            .with_context(|| format!("CreateContainer {name}"))?
+            .into_inner()
+            .container_id;
+        rt.start_container(StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .with_context(|| format!("StartContainer {name}"))?;
+        Ok(id)
+    }
+
+    /// Pulls `cfg`'s image, runs pod `name` ([`Self::pod_config`]) and
+    /// creates and starts `cfg` in it. Returns the pod and container ids.
     pub async fn pod_with(
         &self,
         name: &str,
         cfg: ContainerConfig,
     ) -> anyhow::Result<(String, String)> {
-        let image = cfg.image.clone().context("container config has no image")?;
-        self.images
-            .clone()
-            .pull_image(PullImageRequest {
-                image: Some(image),
-                ..Default::default()
-            })
-            .await
-            .context("PullImage")?;
-        let pod_cfg = pod_config(name, &format!("uid-{name}"), &self.log_base.join(name));
-        let mut rt = self.runtime.clone();
-        let pod = rt
-            .run_pod_sandbox(RunPodSandboxRequest {
-                config: Some(pod_cfg.clone()),
-                runtime_handler: String::new(),
-            })
-            .await
-            .context("RunPodSandbox")?
-            .into_inner()
-            .pod_sandbox_id;
-        let cid = rt
-            .create_container(CreateContainerRequest {
-                pod_sandbox_id: pod.clone(),
-                config: Some(cfg),
-                sandbox_config: Some(pod_cfg),
-            })
-            .await
-            .context("CreateContainer")?
-            .into_inner()
-            .container_id;
-        rt.start_container(StartContainerRequest {
-            container_id: cid.clone(),
-        })
-        .await
-        .context("StartContainer")?;
+        let image = cfg
+            .image
+            .as_ref()
+            .context("container config has no image")?;
+        self.pull(&image.image).await?;
+        let pod_cfg = self.pod_config(name);
+        let pod = self.run_pod(&pod_cfg, "").await?;
+        let cid = self.start_in(&pod, &pod_cfg, cfg).await?;
         Ok((pod, cid))
     }
 

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use cubelet_e2e::cri::{RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest};
-use cubelet_e2e::{pod_config, with_daemon, workspace_root, Daemon, DaemonOpts};
+use cubelet_e2e::cri::{RemovePodSandboxRequest, StopPodSandboxRequest};
+use cubelet_e2e::{with_daemon, workspace_root, Daemon, DaemonOpts};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn cubelet_bin() -> PathBuf {
@@ -110,16 +110,7 @@ async fn scenario(d: &Daemon) -> anyhow::Result<()> {
 
     // A pod, then its history.
     let mut rt = d.runtime.clone();
-    let log_dir = d.log_base.join("ctl-pod");
-    let id = rt
-        .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(pod_config("ctl-pod", "uid-ctl-pod", &log_dir)),
-            runtime_handler: String::new(),
-        })
-        .await
-        .context("RunPodSandbox")?
-        .into_inner()
-        .pod_sandbox_id;
+    let id = d.run_pod(&d.pod_config("ctl-pod"), "").await?;
     let listing = ctl(&socket, &["sandboxes"]).await?;
     let summary = row(&listing, &id[..13])?;
     ensure!(summary[1] == "ready", "{listing}");

@@ -61,47 +61,10 @@ fn main() -> ExitCode {
 
 // ---------------------------------------------------------------- helpers
 
-fn log_dir(d: &Daemon, pod: &str) -> PathBuf {
-    d.log_base.join(pod)
-}
-
-async fn pull(d: &Daemon, image: &str) -> anyhow::Result<String> {
-    let r = d
-        .images
-        .clone()
-        .pull_image(PullImageRequest {
-            image: Some(image_spec(image)),
-            ..Default::default()
-        })
-        .await
-        .with_context(|| format!("PullImage {image}"))?;
-    Ok(r.into_inner().image_ref)
-}
-
+/// Runs pod `name` with its default config; returns its id and config.
 async fn run_pod(d: &Daemon, name: &str) -> anyhow::Result<(String, PodSandboxConfig)> {
-    run_pod_with(
-        d,
-        pod_config(name, &format!("uid-{name}"), &log_dir(d, name)),
-        "",
-    )
-    .await
-}
-
-async fn run_pod_with(
-    d: &Daemon,
-    config: PodSandboxConfig,
-    handler: &str,
-) -> anyhow::Result<(String, PodSandboxConfig)> {
-    let r = d
-        .runtime
-        .clone()
-        .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: handler.to_owned(),
-        })
-        .await
-        .context("RunPodSandbox")?;
-    Ok((r.into_inner().pod_sandbox_id, config))
+    let cfg = d.pod_config(name);
+    Ok((d.run_pod(&cfg, "").await?, cfg))
 }
 
 async fn pod_status(d: &Daemon, id: &str) -> Result<PodSandboxStatus, tonic::Status> {
@@ -116,31 +79,6 @@ async fn pod_status(d: &Daemon, id: &str) -> Result<PodSandboxStatus, tonic::Sta
     r.into_inner()
         .status
         .ok_or_else(|| tonic::Status::internal("no status in response"))
-}
-
-async fn start_container(
-    d: &Daemon,
-    pod: &str,
-    pod_cfg: &PodSandboxConfig,
-    cfg: ContainerConfig,
-) -> anyhow::Result<String> {
-    let mut rt = d.runtime.clone();
-    let id = rt
-        .create_container(CreateContainerRequest {
-            pod_sandbox_id: pod.to_owned(),
-            config: Some(cfg),
-            sandbox_config: Some(pod_cfg.clone()),
-        })
-        .await
-        .context("CreateContainer")?
-        .into_inner()
-        .container_id;
-    rt.start_container(StartContainerRequest {
-        container_id: id.clone(),
-    })
-    .await
-    .context("StartContainer")?;
-    Ok(id)
 }
 
 async fn container_status(d: &Daemon, id: &str) -> Result<ContainerStatus, tonic::Status> {
@@ -256,9 +194,9 @@ async fn version_status(d: &Daemon) -> anyhow::Result<()> {
 
 async fn images(d: &Daemon) -> anyhow::Result<()> {
     let mut im = d.images.clone();
-    let r1 = pull(d, BUSYBOX).await?;
-    let r2 = pull(d, BUSYBOX_OCI).await?;
-    let r3 = pull(d, BUSYBOX_MULTI).await?;
+    let r1 = d.pull(BUSYBOX).await?;
+    let r2 = d.pull(BUSYBOX_OCI).await?;
+    let r3 = d.pull(BUSYBOX_MULTI).await?;
     ensure!(
         r1.starts_with("sha256:") && r2.starts_with("sha256:"),
         "image refs {r1} {r2}"
@@ -369,7 +307,7 @@ async fn images(d: &Daemon) -> anyhow::Result<()> {
     .await
     .context("RemoveImage of an unknown image")?;
     // Pull by digest.
-    ensure!(pull(d, &digest).await? == r1, "pull by digest");
+    ensure!(d.pull(&digest).await? == r1, "pull by digest");
     Ok(())
 }
 
@@ -545,19 +483,19 @@ fn parse_cri_log(text: &str) -> anyhow::Result<Vec<(String, String, String)>> {
 }
 
 async fn container_exit(d: &Daemon) -> anyhow::Result<()> {
-    pull(d, BUSYBOX).await?;
+    d.pull(BUSYBOX).await?;
     let (pod, cfg) = run_pod(d, "exitcode").await?;
-    let cid = start_container(
-        d,
-        &pod,
-        &cfg,
-        container_config(
-            "exit3",
-            BUSYBOX,
-            &["sh", "-c", "echo out; echo err >&2; exit 3"],
-        ),
-    )
-    .await?;
+    let cid = d
+        .start_in(
+            &pod,
+            &cfg,
+            container_config(
+                "exit3",
+                BUSYBOX,
+                &["sh", "-c", "echo out; echo err >&2; exit 3"],
+            ),
+        )
+        .await?;
     let s = wait_exited(d, &cid).await?;
     ensure!(s.exit_code == 3, "exit code {}", s.exit_code);
     ensure!(s.reason == "Error", "reason {:?}", s.reason);
@@ -593,7 +531,9 @@ async fn container_exit(d: &Daemon) -> anyhow::Result<()> {
         );
     }
     // A container that exits 0 is Completed.
-    let ok = start_container(d, &pod, &cfg, container_config("exit0", BUSYBOX, &["true"])).await?;
+    let ok = d
+        .start_in(&pod, &cfg, container_config("exit0", BUSYBOX, &["true"]))
+        .await?;
     let s = wait_exited(d, &ok).await?;
     ensure!(
         s.exit_code == 0 && s.reason == "Completed",
@@ -605,16 +545,16 @@ async fn container_exit(d: &Daemon) -> anyhow::Result<()> {
 }
 
 async fn stop_escalates(d: &Daemon) -> anyhow::Result<()> {
-    pull(d, BUSYBOX).await?;
+    d.pull(BUSYBOX).await?;
     let (pod, cfg) = run_pod(d, "stubborn").await?;
     let script = "trap 'echo ignored TERM' TERM; echo ready; while true; do sleep 1; done";
-    let cid = start_container(
-        d,
-        &pod,
-        &cfg,
-        container_config("stubborn", BUSYBOX, &["sh", "-c", script]),
-    )
-    .await?;
+    let cid = d
+        .start_in(
+            &pod,
+            &cfg,
+            container_config("stubborn", BUSYBOX, &["sh", "-c", script]),
+        )
+        .await?;
     let s = container_status(d, &cid).await?;
     ensure!(
         s.state == ContainerState::ContainerRunning as i32,
@@ -644,15 +584,15 @@ async fn stop_escalates(d: &Daemon) -> anyhow::Result<()> {
 }
 
 async fn exec_sync(d: &Daemon) -> anyhow::Result<()> {
-    pull(d, BUSYBOX).await?;
+    d.pull(BUSYBOX).await?;
     let (pod, cfg) = run_pod(d, "exec").await?;
-    let cid = start_container(
-        d,
-        &pod,
-        &cfg,
-        container_config("sleeper", BUSYBOX, &["sleep", "3600"]),
-    )
-    .await?;
+    let cid = d
+        .start_in(
+            &pod,
+            &cfg,
+            container_config("sleeper", BUSYBOX, &["sleep", "3600"]),
+        )
+        .await?;
     let r = exec(d, &cid, &["sh", "-c", "echo hi; echo oops >&2; exit 5"], 10).await?;
     ensure!(
         r.stdout == b"hi\n",
@@ -683,22 +623,22 @@ async fn exec_sync(d: &Daemon) -> anyhow::Result<()> {
 }
 
 async fn handlers(d: &Daemon) -> anyhow::Result<()> {
-    pull(d, BUSYBOX).await?;
-    let cfg = pod_config("alt", "uid-alt", &log_dir(d, "alt"));
-    let (pod, cfg) = run_pod_with(d, cfg, "runc-alt").await?;
+    d.pull(BUSYBOX).await?;
+    let cfg = d.pod_config("alt");
+    let pod = d.run_pod(&cfg, "runc-alt").await?;
     let s = pod_status(d, &pod).await?;
     ensure!(
         s.runtime_handler == "runc-alt",
         "runtime_handler {:?}",
         s.runtime_handler
     );
-    let cid = start_container(
-        d,
-        &pod,
-        &cfg,
-        container_config("alt", BUSYBOX, &["sleep", "3600"]),
-    )
-    .await?;
+    let cid = d
+        .start_in(
+            &pod,
+            &cfg,
+            container_config("alt", BUSYBOX, &["sleep", "3600"]),
+        )
+        .await?;
     let state = Path::new(cubelet_e2e::RUNC_ALT_ROOT)
         .join(&d.namespace)
         .join(&cid);
@@ -718,7 +658,7 @@ async fn handlers(d: &Daemon) -> anyhow::Result<()> {
     let r = exec(d, &cid, &["echo", "alt"], 10).await?;
     ensure!(r.stdout == b"alt\n", "exec in runc-alt container: {r:?}");
 
-    let bad = pod_config("nohandler", "uid-nohandler", &log_dir(d, "nohandler"));
+    let bad = d.pod_config("nohandler");
     let r = d
         .runtime
         .clone()
@@ -736,18 +676,18 @@ async fn handlers(d: &Daemon) -> anyhow::Result<()> {
 }
 
 async fn idempotent(d: &Daemon) -> anyhow::Result<()> {
-    pull(d, BUSYBOX).await?;
+    d.pull(BUSYBOX).await?;
     let mut rt = d.runtime.clone();
     let (p1, cfg) = run_pod(d, "idem").await?;
-    let (p2, _) = run_pod_with(d, cfg.clone(), "").await?;
+    let p2 = d.run_pod(&cfg, "").await?;
     ensure!(p1 == p2, "RunPodSandbox retry gave {p2}, first {p1}");
-    let cid = start_container(
-        d,
-        &p1,
-        &cfg,
-        container_config("idem", BUSYBOX, &["sleep", "3600"]),
-    )
-    .await?;
+    let cid = d
+        .start_in(
+            &p1,
+            &cfg,
+            container_config("idem", BUSYBOX, &["sleep", "3600"]),
+        )
+        .await?;
     for i in 0..2 {
         rt.stop_container(StopContainerRequest {
             container_id: cid.clone(),
@@ -810,7 +750,7 @@ async fn idempotent(d: &Daemon) -> anyhow::Result<()> {
 
 async fn already_exists(d: &Daemon) -> anyhow::Result<()> {
     let (_p1, _) = run_pod(d, "twin").await?;
-    let other = pod_config("twin", "uid-twin-other", &log_dir(d, "twin"));
+    let other = pod_config("twin", "uid-twin-other", &d.log_base.join("twin"));
     let r = d
         .runtime
         .clone()
@@ -828,7 +768,7 @@ async fn already_exists(d: &Daemon) -> anyhow::Result<()> {
 }
 
 async fn bad_inputs(d: &Daemon) -> anyhow::Result<()> {
-    pull(d, BUSYBOX).await?;
+    d.pull(BUSYBOX).await?;
     let mut rt = d.runtime.clone();
     let run = |cfg: PodSandboxConfig| {
         let mut rt = rt.clone();
@@ -840,7 +780,7 @@ async fn bad_inputs(d: &Daemon) -> anyhow::Result<()> {
             .await
         }
     };
-    let mut cfg = pod_config("bad", "uid-bad", &log_dir(d, "bad"));
+    let mut cfg = d.pod_config("bad");
     cfg.metadata.as_mut().context("metadata")?.name = String::new();
     expect_code(
         run(cfg).await,
@@ -848,7 +788,7 @@ async fn bad_inputs(d: &Daemon) -> anyhow::Result<()> {
         "name",
         "empty pod name",
     )?;
-    let mut cfg = pod_config("bad", "uid-bad", &log_dir(d, "bad"));
+    let mut cfg = d.pod_config("bad");
     cfg.log_directory = "relative/logs".into();
     expect_code(
         run(cfg).await,
@@ -951,30 +891,30 @@ async fn serve_once(listener: tokio::net::TcpListener) -> anyhow::Result<String>
 }
 
 async fn networking(d: &Daemon) -> anyhow::Result<()> {
-    pull(d, BUSYBOX).await?;
+    d.pull(BUSYBOX).await?;
     let (pa, ca) = run_pod(d, "net-server").await?;
     let (pb, cb) = run_pod(d, "net-client").await?;
     let ip_a = pod_status(d, &pa).await?.network.context("net a")?.ip;
     let ip_b = pod_status(d, &pb).await?.network.context("net b")?.ip;
     ensure!(ip_a != ip_b, "two pods share {ip_a}");
-    let server = start_container(
-        d,
-        &pa,
-        &ca,
-        container_config(
-            "httpd",
-            BUSYBOX,
-            &["httpd", "-f", "-p", "8080", "-h", "/www"],
-        ),
-    )
-    .await?;
-    let client = start_container(
-        d,
-        &pb,
-        &cb,
-        container_config("client", BUSYBOX, &["sleep", "3600"]),
-    )
-    .await?;
+    let server = d
+        .start_in(
+            &pa,
+            &ca,
+            container_config(
+                "httpd",
+                BUSYBOX,
+                &["httpd", "-f", "-p", "8080", "-h", "/www"],
+            ),
+        )
+        .await?;
+    let client = d
+        .start_in(
+            &pb,
+            &cb,
+            container_config("client", BUSYBOX, &["sleep", "3600"]),
+        )
+        .await?;
 
     // Pod to pod over the bridge (retry while httpd starts). busybox `nc`,
     // not `wget -T`: Debian's busybox-static wget segfaults with -T (also
@@ -1111,9 +1051,9 @@ async fn bad_config(d: &Daemon) -> anyhow::Result<()> {
 
 async fn concurrent_run(d: &Daemon) -> anyhow::Result<()> {
     // Two RunPodSandbox for one pod at once: one flow, one id, one netns.
-    let cfg = pod_config("racer", "uid-racer", &log_dir(d, "racer"));
-    let (a, b) = tokio::join!(run_pod_with(d, cfg.clone(), ""), run_pod_with(d, cfg, ""));
-    let (a, b) = (a?.0, b?.0);
+    let cfg = d.pod_config("racer");
+    let (a, b) = tokio::join!(d.run_pod(&cfg, ""), d.run_pod(&cfg, ""));
+    let (a, b) = (a?, b?);
     ensure!(a == b, "concurrent RunPodSandbox gave {a} and {b}");
     let pods = d
         .runtime
@@ -1130,15 +1070,15 @@ async fn concurrent_run(d: &Daemon) -> anyhow::Result<()> {
 }
 
 async fn restart(d: &Daemon) -> anyhow::Result<()> {
-    pull(d, BUSYBOX).await?;
+    d.pull(BUSYBOX).await?;
     let (pod, cfg) = run_pod(d, "survivor").await?;
-    let cid = start_container(
-        d,
-        &pod,
-        &cfg,
-        container_config("survivor", BUSYBOX, &["sleep", "3600"]),
-    )
-    .await?;
+    let cid = d
+        .start_in(
+            &pod,
+            &cfg,
+            container_config("survivor", BUSYBOX, &["sleep", "3600"]),
+        )
+        .await?;
     let ip = pod_status(d, &pod).await?.network.context("network")?.ip;
     d.restart().await?;
     let s = pod_status(d, &pod)

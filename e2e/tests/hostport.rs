@@ -13,10 +13,9 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use cubelet_e2e::cri::{
-    CreateContainerRequest, ExecSyncRequest, PodSandboxConfig, PodSandboxStatusRequest,
-    PortMapping, Protocol, PullImageRequest, RunPodSandboxRequest, StartContainerRequest,
+    ExecSyncRequest, PodSandboxConfig, PodSandboxStatusRequest, PortMapping, Protocol,
 };
-use cubelet_e2e::{container_config, image_spec, leaks, pod_config, run, Daemon, DaemonOpts};
+use cubelet_e2e::{container_config, leaks, run, Daemon, DaemonOpts};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const BUSYBOX: &str = "127.0.0.1:5000/busybox:test";
@@ -27,35 +26,15 @@ async fn pod(
     ports: Vec<PortMapping>,
     command: &[&str],
 ) -> anyhow::Result<(String, String, Ipv4Addr)> {
-    let mut rt = d.runtime.clone();
     let config = PodSandboxConfig {
         port_mappings: ports,
-        ..pod_config(name, &format!("uid-{name}"), &d.log_base.join(name))
+        ..d.pod_config(name)
     };
-    let id = rt
-        .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: String::new(),
-        })
-        .await
-        .context("RunPodSandbox")?
-        .into_inner()
-        .pod_sandbox_id;
-    let ctr = rt
-        .create_container(CreateContainerRequest {
-            pod_sandbox_id: id.clone(),
-            config: Some(container_config(name, BUSYBOX, command)),
-            sandbox_config: Some(config),
-        })
-        .await
-        .context("CreateContainer")?
-        .into_inner()
-        .container_id;
-    rt.start_container(StartContainerRequest {
-        container_id: ctr.clone(),
-    })
-    .await
-    .context("StartContainer")?;
+    let id = d.run_pod(&config, "").await?;
+    let ctr = d
+        .start_in(&id, &config, container_config(name, BUSYBOX, command))
+        .await?;
+    let mut rt = d.runtime.clone();
     let ip = rt
         .pod_sandbox_status(PodSandboxStatusRequest {
             pod_sandbox_id: id.clone(),
@@ -108,13 +87,7 @@ async fn exec(d: &Daemon, ctr: &str, script: &str) -> anyhow::Result<(i32, Strin
 /// The scenarios both providers must pass; `gateway` is the node's address
 /// on the pod network.
 async fn scenarios(d: &Daemon, gateway: Ipv4Addr, host_port: u16) -> anyhow::Result<()> {
-    let mut images = d.images.clone();
-    images
-        .pull_image(PullImageRequest {
-            image: Some(image_spec(BUSYBOX)),
-            ..Default::default()
-        })
-        .await?;
+    d.pull(BUSYBOX).await?;
     let mapping = PortMapping {
         protocol: Protocol::Tcp as i32,
         container_port: 8080,

@@ -14,14 +14,10 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use cubelet_e2e::cri::{
-    CreateContainerRequest, ExecSyncRequest, PodSandboxConfig, PodSandboxStatusRequest,
-    PortMapping, Protocol, PullImageRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StartContainerRequest, StatusRequest, StopPodSandboxRequest,
+    ExecSyncRequest, PodSandboxConfig, PodSandboxStatusRequest, PortMapping, Protocol,
+    RemovePodSandboxRequest, StatusRequest, StopPodSandboxRequest,
 };
-use cubelet_e2e::{
-    container_config, eventually, http_get, image_spec, pod_config, run, with_daemon, Daemon,
-    DaemonOpts,
-};
+use cubelet_e2e::{container_config, eventually, http_get, run, with_daemon, Daemon, DaemonOpts};
 
 const BUSYBOX: &str = "127.0.0.1:5000/busybox:test";
 /// The provider under test, and a fast GC so the orphan check is quick.
@@ -78,14 +74,7 @@ fn proc_net_dev_names(text: &str) -> Vec<String> {
 
 async fn scenario(d: &Daemon) -> anyhow::Result<()> {
     network_ready(d).await?;
-    d.images
-        .clone()
-        .pull_image(PullImageRequest {
-            image: Some(image_spec(BUSYBOX)),
-            ..Default::default()
-        })
-        .await
-        .context("PullImage")?;
+    d.pull(BUSYBOX).await?;
 
     let mut rt = d.runtime.clone();
     let config = PodSandboxConfig {
@@ -96,17 +85,9 @@ async fn scenario(d: &Daemon) -> anyhow::Result<()> {
             host_port: 18095,
             host_ip: String::new(),
         }],
-        ..pod_config("none-pod", "uid-none-pod", &d.log_base.join("none-pod"))
+        ..d.pod_config("none-pod")
     };
-    let id = rt
-        .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: String::new(),
-        })
-        .await
-        .context("RunPodSandbox")?
-        .into_inner()
-        .pod_sandbox_id;
+    let id = d.run_pod(&config, "").await?;
 
     // No address, and the namespace is pinned where the other providers pin it.
     let r = rt
@@ -154,21 +135,13 @@ async fn scenario(d: &Daemon) -> anyhow::Result<()> {
     );
 
     // A container of the pod: in the pinned namespace, with only lo, up.
-    let ctr = rt
-        .create_container(CreateContainerRequest {
-            pod_sandbox_id: id.clone(),
-            config: Some(container_config("none-ctr", BUSYBOX, &["sleep", "3600"])),
-            sandbox_config: Some(config),
-        })
-        .await
-        .context("CreateContainer")?
-        .into_inner()
-        .container_id;
-    rt.start_container(StartContainerRequest {
-        container_id: ctr.clone(),
-    })
-    .await
-    .context("StartContainer")?;
+    let ctr = d
+        .start_in(
+            &id,
+            &config,
+            container_config("none-ctr", BUSYBOX, &["sleep", "3600"]),
+        )
+        .await?;
     let ns = exec(d, &ctr, &["busybox", "readlink", "/proc/self/ns/net"]).await?;
     let want = format!("net:[{}]", std::fs::metadata(&pin)?.ino());
     ensure!(ns.trim() == want, "container netns {ns:?}, pin {want:?}");

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use cubelet_e2e::cri::*;
-use cubelet_e2e::{container_config, image_spec, leaks, pod_config, Daemon, DaemonOpts};
+use cubelet_e2e::{container_config, image_spec, leaks, Daemon, DaemonOpts};
 use futures::StreamExt;
 
 const BUSYBOX: &str = "127.0.0.1:5000/busybox:test";
@@ -19,19 +19,8 @@ const BUSYBOX: &str = "127.0.0.1:5000/busybox:test";
 const CALL_BOUND: Duration = Duration::from_secs(30);
 
 async fn run_pod(d: &Daemon, name: &str) -> anyhow::Result<(String, PodSandboxConfig)> {
-    let config = pod_config(name, &format!("uid-{name}"), &d.log_base.join(name));
-    let id = d
-        .runtime
-        .clone()
-        .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: String::new(),
-        })
-        .await
-        .with_context(|| format!("RunPodSandbox {name}"))?
-        .into_inner()
-        .pod_sandbox_id;
-    Ok((id, config))
+    let config = d.pod_config(name);
+    Ok((d.run_pod(&config, "").await?, config))
 }
 
 async fn create(
