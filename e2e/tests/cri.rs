@@ -35,6 +35,9 @@ fn scenarios() -> Vec<Scenario> {
         ("container_exit_code_and_logs", 60, |d| {
             Box::pin(container_exit(d))
         }),
+        ("reopen_container_log_after_rotation", 60, |d| {
+            Box::pin(reopen_log(d))
+        }),
         ("stop_container_escalates_to_sigkill", 60, |d| {
             Box::pin(stop_escalates(d))
         }),
@@ -541,6 +544,90 @@ async fn container_exit(d: &Daemon) -> anyhow::Result<()> {
         s.exit_code,
         s.reason
     );
+    Ok(())
+}
+
+/// Log rotation as kubelet does it: rename the live file, ask for a reopen,
+/// and the container's output continues in a new file at the same path,
+/// while the renamed one stops growing.
+async fn reopen_log(d: &Daemon) -> anyhow::Result<()> {
+    d.pull(BUSYBOX).await?;
+    let (pod, cfg) = run_pod(d, "rotate").await?;
+    let script = "i=0; while :; do echo line$i; i=$((i+1)); sleep 0.1; done";
+    let cid = d
+        .start_in(
+            &pod,
+            &cfg,
+            container_config("rotate", BUSYBOX, &["sh", "-c", script]),
+        )
+        .await?;
+    let log = PathBuf::from(&cfg.log_directory).join("rotate.log");
+    let rotated = log.with_extension("log.1");
+    let lines_in = |path: PathBuf| async move {
+        let text = tokio::fs::read_to_string(&path).await.unwrap_or_default();
+        parse_cri_log(&text)
+    };
+    cubelet_e2e::eventually("first lines in the log", Duration::from_secs(10), || {
+        let log = log.clone();
+        async move { Ok(lines_in(log).await?.len() >= 3) }
+    })
+    .await?;
+    tokio::fs::rename(&log, &rotated).await?;
+    let reopen = |id: String| {
+        let mut rt = d.runtime.clone();
+        async move {
+            rt.reopen_container_log(ReopenContainerLogRequest { container_id: id })
+                .await
+                .map(tonic::Response::into_inner)
+        }
+    };
+    reopen(cid.clone()).await.context("ReopenContainerLog")?;
+    cubelet_e2e::eventually("lines in the reopened log", Duration::from_secs(10), || {
+        let log = log.clone();
+        async move { Ok(lines_in(log).await?.len() >= 3) }
+    })
+    .await?;
+    let old = lines_in(rotated.clone()).await?;
+    let new = lines_in(log.clone()).await?;
+    let number = |l: &(String, String, String)| l.2.trim_start_matches("line").parse::<u64>();
+    let (last_old, first_new) = (
+        old.last().context("rotated log is empty")?,
+        new.first().context("new log is empty")?,
+    );
+    ensure!(
+        number(last_old)? < number(first_new)?,
+        "output went back in time: {last_old:?} then {first_new:?}"
+    );
+    // Nothing more goes to the renamed file.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let old_again = lines_in(rotated.clone()).await?;
+    ensure!(
+        old_again.len() == old.len(),
+        "the rotated log still grows: {} then {} lines",
+        old.len(),
+        old_again.len()
+    );
+
+    expect_code(
+        reopen("0123456789abcdef0123456789abcdef".into()).await,
+        Code::NotFound,
+        "0123456789abcdef",
+        "ReopenContainerLog of an unknown container",
+    )?;
+    d.runtime
+        .clone()
+        .stop_container(StopContainerRequest {
+            container_id: cid.clone(),
+            timeout: 0,
+        })
+        .await
+        .context("StopContainer")?;
+    expect_code(
+        reopen(cid.clone()).await,
+        Code::FailedPrecondition,
+        "not running",
+        "ReopenContainerLog of a stopped container",
+    )?;
     Ok(())
 }
 

@@ -101,7 +101,7 @@ pub struct BridgeNetwork {
 }
 
 /// Locks a std mutex whose data stays consistent even if a holder panicked
-/// (every update is a single insert, remove or assignment).
+/// (every update is a single assignment).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
