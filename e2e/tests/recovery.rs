@@ -12,6 +12,9 @@
 //! 3. A cleanup that keeps failing (a test failpoint fails the storage
 //!    cleanup three times) is retried by the GC with a doubling backoff until
 //!    it succeeds, and the sandbox is gone.
+//! 4. With a GC pass every 50 ms, pods created one after another all come up
+//!    whole: no pass takes the directory, netns or lease of a sandbox whose
+//!    create began during it.
 //!
 //! Without the private containerd both print SKIP and pass.
 
@@ -352,6 +355,62 @@ async fn gc_retries_failing_cleanup(d: &Daemon) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn creates_under_a_busy_gc(d: &Daemon) -> anyhow::Result<()> {
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        let cfg = d.pod_config(&format!("busy-{i}"));
+        let id = d
+            .run_pod(&cfg, "")
+            .await
+            .with_context(|| format!("pod {i} of 30, created while the GC runs"))?;
+        ids.push(id);
+    }
+    let metrics = http_get(d.metrics, "/metrics").await?.1;
+    let passes: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("cubelet_gc_runs_total "))
+        .context("no cubelet_gc_runs_total")?
+        .trim()
+        .parse()?;
+    ensure!(
+        passes >= 20.0,
+        "only {passes} GC passes overlapped the creates"
+    );
+    let reclaimed: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("cubelet_gc_reclaimed_total{"))
+        .collect();
+    ensure!(reclaimed.is_empty(), "the GC took something: {reclaimed:?}");
+    let mut rt = d.runtime.clone();
+    for id in &ids {
+        let status = rt
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: id.clone(),
+                verbose: false,
+            })
+            .await?
+            .into_inner()
+            .status
+            .context("no status")?;
+        ensure!(status.state == 0, "pod {id} is not ready: {status:?}");
+        for path in [
+            d.root_dir.join("sandboxes").join(id).join("hostname"),
+            d.state_dir.join("netns").join(id),
+        ] {
+            ensure!(path.exists(), "{} of a ready pod is gone", path.display());
+        }
+    }
+    for id in ids {
+        rt.stop_pod_sandbox(StopPodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        })
+        .await?;
+        rt.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id })
+            .await?;
+    }
+    Ok(())
+}
+
 async fn with_daemon(
     index: u8,
     scenario: for<'a> fn(&'a Daemon) -> futures::future::BoxFuture<'a, anyhow::Result<()>>,
@@ -377,4 +436,17 @@ async fn gc_reclaims_orphans_of_every_kind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_retries_a_failing_cleanup_with_backoff() {
     with_daemon(14, |d| Box::pin(gc_retries_failing_cleanup(d))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_passes_during_creates_take_nothing_live() {
+    let opts = DaemonOpts {
+        index: 17,
+        extra_config: Some("gc: { interval: 50ms }\n".to_owned()),
+        ..Default::default()
+    };
+    cubelet_e2e::with_daemon(opts, Duration::from_secs(240), |d| {
+        Box::pin(creates_under_a_busy_gc(d))
+    })
+    .await;
 }

@@ -4,10 +4,12 @@
 //! journal entries) that belong to no known sandbox or container.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cubelet_engine::SandboxId;
+use cubelet_engine::{LiveSandboxes, SandboxId};
+use cubelet_store::Store;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, info_span, warn, Instrument};
@@ -113,10 +115,11 @@ impl Gc {
             }
         }
 
-        // Orphans: anything of a sandbox the store does not know. Sandboxes
-        // and containers being created are already in the store (recorded
-        // before their objects are made), so containerd is listed first and
-        // the store after: whatever the listing saw has its record by then.
+        // Orphans: anything of a sandbox the store does not know. A sandbox
+        // is recorded before any of its objects is made, so every kind is
+        // listed first and the store read after it: whatever a listing saw
+        // has its record by then. (A set read once at the start would let a
+        // create that begins during the pass lose its directory or netns.)
         let inventory = match parts.runtime.inventory().await {
             Ok(inv) => Some(inv),
             Err(e) => {
@@ -124,48 +127,53 @@ impl Gc {
                 None
             }
         };
-        match parts.store.list_sandboxes() {
-            Ok(all) => {
-                let live: HashSet<SandboxId> = all.into_iter().map(|r| r.id).collect();
-                if let Some(inv) = &inventory {
-                    self.containerd_orphans(inv, &live, &mut report).await;
-                }
-                match parts.network.gc(&live).await {
-                    Ok(counts) => {
-                        for (kind, n) in counts {
-                            add(&mut report, kind, n);
-                        }
-                    }
-                    Err(e) => fail(&mut report, "network", &e),
-                }
-                match parts.storage.gc(&live) {
-                    Ok(r) => {
-                        add(&mut report, "directory", r.dirs);
-                        add(&mut report, "mount", r.mounts);
-                        for e in &r.errors {
-                            fail(&mut report, "storage", e);
-                        }
-                    }
-                    Err(e) => fail(&mut report, "storage", &e),
-                }
-                match parts.store.list_flows() {
-                    Ok(flows) => {
-                        let orphans: HashSet<SandboxId> = flows
-                            .into_iter()
-                            .filter(|f| !f.state.is_open() && !live.contains(&f.sandbox_id))
-                            .map(|f| f.sandbox_id)
-                            .collect();
-                        for id in orphans {
-                            match cubelet_engine::Journal::forget(&*parts.store, &id) {
-                                Ok(n) => add(&mut report, "journal", n),
-                                Err(e) => fail(&mut report, "journal", &e),
-                            }
-                        }
-                    }
-                    Err(e) => fail(&mut report, "journal", &e),
+        let live = StoreLive {
+            store: &parts.store,
+            failed: AtomicBool::new(false),
+        };
+        if let Some(inv) = &inventory {
+            if let Some(known) = live.now() {
+                self.containerd_orphans(inv, &known, &mut report).await;
+            }
+        }
+        match parts.network.gc(&live).await {
+            Ok(counts) => {
+                for (kind, n) in counts {
+                    add(&mut report, kind, n);
                 }
             }
-            Err(e) => fail(&mut report, "store", &e),
+            Err(e) => fail(&mut report, "network", &e),
+        }
+        match parts.storage.gc(&live) {
+            Ok(r) => {
+                add(&mut report, "directory", r.dirs);
+                add(&mut report, "mount", r.mounts);
+                for e in &r.errors {
+                    fail(&mut report, "storage", e);
+                }
+            }
+            Err(e) => fail(&mut report, "storage", &e),
+        }
+        match parts.store.list_flows() {
+            Ok(flows) => {
+                if let Some(known) = live.now() {
+                    let orphans: HashSet<SandboxId> = flows
+                        .into_iter()
+                        .filter(|f| !f.state.is_open() && !known.contains(&f.sandbox_id))
+                        .map(|f| f.sandbox_id)
+                        .collect();
+                    for id in orphans {
+                        match cubelet_engine::Journal::forget(&*parts.store, &id) {
+                            Ok(n) => add(&mut report, "journal", n),
+                            Err(e) => fail(&mut report, "journal", &e),
+                        }
+                    }
+                }
+            }
+            Err(e) => fail(&mut report, "journal", &e),
+        }
+        if live.failed.load(Ordering::Relaxed) {
+            *report.failures.entry("store").or_default() += 1;
         }
         for (kind, n) in &report.reclaimed {
             parts.metrics.gc_reclaimed(kind, *n);
@@ -250,6 +258,26 @@ fn backoff_delay(interval: Duration, failures: u32) -> Duration {
 fn add(report: &mut PassReport, kind: &'static str, n: usize) {
     if n > 0 {
         *report.reclaimed.entry(kind).or_default() += u64::try_from(n).unwrap_or(u64::MAX);
+    }
+}
+
+/// The store's sandbox records, read afresh each time a collector asks.
+struct StoreLive<'a> {
+    store: &'a Store,
+    /// Set when a read failed (the collector then removed nothing).
+    failed: AtomicBool,
+}
+
+impl LiveSandboxes for StoreLive<'_> {
+    fn now(&self) -> Option<HashSet<SandboxId>> {
+        match self.store.list_sandboxes() {
+            Ok(all) => Some(all.into_iter().map(|r| r.id).collect()),
+            Err(e) => {
+                warn!(error = %cubelet_engine::chain(&e), "gc: list sandboxes");
+                self.failed.store(true, Ordering::Relaxed);
+                None
+            }
+        }
     }
 }
 

@@ -2,11 +2,10 @@
 //! bridge, standard CNI plugins, or `none` (loopback-only namespaces),
 //! behind one type for wiring, GC and status.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use anyhow::Result;
-use cubelet_engine::{Flow, SandboxId};
+use cubelet_engine::{Flow, LiveSandboxes};
 use cubelet_network::{
     BridgeConfig, BridgeNetwork, CniConfig, CniNetwork, NetworkError, NoneNetwork, Readiness,
 };
@@ -73,7 +72,7 @@ impl PodNetwork {
     /// Reclaims what belongs to no live sandbox; counts by GC kind.
     pub(crate) async fn gc(
         &self,
-        live: &HashSet<SandboxId>,
+        live: &dyn LiveSandboxes,
     ) -> Result<Vec<(&'static str, usize)>, NetworkError> {
         Ok(match self {
             PodNetwork::Bridge(b) => {

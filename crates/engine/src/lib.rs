@@ -20,6 +20,7 @@ mod flow;
 mod journal;
 mod keyed;
 mod limiter;
+mod live;
 mod observer;
 pub mod spec;
 
@@ -39,6 +40,7 @@ pub use journal::{
 };
 pub use keyed::{KeyedGuard, KeyedLocks};
 pub use limiter::{Limiter, LimiterSnapshot, Permit};
+pub use live::LiveSandboxes;
 pub use observer::{FlowObserver, NoopObserver, Outcome};
 pub use spec::{SandboxId, SandboxSpec};
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use cubelet_engine::spec::{NetworkStatus, PortMapping};
-use cubelet_engine::{Flow, FlowContext, SandboxId, StepError};
+use cubelet_engine::{Flow, FlowContext, LiveSandboxes, SandboxId, StepError};
 use futures::TryStreamExt;
 use ipnet::Ipv4Net;
 use netlink_packet_route::address::AddressAttribute;
@@ -425,61 +425,67 @@ impl BridgeNetwork {
     }
 
     /// Removes namespace pins, host veths on our bridge, leases and host-port
-    /// rules that belong to no sandbox in `live`. Sandboxes whose create is
-    /// running in this provider count as live too, so a snapshot of `live`
-    /// taken just before a create cannot reclaim it halfway.
-    pub async fn gc(&self, live: &HashSet<SandboxId>) -> Result<GcReport, NetworkError> {
+    /// rules that belong to no sandbox in `live`. Each kind is listed first
+    /// and `live` asked afterwards (see [`LiveSandboxes`]), so a sandbox
+    /// whose create starts during the pass is never reclaimed halfway;
+    /// sandboxes whose create is running in this provider count as live too.
+    pub async fn gc(&self, live: &dyn LiveSandboxes) -> Result<GcReport, NetworkError> {
         let mut report = GcReport::default();
-        let live = &self.in_flight.and(live);
 
         // Veths first: removing a pin lets the kernel tear the namespace
         // down, which takes the pair with it asynchronously.
         let handle = host_handle()?;
         if let Some(bridge) = link_index(&handle, &self.config.name).await? {
-            let live_names: HashSet<String> = live.iter().map(veth_name).collect();
             let mut links = handle.link().get().execute();
-            let mut doomed = Vec::new();
+            let mut ports = Vec::new();
             while let Some(msg) = links
                 .try_next()
                 .await
                 .map_err(|e| NetworkError::netlink("list links", "all", e))?
             {
-                if let Some(name) = orphan_veth(&msg, bridge, &live_names) {
-                    doomed.push(name);
-                }
+                ports.extend(port_of(&msg, bridge));
             }
-            for name in doomed {
-                if self.delete_veth(&name).await? {
+            let Some(now) = self.in_flight.and(live) else {
+                return Ok(report);
+            };
+            let live_names: HashSet<String> = now.iter().map(veth_name).collect();
+            for name in ports.iter().filter(|n| !live_names.contains(*n)) {
+                if self.delete_veth(name).await? {
                     report.veths += 1;
                 }
             }
         }
 
-        report.netns = netns::remove_pins_except(&self.netns_dir, live)?;
+        report.netns = netns::remove_pins_except(&self.netns_dir, || self.in_flight.and(live))?;
 
-        let owners: HashSet<SandboxId> = self
-            .ipam
-            .leases()
+        let leases = self.ipam.leases();
+        let Some(now) = self.in_flight.and(live) else {
+            return Ok(report);
+        };
+        let owners: HashSet<SandboxId> = leases
             .into_iter()
             .map(|(_, s)| s)
-            .filter(|s| !live.contains(s))
+            .filter(|s| !now.contains(s))
             .collect();
         for owner in owners {
             report.leases += self.ipam.release(&owner)?.len();
         }
 
         if nft::find_nft().is_some() {
+            // `doomed` is first called once the rules are listed.
+            let now = std::sync::OnceLock::new();
             report.port_rules = self
-                .unmap_ports(|owner| SandboxId::parse(owner).is_none_or(|id| !live.contains(&id)))
+                .unmap_ports(|owner| {
+                    now.get_or_init(|| self.in_flight.and(live))
+                        .as_ref()
+                        .is_some_and(|now| {
+                            SandboxId::parse(owner).is_none_or(|id| !now.contains(&id))
+                        })
+                })
                 .await?;
         }
         Ok(report)
     }
-}
-
-/// The name of `msg` if it is one of our veths on `bridge` not in `live`.
-fn orphan_veth(msg: &LinkMessage, bridge: u32, live: &HashSet<String>) -> Option<String> {
-    port_of(msg, bridge).filter(|name| !live.contains(name))
 }
 
 /// The name of `msg` if it is a veth with our prefix attached to `bridge`.

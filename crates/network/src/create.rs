@@ -15,7 +15,7 @@ use std::future::Future;
 use std::sync::{Mutex, MutexGuard};
 
 use cubelet_engine::spec::NetworkStatus;
-use cubelet_engine::SandboxId;
+use cubelet_engine::{LiveSandboxes, SandboxId};
 
 use crate::error::NetworkError;
 use crate::netns;
@@ -39,11 +39,13 @@ impl InFlight {
         }
     }
 
-    /// `live` plus every sandbox in flight: what a GC pass must not touch.
-    pub(crate) fn and(&self, live: &HashSet<SandboxId>) -> HashSet<SandboxId> {
-        let mut all = live.clone();
+    /// The sandboxes that exist now plus every sandbox in flight: what a
+    /// GC pass must not touch. Asked after the pass has listed its objects
+    /// (see [`LiveSandboxes`]); `None` when `live` cannot be read.
+    pub(crate) fn and(&self, live: &dyn LiveSandboxes) -> Option<HashSet<SandboxId>> {
+        let mut all = live.now()?;
         all.extend(self.set().iter().cloned());
-        all
+        Some(all)
     }
 }
 
@@ -115,7 +117,10 @@ mod tests {
             false,
             &|| false,
             || async {
-                assert_eq!(in_flight.and(&live), HashSet::from([id("live"), id("new")]));
+                assert_eq!(
+                    in_flight.and(&live),
+                    Some(HashSet::from([id("live"), id("new")]))
+                );
                 Ok(NetworkStatus::default())
             },
             || async { unreachable!("nothing failed") },
@@ -123,7 +128,7 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(status, NetworkStatus::default());
-        assert_eq!(in_flight.and(&live), live);
+        assert_eq!(in_flight.and(&live), Some(live));
     }
 
     #[tokio::test]
@@ -156,7 +161,7 @@ mod tests {
                 if error.to_string().contains("build") && rollback.to_string().contains("undo")),
             "{err:?}"
         );
-        assert!(in_flight.and(&HashSet::new()).is_empty());
+        assert_eq!(in_flight.and(&HashSet::new()), Some(HashSet::new()));
     }
 
     #[tokio::test]

@@ -133,27 +133,33 @@ pub(crate) async fn host_network_status() -> NetworkStatus {
     }
 }
 
-/// Removes every pin in `dir` that belongs to no sandbox in `live`: pins of
-/// other sandboxes and files whose names are not sandbox ids. Returns how
-/// many were removed; a missing `dir` holds none.
+/// Removes every pin in `dir` that belongs to no sandbox in `keep()`: pins
+/// of other sandboxes and files whose names are not sandbox ids. `keep` is
+/// asked after `dir` has been listed (see [`cubelet_engine::LiveSandboxes`]);
+/// when it returns `None` nothing is removed. Returns how many were
+/// removed; a missing `dir` holds none.
 pub(crate) fn remove_pins_except(
     dir: &Path,
-    live: &HashSet<SandboxId>,
+    keep: impl FnOnce() -> Option<HashSet<SandboxId>>,
 ) -> Result<usize, NetworkError> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(NetworkError::io("read", dir, e)),
     };
-    let mut removed = 0;
+    let mut found = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| NetworkError::io("read", dir, e))?;
-        let keep = entry
-            .file_name()
-            .to_str()
-            .and_then(SandboxId::parse)
-            .is_some_and(|id| live.contains(&id));
-        if !keep && remove(&entry.path())? {
+        let id = entry.file_name().to_str().and_then(SandboxId::parse);
+        found.push((entry.path(), id));
+    }
+    let Some(keep) = keep() else {
+        return Ok(0);
+    };
+    let mut removed = 0;
+    for (path, id) in found {
+        let live = id.is_some_and(|id| keep.contains(&id));
+        if !live && remove(&path)? {
             removed += 1;
         }
     }

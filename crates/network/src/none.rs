@@ -4,12 +4,11 @@
 //! address, no route, no host ports; containerd's and CRI-O's "no network"
 //! pods look the same. Host-network pods get nothing from it.
 
-use std::collections::HashSet;
 use std::path::PathBuf;
 
 use async_trait::async_trait;
 use cubelet_engine::spec::{NetworkStatus, PortMapping};
-use cubelet_engine::{Flow, FlowContext, SandboxId, StepError};
+use cubelet_engine::{Flow, FlowContext, LiveSandboxes, SandboxId, StepError};
 
 use crate::create::{self, InFlight};
 use crate::error::NetworkError;
@@ -113,11 +112,12 @@ impl NoneNetwork {
         netns::remove(&self.netns_path(sandbox)).map(|_| ())
     }
 
-    /// Removes namespace pins that belong to no sandbox in `live`. Sandboxes
-    /// whose create is running in this provider count as live too.
-    pub async fn gc(&self, live: &HashSet<SandboxId>) -> Result<NoneGcReport, NetworkError> {
+    /// Removes namespace pins that belong to no sandbox in `live` (asked
+    /// after the pins are listed). Sandboxes whose create is running in this
+    /// provider count as live too.
+    pub async fn gc(&self, live: &dyn LiveSandboxes) -> Result<NoneGcReport, NetworkError> {
         Ok(NoneGcReport {
-            netns: netns::remove_pins_except(&self.netns_dir, &self.in_flight.and(live))?,
+            netns: netns::remove_pins_except(&self.netns_dir, || self.in_flight.and(live))?,
         })
     }
 }

@@ -1,6 +1,5 @@
 //! [`LocalStorage`], the `storage` flow provider.
 
-use std::collections::HashSet;
 use std::fs;
 use std::io;
 use std::os::unix::fs::DirBuilderExt;
@@ -9,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use cubelet_engine::spec::{NamespaceMode, NetworkStatus, StorageStatus};
-use cubelet_engine::{Flow, FlowContext, SandboxId, SandboxSpec, StepError};
+use cubelet_engine::{Flow, FlowContext, LiveSandboxes, SandboxId, SandboxSpec, StepError};
 use tokio::task::JoinHandle;
 
 use crate::error::StorageError;
@@ -297,11 +296,13 @@ impl LocalStorage {
     }
 
     /// Reclaims sandbox directories and shm/scratch mounts under the root
-    /// that belong to no sandbox in `live`. `live` must include every
-    /// sandbox with a flow in progress, or a sandbox being created could
-    /// be reclaimed under it. Entries that are not sandbox ids, and
-    /// symlinks, are left alone.
-    pub fn gc(&self, live: &HashSet<SandboxId>) -> Result<GcReport, StorageError> {
+    /// that belong to no sandbox in `live`. The mounts and the directories
+    /// are each listed first and `live` asked afterwards (see
+    /// [`LiveSandboxes`]), so a sandbox whose create starts during the pass
+    /// is never reclaimed under it; when `live` cannot be read nothing is
+    /// removed. Entries that are not sandbox ids, and symlinks, are left
+    /// alone.
+    pub fn gc(&self, live: &dyn LiveSandboxes) -> Result<GcReport, StorageError> {
         let mut report = GcReport::default();
         let sandboxes = self.sandboxes_dir();
         match fs::symlink_metadata(&sandboxes) {
@@ -319,8 +320,12 @@ impl LocalStorage {
             fs::canonicalize(&sandboxes).map_err(|e| StorageError::io("resolve", &sandboxes, e))?;
 
         // Mounts first, deepest first, so directory removal finds none.
+        let table = mount_table()?;
+        let Some(now) = live.now() else {
+            return Ok(report);
+        };
         let mut orphan_mounts: Vec<(PathBuf, bool)> = Vec::new();
-        for m in mount_table()? {
+        for m in table {
             let Ok(rel) = m.mount_point.strip_prefix(&canon) else {
                 continue;
             };
@@ -332,7 +337,7 @@ impl LocalStorage {
                 continue;
             };
             let is_scratch = leaf == "scratch";
-            if live.contains(&id) || !(is_scratch || leaf == "shm") {
+            if now.contains(&id) || !(is_scratch || leaf == "shm") {
                 continue;
             }
             if !orphan_mounts.iter().any(|(p, _)| *p == m.mount_point) {
@@ -354,17 +359,21 @@ impl LocalStorage {
         }
 
         let entries = match fs::read_dir(&sandboxes) {
-            Ok(it) => it,
+            Ok(it) => it
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| StorageError::io("read directory", &sandboxes, e))?,
             Err(e) => return Err(StorageError::io("read directory", &sandboxes, e)),
         };
+        let Some(now) = live.now() else {
+            return Ok(report);
+        };
         for entry in entries {
-            let entry = entry.map_err(|e| StorageError::io("read directory", &sandboxes, e))?;
             let name = entry.file_name();
             let Some(id) = name.to_str().and_then(SandboxId::parse) else {
                 tracing::debug!(entry = ?name, "gc: not a sandbox directory, left alone");
                 continue;
             };
-            if live.contains(&id) {
+            if now.contains(&id) {
                 continue;
             }
             match entry.file_type() {
@@ -451,6 +460,7 @@ impl Flow for LocalStorage {
 mod tests {
     use super::*;
     use cubelet_engine::spec::{DnsConfig, NamespaceOptions};
+    use std::collections::HashSet;
     use std::path::Path;
 
     /// A provider under a temp root with a fake host resolv.conf. IPC is
@@ -608,6 +618,27 @@ mod tests {
         s.destroy_sandbox(&id()).unwrap();
         s.cleanup_sandbox(&id()).unwrap();
         assert!(s.gc(&HashSet::new()).unwrap().dirs == 0);
+    }
+
+    /// A store that cannot be read.
+    struct Unreadable;
+
+    impl LiveSandboxes for Unreadable {
+        fn now(&self) -> Option<HashSet<SandboxId>> {
+            None
+        }
+    }
+
+    #[tokio::test]
+    async fn gc_removes_nothing_when_the_live_sandboxes_cannot_be_read() {
+        let (_tmp, s) = setup();
+        s.ensure_root().unwrap();
+        let dir = s.paths(&id()).dir;
+        fs::create_dir(&dir).unwrap();
+        assert_eq!(s.gc(&Unreadable).unwrap().dirs, 0);
+        assert!(dir.is_dir());
+        assert_eq!(s.gc(&HashSet::new()).unwrap().dirs, 1);
+        assert!(!dir.exists());
     }
 
     #[tokio::test]

@@ -17,12 +17,11 @@ mod conf;
 mod exec;
 mod result;
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use cubelet_engine::spec::{NetworkStatus, PortMapping, Protocol, SandboxSpec};
-use cubelet_engine::{Flow, FlowContext, SandboxId, StepError};
+use cubelet_engine::{Flow, FlowContext, LiveSandboxes, SandboxId, StepError};
 use serde_json::{Map, Value};
 
 use self::conf::NetworkList;
@@ -530,17 +529,21 @@ impl CniNetwork {
 
     /// Deletes the attachments of sandboxes not in `live` (DEL with the
     /// cached result, then cache entry and pin) and removes pins of dead
-    /// sandboxes that have none. Sandboxes whose create is running in this
-    /// provider count as live. A failed DEL is counted and retried next time.
-    pub async fn gc(&self, live: &HashSet<SandboxId>) -> Result<CniGcReport, NetworkError> {
+    /// sandboxes that have none. `live` is asked after each listing;
+    /// sandboxes whose create is running in this provider count as live. A
+    /// failed DEL is counted and retried next time.
+    pub async fn gc(&self, live: &dyn LiveSandboxes) -> Result<CniGcReport, NetworkError> {
         let mut report = CniGcReport::default();
-        let live = self.in_flight.and(live);
-        for (path, entry) in cache::list(&self.config.cache_dir)? {
+        let entries = cache::list(&self.config.cache_dir)?;
+        let Some(now) = self.in_flight.and(live) else {
+            return Ok(report);
+        };
+        for (path, entry) in entries {
             let Some(id) = SandboxId::parse(&entry.container_id) else {
                 tracing::warn!(path = %path.display(), "cni cache entry with an invalid sandbox id; left alone");
                 continue;
             };
-            if live.contains(&id) {
+            if now.contains(&id) {
                 continue;
             }
             match self.teardown(&id, &SandboxSpec::default()).await {
@@ -551,7 +554,7 @@ impl CniNetwork {
                 }
             }
         }
-        report.netns = netns::remove_pins_except(&self.netns_dir, &live)?;
+        report.netns = netns::remove_pins_except(&self.netns_dir, || self.in_flight.and(live))?;
         Ok(report)
     }
 }
