@@ -20,9 +20,9 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     AttachRequest, ContainerConfig, ContainerMetadata, ContainerStatus, ContainerStatusRequest,
     CreateContainerRequest, ImageSpec, ListContainersRequest, ListPodSandboxRequest,
-    PodSandboxConfig, PodSandboxMetadata, PullImageRequest, RemoveContainerRequest,
-    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
-    StopPodSandboxRequest,
+    PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus, PodSandboxStatusRequest,
+    PullImageRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
+    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -460,6 +460,21 @@ impl Daemon {
             .await
             .with_context(|| format!("RunPodSandbox {name}"))?;
         Ok(r.into_inner().pod_sandbox_id)
+    }
+
+    /// The (non-verbose) PodSandboxStatus of pod `id`.
+    pub async fn pod_status(&self, id: &str) -> anyhow::Result<PodSandboxStatus> {
+        self.runtime
+            .clone()
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: id.to_owned(),
+                verbose: false,
+            })
+            .await
+            .with_context(|| format!("PodSandboxStatus {id}"))?
+            .into_inner()
+            .status
+            .with_context(|| format!("PodSandboxStatus {id}: no status"))
     }
 
     /// Creates and starts `cfg` in pod `pod` (run from `pod_cfg`); returns

@@ -12,9 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use cubelet_e2e::cri::{
-    ExecSyncRequest, PodSandboxConfig, PodSandboxStatusRequest, PortMapping, Protocol,
-};
+use cubelet_e2e::cri::{ExecSyncRequest, PodSandboxConfig, PortMapping, Protocol};
 use cubelet_e2e::{container_config, leaks, run, Daemon, DaemonOpts};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -34,16 +32,10 @@ async fn pod(
     let ctr = d
         .start_in(&id, &config, container_config(name, BUSYBOX, command))
         .await?;
-    let mut rt = d.runtime.clone();
-    let ip = rt
-        .pod_sandbox_status(PodSandboxStatusRequest {
-            pod_sandbox_id: id.clone(),
-            verbose: false,
-        })
+    let ip = d
+        .pod_status(&id)
         .await?
-        .into_inner()
-        .status
-        .and_then(|s| s.network)
+        .network
         .context("no network status")?
         .ip
         .parse()?;

@@ -381,17 +381,8 @@ async fn creates_under_a_busy_gc(d: &Daemon) -> anyhow::Result<()> {
         .filter(|l| l.starts_with("cubelet_gc_reclaimed_total{"))
         .collect();
     ensure!(reclaimed.is_empty(), "the GC took something: {reclaimed:?}");
-    let mut rt = d.runtime.clone();
     for id in &ids {
-        let status = rt
-            .pod_sandbox_status(PodSandboxStatusRequest {
-                pod_sandbox_id: id.clone(),
-                verbose: false,
-            })
-            .await?
-            .into_inner()
-            .status
-            .context("no status")?;
+        let status = d.pod_status(id).await?;
         ensure!(status.state == 0, "pod {id} is not ready: {status:?}");
         for path in [
             d.root_dir.join("sandboxes").join(id).join("hostname"),
@@ -400,6 +391,7 @@ async fn creates_under_a_busy_gc(d: &Daemon) -> anyhow::Result<()> {
             ensure!(path.exists(), "{} of a ready pod is gone", path.display());
         }
     }
+    let mut rt = d.runtime.clone();
     for id in ids {
         rt.stop_pod_sandbox(StopPodSandboxRequest {
             pod_sandbox_id: id.clone(),

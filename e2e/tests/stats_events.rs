@@ -183,15 +183,7 @@ async fn stats_and_metrics(d: &Daemon) -> anyhow::Result<()> {
     // Pod network: connect from the host to a closed port of the pod over
     // the test bridge; the pod's kernel answers with a reset, so eth0 has
     // traffic both ways.
-    let status = rt
-        .pod_sandbox_status(PodSandboxStatusRequest {
-            pod_sandbox_id: pod.clone(),
-            verbose: false,
-        })
-        .await?
-        .into_inner()
-        .status
-        .context("no pod status")?;
+    let status = d.pod_status(&pod).await?;
     let ip: std::net::IpAddr = status
         .network
         .as_ref()
