@@ -292,7 +292,8 @@ impl BridgeNetwork {
             sandbox,
             host_network,
             cancelled,
-            || self.build(sandbox, ports, cancelled),
+            || Ok(()),
+            |()| self.build(sandbox, ports, cancelled),
             || self.teardown(sandbox, !ports.is_empty()),
         )
         .await
@@ -400,14 +401,14 @@ impl BridgeNetwork {
         first.map_or(Ok(()), Err)
     }
 
+    /// Deletes the host-port rules whose owner `doomed` names. `doomed` is
+    /// called only once the rules are listed (the GC relies on that) and
+    /// not at all when there are none.
     async fn unmap_ports(&self, doomed: impl Fn(&str) -> bool) -> Result<usize, NetworkError> {
         let nft = self.nft()?;
         let _guard = self.ports.lock().await;
-        let rules: Vec<_> = nft::list_host_ports(&nft, &self.table)
-            .await?
-            .into_iter()
-            .filter(|r| doomed(&r.owner))
-            .collect();
+        let listed = nft::list_host_ports(&nft, &self.table).await?;
+        let rules: Vec<_> = listed.into_iter().filter(|r| doomed(&r.owner)).collect();
         nft::delete_rules(&nft, &self.table, &rules).await?;
         Ok(rules.len())
     }
@@ -445,13 +446,15 @@ impl BridgeNetwork {
             {
                 ports.extend(port_of(&msg, bridge));
             }
-            let Some(now) = self.in_flight.and(live) else {
-                return Ok(report);
-            };
-            let live_names: HashSet<String> = now.iter().map(veth_name).collect();
-            for name in ports.iter().filter(|n| !live_names.contains(*n)) {
-                if self.delete_veth(name).await? {
-                    report.veths += 1;
+            if !ports.is_empty() {
+                let Some(now) = self.in_flight.and(live) else {
+                    return Ok(report);
+                };
+                let live_names: HashSet<String> = now.iter().map(veth_name).collect();
+                for name in ports.iter().filter(|n| !live_names.contains(*n)) {
+                    if self.delete_veth(name).await? {
+                        report.veths += 1;
+                    }
                 }
             }
         }
@@ -459,16 +462,18 @@ impl BridgeNetwork {
         report.netns = netns::remove_pins_except(&self.netns_dir, || self.in_flight.and(live))?;
 
         let leases = self.ipam.leases();
-        let Some(now) = self.in_flight.and(live) else {
-            return Ok(report);
-        };
-        let owners: HashSet<SandboxId> = leases
-            .into_iter()
-            .map(|(_, s)| s)
-            .filter(|s| !now.contains(s))
-            .collect();
-        for owner in owners {
-            report.leases += self.ipam.release(&owner)?.len();
+        if !leases.is_empty() {
+            let Some(now) = self.in_flight.and(live) else {
+                return Ok(report);
+            };
+            let owners: HashSet<SandboxId> = leases
+                .into_iter()
+                .map(|(_, s)| s)
+                .filter(|s| !now.contains(s))
+                .collect();
+            for owner in owners {
+                report.leases += self.ipam.release(&owner)?.len();
+            }
         }
 
         if nft::find_nft().is_some() {

@@ -3,9 +3,12 @@
 //!
 //! - a host-network pod gets the node's status and nothing is built;
 //! - the sandbox counts as in flight until the create returns, so the
-//!   provider's GC, working from a `live` set read just before, keeps off
-//!   its half-built network;
+//!   provider's GC keeps off its half-built network even when it is given a
+//!   fixed set of live sandboxes (the agent's GC reads the store after
+//!   listing, which covers it too);
 //! - a flow cancelled before anything is built stops there;
+//! - a failed preparation (checks that build nothing, such as finding the
+//!   CNI config and plugins) returns its error as it is;
 //! - when the build fails, the provider's teardown removes whatever part of
 //!   it was made before the error returns, and if that fails too, both
 //!   errors are reported.
@@ -61,14 +64,16 @@ impl Drop for Entered<'_> {
     }
 }
 
-/// Runs `build` for `sandbox` inside the frame described in the module
-/// documentation; `undo` is the provider's (idempotent) teardown.
-pub(crate) async fn create<B, U>(
+/// Runs `prepare` and then `build` for `sandbox` inside the frame described
+/// in the module documentation; `undo` is the provider's (idempotent)
+/// teardown, run only when `build` fails.
+pub(crate) async fn create<P, B, U>(
     in_flight: &InFlight,
     sandbox: &SandboxId,
     host_network: bool,
     cancelled: &(dyn Fn() -> bool + Sync),
-    build: impl FnOnce() -> B,
+    prepare: impl FnOnce() -> Result<P, NetworkError>,
+    build: impl FnOnce(P) -> B,
     undo: impl FnOnce() -> U,
 ) -> Result<NetworkStatus, NetworkError>
 where
@@ -85,7 +90,8 @@ where
             after: None,
         });
     }
-    match build().await {
+    let prepared = prepare()?;
+    match build(prepared).await {
         Ok(status) => Ok(status),
         Err(error) => match undo().await {
             Ok(()) => Err(error),
@@ -116,7 +122,8 @@ mod tests {
             &id("new"),
             false,
             &|| false,
-            || async {
+            || Ok(()),
+            |()| async {
                 assert_eq!(
                     in_flight.and(&live),
                     Some(HashSet::from([id("live"), id("new")]))
@@ -135,25 +142,42 @@ mod tests {
     async fn a_failed_build_is_undone_and_both_errors_are_kept() {
         let in_flight = InFlight::default();
         let undone = AtomicUsize::new(0);
-        let failing = || async {
+        let ok = || Ok(());
+        let failing = |()| async {
             Err(NetworkError::InvalidConfig {
                 reason: "build".into(),
             })
         };
-        let err = create(&in_flight, &id("a"), false, &|| false, failing, || async {
-            undone.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        })
+        let err = create(
+            &in_flight,
+            &id("a"),
+            false,
+            &|| false,
+            ok,
+            failing,
+            || async {
+                undone.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            },
+        )
         .await
         .unwrap_err();
         assert!(err.to_string().contains("build"), "{err}");
         assert_eq!(undone.load(Ordering::SeqCst), 1);
 
-        let err = create(&in_flight, &id("a"), false, &|| false, failing, || async {
-            Err(NetworkError::InvalidConfig {
-                reason: "undo".into(),
-            })
-        })
+        let err = create(
+            &in_flight,
+            &id("a"),
+            false,
+            &|| false,
+            ok,
+            failing,
+            || async {
+                Err(NetworkError::InvalidConfig {
+                    reason: "undo".into(),
+                })
+            },
+        )
         .await
         .unwrap_err();
         assert!(
@@ -165,18 +189,44 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_failed_preparation_is_returned_without_undo() {
+        let in_flight = InFlight::default();
+        let err = create(
+            &in_flight,
+            &id("p"),
+            false,
+            &|| false,
+            || {
+                Err::<(), _>(NetworkError::InvalidConfig {
+                    reason: "no plugin".into(),
+                })
+            },
+            |()| async { unreachable!("must not build") },
+            || async { unreachable!("must not undo") },
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&err, NetworkError::InvalidConfig { reason } if reason == "no plugin"),
+            "{err:?}"
+        );
+        assert_eq!(in_flight.and(&HashSet::new()), Some(HashSet::new()));
+    }
+
+    #[tokio::test]
     async fn cancelled_or_host_network_creates_build_nothing() {
         let in_flight = InFlight::default();
-        let never = || async { unreachable!("must not build") };
+        let never = |()| async { unreachable!("must not build") };
         let no_undo = || async { unreachable!("must not undo") };
-        let err = create(&in_flight, &id("c"), false, &|| true, never, no_undo)
+        let ok = || Ok(());
+        let err = create(&in_flight, &id("c"), false, &|| true, ok, never, no_undo)
             .await
             .unwrap_err();
         assert!(
             matches!(err, NetworkError::Cancelled { after: None, .. }),
             "{err:?}"
         );
-        let status = create(&in_flight, &id("h"), true, &|| true, never, no_undo)
+        let status = create(&in_flight, &id("h"), true, &|| true, ok, never, no_undo)
             .await
             .unwrap();
         assert!(status.netns_path.is_none());

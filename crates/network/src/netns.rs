@@ -153,6 +153,9 @@ pub(crate) fn remove_pins_except(
         let id = entry.file_name().to_str().and_then(SandboxId::parse);
         found.push((entry.path(), id));
     }
+    if found.is_empty() {
+        return Ok(0);
+    }
     let Some(keep) = keep() else {
         return Ok(0);
     };

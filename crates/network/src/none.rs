@@ -81,7 +81,7 @@ impl NoneNetwork {
         ports: &[PortMapping],
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<NetworkStatus, NetworkError> {
-        let build = || async {
+        let build = |()| async {
             if !ports.is_empty() {
                 tracing::debug!(sandbox = %sandbox, ports = ports.len(), "network provider none: port mappings ignored");
             }
@@ -100,6 +100,7 @@ impl NoneNetwork {
             sandbox,
             host_network,
             cancelled,
+            || Ok(()),
             build,
             undo,
         )

@@ -3,9 +3,10 @@
 //! `create` runs the pause process in the pod's network namespace (published
 //! by the network step, or the node's for host-network pods) with its own
 //! IPC/UTS/PID namespaces unless the pod uses the node's, and publishes a
-//! [`SandboxProcess`]. The container id is the sandbox id, so `destroy`
-//! (kill and delete the task and container record) and `cleanup` (also the
-//! rootfs snapshot and FIFOs) need nothing but the id and are idempotent.
+//! [`SandboxProcess`]. The container id is the sandbox id, so `destroy` and
+//! `cleanup` (both: kill and delete the task, then the rootfs snapshot, the
+//! container record and the FIFOs; the pause process keeps nothing worth
+//! keeping) need nothing but the id and are idempotent.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -299,9 +299,9 @@ impl LocalStorage {
     /// that belong to no sandbox in `live`. The mounts and the directories
     /// are each listed first and `live` asked afterwards (see
     /// [`LiveSandboxes`]), so a sandbox whose create starts during the pass
-    /// is never reclaimed under it; when `live` cannot be read nothing is
-    /// removed. Entries that are not sandbox ids, and symlinks, are left
-    /// alone.
+    /// is never reclaimed under it; once `live` cannot be read nothing
+    /// further is removed. Entries that are not sandbox ids, and symlinks,
+    /// are left alone.
     pub fn gc(&self, live: &dyn LiveSandboxes) -> Result<GcReport, StorageError> {
         let mut report = GcReport::default();
         let sandboxes = self.sandboxes_dir();
@@ -320,12 +320,8 @@ impl LocalStorage {
             fs::canonicalize(&sandboxes).map_err(|e| StorageError::io("resolve", &sandboxes, e))?;
 
         // Mounts first, deepest first, so directory removal finds none.
-        let table = mount_table()?;
-        let Some(now) = live.now() else {
-            return Ok(report);
-        };
-        let mut orphan_mounts: Vec<(PathBuf, bool)> = Vec::new();
-        for m in table {
+        let mut candidates: Vec<(SandboxId, PathBuf, bool)> = Vec::new();
+        for m in mount_table()? {
             let Ok(rel) = m.mount_point.strip_prefix(&canon) else {
                 continue;
             };
@@ -337,11 +333,19 @@ impl LocalStorage {
                 continue;
             };
             let is_scratch = leaf == "scratch";
-            if now.contains(&id) || !(is_scratch || leaf == "shm") {
-                continue;
+            if is_scratch || leaf == "shm" {
+                candidates.push((id, m.mount_point.clone(), is_scratch));
             }
-            if !orphan_mounts.iter().any(|(p, _)| *p == m.mount_point) {
-                orphan_mounts.push((m.mount_point.clone(), is_scratch));
+        }
+        let mut orphan_mounts: Vec<(PathBuf, bool)> = Vec::new();
+        if !candidates.is_empty() {
+            let Some(now) = live.now() else {
+                return Ok(report);
+            };
+            for (id, mount_point, is_scratch) in candidates {
+                if !now.contains(&id) && !orphan_mounts.iter().any(|(p, _)| *p == mount_point) {
+                    orphan_mounts.push((mount_point, is_scratch));
+                }
             }
         }
         for (mount_point, is_scratch) in orphan_mounts {
@@ -364,6 +368,9 @@ impl LocalStorage {
                 .map_err(|e| StorageError::io("read directory", &sandboxes, e))?,
             Err(e) => return Err(StorageError::io("read directory", &sandboxes, e)),
         };
+        if entries.is_empty() {
+            return Ok(report);
+        }
         let Some(now) = live.now() else {
             return Ok(report);
         };

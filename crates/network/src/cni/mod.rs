@@ -17,6 +17,7 @@ mod conf;
 mod exec;
 mod result;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
@@ -273,12 +274,16 @@ impl CniNetwork {
         spec: &SandboxSpec,
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<NetworkStatus, NetworkError> {
-        let build = || async {
-            // Nothing is built unless the config and all its plugins are there.
+        // Nothing is built (or undone) unless the config and all its
+        // plugins are there.
+        let prepare = || {
             let list = conf::load(&self.config.conf_dir)?;
             let binaries = (0..list.plugins.len())
                 .map(|i| exec::find(&self.config.bin_dirs, list.plugin_type(i)))
                 .collect::<Result<Vec<_>, _>>()?;
+            Ok((list, binaries))
+        };
+        let build = |(list, binaries): (NetworkList, Vec<PathBuf>)| async move {
             let pin = self.netns_path(sandbox);
             netns::create(pin.clone()).await?;
             self.attach(sandbox, spec, &list, &binaries, &pin, cancelled)
@@ -289,6 +294,7 @@ impl CniNetwork {
             sandbox,
             spec.host_network(),
             cancelled,
+            prepare,
             build,
             || self.teardown(sandbox, spec),
         )
@@ -535,8 +541,13 @@ impl CniNetwork {
     pub async fn gc(&self, live: &dyn LiveSandboxes) -> Result<CniGcReport, NetworkError> {
         let mut report = CniGcReport::default();
         let entries = cache::list(&self.config.cache_dir)?;
-        let Some(now) = self.in_flight.and(live) else {
-            return Ok(report);
+        let now = if entries.is_empty() {
+            HashSet::new()
+        } else {
+            match self.in_flight.and(live) {
+                Some(now) => now,
+                None => return Ok(report),
+            }
         };
         for (path, entry) in entries {
             let Some(id) = SandboxId::parse(&entry.container_id) else {

@@ -96,7 +96,14 @@ pub fn fake_uplink() -> Result<()> {
     run(&[
         "ip", "link", "add", "tup0", "type", "veth", "peer", "name", "tup1",
     ])?;
-    run(&["ip", "addr", "add", "192.0.2.10/24", "dev", "tup0"])?;
+    run(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{UPLINK_IP}/24"),
+        "dev",
+        "tup0",
+    ])?;
     run(&["ip", "link", "set", "tup0", "up"])?;
     run(&["ip", "link", "set", "tup1", "up"])?;
     run(&["ip", "route", "add", "default", "via", "192.0.2.1"])?;
