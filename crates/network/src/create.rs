@@ -142,49 +142,46 @@ mod tests {
     async fn a_failed_build_is_undone_and_both_errors_are_kept() {
         let in_flight = InFlight::default();
         let undone = AtomicUsize::new(0);
-        let ok = || Ok(());
-        let failing = |()| async {
-            Err(NetworkError::InvalidConfig {
-                reason: "build".into(),
-            })
-        };
-        let err = create(
-            &in_flight,
-            &id("a"),
-            false,
-            &|| false,
-            ok,
-            failing,
-            || async {
-                undone.fetch_add(1, Ordering::SeqCst);
-                Ok(())
-            },
-        )
-        .await
-        .unwrap_err();
-        assert!(err.to_string().contains("build"), "{err}");
-        assert_eq!(undone.load(Ordering::SeqCst), 1);
-
-        let err = create(
-            &in_flight,
-            &id("a"),
-            false,
-            &|| false,
-            ok,
-            failing,
-            || async {
-                Err(NetworkError::InvalidConfig {
-                    reason: "undo".into(),
-                })
-            },
-        )
-        .await
-        .unwrap_err();
-        assert!(
-            matches!(&err, NetworkError::RollbackFailed { error, rollback }
-                if error.to_string().contains("build") && rollback.to_string().contains("undo")),
-            "{err:?}"
-        );
+        for undo_fails in [false, true] {
+            let err = create(
+                &in_flight,
+                &id("a"),
+                false,
+                &|| false,
+                || Ok(()),
+                |()| async {
+                    Err(NetworkError::InvalidConfig {
+                        reason: "build".into(),
+                    })
+                },
+                || async {
+                    undone.fetch_add(1, Ordering::SeqCst);
+                    if undo_fails {
+                        Err(NetworkError::InvalidConfig {
+                            reason: "undo".into(),
+                        })
+                    } else {
+                        Ok(())
+                    }
+                },
+            )
+            .await
+            .unwrap_err();
+            if undo_fails {
+                assert!(
+                    matches!(&err, NetworkError::RollbackFailed { error, rollback }
+                        if error.to_string().contains("build")
+                            && rollback.to_string().contains("undo")),
+                    "{err:?}"
+                );
+            } else {
+                assert!(
+                    matches!(&err, NetworkError::InvalidConfig { reason } if reason == "build"),
+                    "{err:?}"
+                );
+            }
+        }
+        assert_eq!(undone.load(Ordering::SeqCst), 2);
         assert_eq!(in_flight.and(&HashSet::new()), Some(HashSet::new()));
     }
 

@@ -9,7 +9,6 @@
 //! keeping) need nothing but the id and are idempotent.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use cubelet_engine::spec::{NetworkStatus, SandboxProcess};
@@ -146,13 +145,6 @@ impl SandboxProvider {
             ..Default::default()
         }
     }
-
-    async fn teardown(&self, id: &str) -> Result<(), RuntimeError> {
-        // The pause process has nothing to flush: kill it outright. Its
-        // rootfs goes with it (snapshot before record, see `remove`).
-        self.runtime.stop(id, Duration::ZERO).await?;
-        self.runtime.remove(id).await
-    }
 }
 
 #[async_trait]
@@ -180,11 +172,13 @@ impl Flow for SandboxProvider {
         Ok(())
     }
 
+    /// The pause process has nothing to flush: `remove` kills it outright
+    /// (`SIGKILL`) and takes its rootfs, record and FIFOs with it.
     async fn destroy(&self, ctx: &FlowContext) -> Result<(), StepError> {
-        Ok(self.teardown(ctx.sandbox_id().as_str()).await?)
+        Ok(self.runtime.remove(ctx.sandbox_id().as_str()).await?)
     }
 
     async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError> {
-        Ok(self.teardown(ctx.sandbox_id().as_str()).await?)
+        self.destroy(ctx).await
     }
 }
