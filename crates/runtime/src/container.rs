@@ -861,7 +861,8 @@ impl ContainerRuntime {
         }
     }
 
-    async fn remove_snapshot(&self, id: &str) -> Result<(), RuntimeError> {
+    /// Removes snapshot `id` of the agent's snapshotter. Idempotent.
+    pub(crate) async fn remove_snapshot(&self, id: &str) -> Result<(), RuntimeError> {
         match self
             .client
             .snapshots()

@@ -5,9 +5,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use containerd_client::services::v1::snapshots::{
-    Kind, ListSnapshotsRequest, RemoveSnapshotRequest,
-};
+use containerd_client::services::v1::snapshots::{Kind, ListSnapshotsRequest};
 use containerd_client::services::v1::{ListContainersRequest, ListTasksRequest};
 use futures::TryStreamExt;
 
@@ -119,19 +117,7 @@ impl ContainerRuntime {
                 reason: format!("{key:?} is not an extraction snapshot"),
             });
         }
-        let client = self.client();
-        match client
-            .snapshots()
-            .remove(client.request(RemoveSnapshotRequest {
-                snapshotter: self.config().snapshotter.clone(),
-                key: key.to_owned(),
-            }))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
-            Err(s) => Err(RuntimeError::containerd("snapshots.remove", s)),
-        }
+        self.remove_snapshot(key).await
     }
 }
 
