@@ -1176,6 +1176,8 @@ def check_schema(report, values, schema):
     rejects("an unknown config key", lambda v: v["config"].__setitem__("bogus", 1))
     rejects("a flow without steps", lambda v: v["config"]["flows"]["create"].pop("steps"))
     rejects("image.pullPolicy=Sometimes", lambda v: v["image"].__setitem__("pullPolicy", "Sometimes"))
+    rejects("podLabels overriding the selector's component label",
+            lambda v: v["podLabels"].__setitem__("app.kubernetes.io/component", "x"))
     rejects("kubelet.switchRuntime as a string",
             lambda v: v["kubelet"].__setitem__("switchRuntime", "yes"))
 

@@ -39,11 +39,23 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
-Selector labels (immutable on the DaemonSet: never add to these).
+Labels naming the release, on every object. Not a selector on their own:
+the test Pod and the uninstall Job pods carry them too.
 */}}
 {{- define "cubelet.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "cubelet.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Selector of the installer pods (DaemonSet and Service): the release labels
+plus the installer component, which no other pod of the chart has (the test
+Pod is component "test", the uninstall Jobs' pods "uninstall"). Immutable on
+the DaemonSet: changing it needs the DaemonSet deleted first (README).
+*/}}
+{{- define "cubelet.installerSelectorLabels" -}}
+{{ include "cubelet.selectorLabels" . }}
+app.kubernetes.io/component: installer
 {{- end }}
 
 {{/*
