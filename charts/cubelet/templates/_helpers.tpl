@@ -149,3 +149,125 @@ Environment shared by the installer DaemonSet and the uninstall Jobs.
 - name: CUBELET_STATE_DIR
   value: {{ .Values.config.state_dir | quote }}
 {{- end }}
+
+{{/*
+"true" when the DaemonSet controller runs an installer pod on .node (a Node
+object from lookup) under the values of .root, as NodeShouldRunDaemonPod
+decides it:
+- every nodeSelector label is present on the node with that value (a
+  missing label never matches, not even an empty value);
+- the node matches the required node affinity;
+- every NoSchedule and NoExecute taint of the node is tolerated by
+  .Values.tolerations or by the tolerations the DaemonSet controller adds
+  to daemon pods (not-ready and unreachable NoExecute; disk-, memory- and
+  pid-pressure, unschedulable and, for hostNetwork pods such as these,
+  network-unavailable NoSchedule).
+The uninstall Jobs go to exactly these nodes.
+*/}}
+{{- define "cubelet.installerRunsOn" -}}
+{{- $values := .root.Values }}
+{{- $node := .node }}
+{{- $labels := $node.metadata.labels | default dict }}
+{{- $ok := true }}
+{{- range $key, $want := $values.nodeSelector }}
+{{- if not (and (hasKey $labels $key) (eq (toString (get $labels $key)) (toString $want))) }}
+{{- $ok = false }}
+{{- end }}
+{{- end }}
+{{- with dig "nodeAffinity" "requiredDuringSchedulingIgnoredDuringExecution" dict ($values.affinity | default dict) }}
+{{- $any := false }}
+{{- range $term := .nodeSelectorTerms }}
+{{- if include "cubelet.nodeSelectorTermMatches" (dict "term" $term "node" $node) }}
+{{- $any = true }}
+{{- end }}
+{{- end }}
+{{- if not $any }}
+{{- $ok = false }}
+{{- end }}
+{{- end }}
+{{- $tolerations := $values.tolerations | default list }}
+{{- range $key := list "not-ready" "unreachable" }}
+{{- $tolerations = append $tolerations (dict "key" (printf "node.kubernetes.io/%s" $key) "operator" "Exists" "effect" "NoExecute") }}
+{{- end }}
+{{- range $key := list "disk-pressure" "memory-pressure" "pid-pressure" "unschedulable" "network-unavailable" }}
+{{- $tolerations = append $tolerations (dict "key" (printf "node.kubernetes.io/%s" $key) "operator" "Exists" "effect" "NoSchedule") }}
+{{- end }}
+{{- range $taint := dig "spec" "taints" list $node }}
+{{- if has $taint.effect (list "NoSchedule" "NoExecute") }}
+{{- $tolerated := false }}
+{{- range $toleration := $tolerations }}
+{{- if include "cubelet.tolerates" (dict "toleration" $toleration "taint" $taint) }}
+{{- $tolerated = true }}
+{{- end }}
+{{- end }}
+{{- if not $tolerated }}
+{{- $ok = false }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $ok }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when the NodeSelectorTerm .term matches .node: all its
+matchExpressions (In, NotIn, Exists, DoesNotExist, Gt, Lt on labels) and
+matchFields (metadata.name) hold; an empty term matches nothing.
+*/}}
+{{- define "cubelet.nodeSelectorTermMatches" -}}
+{{- $labels := .node.metadata.labels | default dict }}
+{{- $name := .node.metadata.name }}
+{{- $exprs := .term.matchExpressions | default list }}
+{{- $fields := .term.matchFields | default list }}
+{{- $ok := not (and (empty $exprs) (empty $fields)) }}
+{{- range $e := $exprs }}
+{{- $has := hasKey $labels $e.key }}
+{{- $value := toString (get $labels $e.key) }}
+{{- $values := $e.values | default list }}
+{{- if eq $e.operator "In" }}
+{{- if not (and $has (has $value $values)) }}{{ $ok = false }}{{ end }}
+{{- else if eq $e.operator "NotIn" }}
+{{- if and $has (has $value $values) }}{{ $ok = false }}{{ end }}
+{{- else if eq $e.operator "Exists" }}
+{{- if not $has }}{{ $ok = false }}{{ end }}
+{{- else if eq $e.operator "DoesNotExist" }}
+{{- if $has }}{{ $ok = false }}{{ end }}
+{{- else if or (eq $e.operator "Gt") (eq $e.operator "Lt") }}
+{{- $limit := toString (first $values) }}
+{{- if not (and $has (eq (len $values) 1) (regexMatch "^[-+]?[0-9]+$" $value) (regexMatch "^[-+]?[0-9]+$" $limit)) }}
+{{- $ok = false }}
+{{- else if and (eq $e.operator "Gt") (not (gt (atoi $value) (atoi $limit))) }}
+{{- $ok = false }}
+{{- else if and (eq $e.operator "Lt") (not (lt (atoi $value) (atoi $limit))) }}
+{{- $ok = false }}
+{{- end }}
+{{- else }}
+{{- $ok = false }}
+{{- end }}
+{{- end }}
+{{- range $f := $fields }}
+{{- $in := and (eq $f.key "metadata.name") (has $name ($f.values | default list)) }}
+{{- if eq $f.operator "In" }}
+{{- if not $in }}{{ $ok = false }}{{ end }}
+{{- else if eq $f.operator "NotIn" }}
+{{- if or $in (ne $f.key "metadata.name") }}{{ $ok = false }}{{ end }}
+{{- else }}
+{{- $ok = false }}
+{{- end }}
+{{- end }}
+{{- if $ok }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when .toleration tolerates .taint (core/v1 ToleratesTaint): an empty
+effect or key matches any, operator Exists matches any value, Equal (the
+default) needs the same value.
+*/}}
+{{- define "cubelet.tolerates" -}}
+{{- $toleration := .toleration }}
+{{- $taint := .taint }}
+{{- $operator := $toleration.operator | default "Equal" }}
+{{- $effect := or (empty $toleration.effect) (eq (toString $toleration.effect) (toString $taint.effect)) }}
+{{- $key := or (empty $toleration.key) (eq (toString $toleration.key) (toString $taint.key)) }}
+{{- $value := or (eq $operator "Exists") (and (eq $operator "Equal") (eq (toString ($toleration.value | default "")) (toString ($taint.value | default "")))) }}
+{{- if and $effect $key $value }}true{{ end }}
+{{- end }}
