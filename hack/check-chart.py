@@ -1178,6 +1178,8 @@ def check_schema(report, values, schema):
     rejects("image.pullPolicy=Sometimes", lambda v: v["image"].__setitem__("pullPolicy", "Sometimes"))
     rejects("podLabels overriding the selector's component label",
             lambda v: v["podLabels"].__setitem__("app.kubernetes.io/component", "x"))
+    rejects("namespace.name that is not a DNS label",
+            lambda v: v["namespace"].__setitem__("name", "Cubelet_System"))
     rejects("kubelet.switchRuntime as a string",
             lambda v: v["kubelet"].__setitem__("switchRuntime", "yes"))
 
@@ -1994,6 +1996,12 @@ def check_namespace(report):
                      "a Namespace is rendered")
         wrong = [o for o in _namespaced(rendered) if o[2] != "cubelet-system"]
         report.check("namespace.name: every object (and hook) is in it", not wrong, f"{wrong}")
+    rendered = _render(report, "values without namespace, as --reuse-values from 0.1.0",
+                       {"namespace": None}, nodes=SAMPLE_NODES)
+    if rendered is not None:
+        wrong = [o for o in _namespaced(rendered) if o[2] != "kube-system"]
+        report.check("without a namespace key every object is in the release namespace",
+                     not wrong and not rendered.kind("Namespace"), f"{wrong}")
     try:
         render_chart({"namespace": {"create": True}})
         report.check("namespace.create=true without namespace.name fails the render", False,
@@ -2035,7 +2043,8 @@ def check_readme(report, values):
         return
     text = readme.read_text()
     for needle in ("helm install cubelet charts/cubelet -n kube-system",
-                   "helm template cubelet charts/cubelet"):
+                   "helm template cubelet charts/cubelet",
+                   "pod-security.kubernetes.io/enforce=privileged"):
         report.check(f"{rel(readme)} shows `{needle}`", needle in text, "not found")
     if values is None:
         return

@@ -59,6 +59,15 @@ app.kubernetes.io/component: installer
 {{- end }}
 
 {{/*
+Namespace of the chart's objects: namespace.name, else the release
+namespace. `default dict` keeps `helm upgrade --reuse-values` from an older
+chart (whose values lack `namespace`) working.
+*/}}
+{{- define "cubelet.namespace" -}}
+{{- (.Values.namespace | default dict).name | default .Release.Namespace }}
+{{- end }}
+
+{{/*
 ServiceAccount name.
 */}}
 {{- define "cubelet.serviceAccountName" -}}
