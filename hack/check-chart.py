@@ -1947,7 +1947,7 @@ def check_run_as_root(report):
         report.check(f"{what} containers run as root (runAsUser: 0, runAsNonRoot not true)",
                      bool(containers) and not bad,
                      "no containers" if not containers else
-                     f"{bad[0]['name']}: securityContext {bad[0].get('securityContext')}")
+                     f"{bad[0]['name']}: securityContext {bad[0].get('securityContext')}" if bad else "")
 
 
 # Values sets for the namespace checks.
