@@ -40,6 +40,7 @@ done
 
 log "chart checks"
 python3 "$HACK_DIR/check-chart.py"
+"$HACK_DIR/build-installer-image.sh" debug >/dev/null
 
 log "cargo test"
 cargo test --workspace --no-fail-fast -- --test-threads="${TEST_THREADS:-2}"
