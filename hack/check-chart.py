@@ -1824,7 +1824,7 @@ def _test_pods(rendered):
 def check_rendered_basics(report, values, schema):
     """Every values set renders, validates, and yields well-formed manifests."""
     validator = jsonschema.Draft7Validator(schema) if schema else None
-    sets = {**PLACEMENT_VALUES, **SELECTOR_VALUES, **NAMESPACE_VALUES}
+    sets = {**PLACEMENT_VALUES, **SELECTOR_VALUES, **NAMESPACE_VALUES, "every option on": ALL_ON_VALUES}
     for label, overrides in sets.items():
         if validator is not None and values is not None:
             merged = coalesce_values(values, overrides)
@@ -1845,7 +1845,30 @@ def check_rendered_basics(report, values, schema):
     report.check("helm template renders no uninstall Job (lookup finds no nodes)",
                  not rendered.kind("Job"), f"{len(rendered.kind('Job'))} Jobs")
     report.check("NOTES.txt renders", bool(rendered.notes.strip()), "empty")
+    rendered = _render(report, "every optional object on, with nodes", ALL_ON_VALUES, nodes=SAMPLE_NODES)
+    if rendered is None:
+        return
+    kinds = sorted({d["kind"] for _, d in rendered.docs})
+    want = ["ConfigMap", "DaemonSet", "Job", "Namespace", "Pod", "Service", "ServiceAccount", "ServiceMonitor"]
+    report.check("with every option on, all kinds render", kinds == want, f"kinds {kinds}")
+    svc, monitor = rendered.one("Service"), rendered.one("ServiceMonitor")
+    if svc is not None and monitor is not None:
+        report.check("the ServiceMonitor selects the Service in its namespace",
+                     selector_selects(monitor["spec"]["selector"], svc["metadata"].get("labels"))
+                     and monitor["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]],
+                     f"selector {monitor['spec']['selector']}, namespaces "
+                     f"{monitor['spec']['namespaceSelector']}, Service in {svc['metadata']['namespace']}")
 
+
+# Every optional object of the chart at once.
+ALL_ON_VALUES = {
+    "namespace": {"create": True, "name": "cubelet-system"},
+    "config": {"metrics": {"address": "0.0.0.0:9385"}},
+    "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "prometheus"}},
+    "dashboard": {"enabled": True},
+    "kubelet": {"switchRuntime": True},
+    "uninstall": {"purgeState": True},
+}
 
 # Values sets for the selector checks.
 SELECTOR_VALUES = {
