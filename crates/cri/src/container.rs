@@ -7,8 +7,8 @@ use cubelet_engine::spec::NamespaceMode;
 use cubelet_runtime::container::ContainerState as RtState;
 use cubelet_runtime::events::{ContainerEvent, ContainerEventKind};
 use cubelet_runtime::spec::{
-    ContainerNamespaces, ContainerSpec, DeviceSpec, HugepageLimit, MountSpec, Propagation,
-    Resources, SeccompProfile, UserRequest,
+    ContainerKind, ContainerNamespaces, ContainerSpec, DeviceSpec, HugepageLimit, MountSpec,
+    Propagation, Resources, SeccompProfile, UserRequest,
 };
 use cubelet_store::{ContainerRecord, ContainerState, SandboxState};
 use k8s_cri::v1 as cri;
@@ -30,6 +30,12 @@ fn resources(r: Option<&cri::LinuxContainerResources>) -> Resources {
         cpuset_cpus: r.cpuset_cpus.clone(),
         cpuset_mems: r.cpuset_mems.clone(),
         memory_limit: r.memory_limit_in_bytes,
+        memory_swap_limit: r.memory_swap_limit_in_bytes,
+        unified: r
+            .unified
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         hugepages: r
             .hugepage_limits
             .iter()
@@ -332,6 +338,7 @@ impl Cri {
             tty: config.tty,
             stdin: config.stdin,
             stdin_once: config.stdin_once,
+            kind: ContainerKind::Container,
             labels: config
                 .labels
                 .iter()
@@ -367,13 +374,25 @@ impl Cri {
             });
         }
         let id = new_id()?;
-        let mut rec = ContainerRecord::new(
-            &id,
-            sandbox.id.clone(),
-            &meta.name,
-            meta.attempt,
-            &image_ref,
-        );
+        // The image a status shows: what the user wrote (kubelet ≥ 1.29
+        // sends it); for a request by image id (kubelet creates by id) the
+        // image's first tag, as containerd shows, since `sha256:…` in a
+        // pod's status tells a user nothing; else the name requested.
+        let by_id =
+            image_ref.trim_start_matches("sha256:") == spec.image.id.trim_start_matches("sha256:");
+        let shown = config
+            .image
+            .as_ref()
+            .map(|i| i.user_specified_image.as_str())
+            .filter(|u| !u.is_empty())
+            .or_else(|| {
+                by_id
+                    .then(|| spec.image.repo_tags.first().map(String::as_str))
+                    .flatten()
+            })
+            .unwrap_or(&image_ref);
+        let mut rec =
+            ContainerRecord::new(&id, sandbox.id.clone(), &meta.name, meta.attempt, shown);
         rec.image_ref = spec.image.id.clone();
         rec.log_path = log_path;
         rec.labels = spec.labels.clone();

@@ -419,7 +419,14 @@ impl RuntimeService for Cri {
             };
             let c = &self.deps().conditions;
             let info = if verbose {
-                self.deps().status_info.clone()
+                let mut info = self.deps().status_info.clone();
+                // What the node's cgroups can enforce, and which requested
+                // resources were left out of specs for want of a controller.
+                let cgroups = self.deps().runtime.cgroups().report();
+                if let Ok(json) = serde_json::to_string(&cgroups) {
+                    info.insert("cgroups".to_owned(), json);
+                }
+                info
             } else {
                 HashMap::new()
             };

@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use cubelet_cri::{Cri, CriDeps};
 use cubelet_engine::{EngineBuilder, EngineOptions, Flow};
 use cubelet_metrics::{AdminServer, Metrics, Readiness};
+use cubelet_runtime::cgroups::CgroupSupport;
 use cubelet_runtime::container::{
     ContainerRuntime, ContainerState as RtState, HandlerConfig, RuntimeConfig,
 };
@@ -123,7 +124,15 @@ pub async fn run(config: Config) -> Result<()> {
         .collect();
     rt_config.default_handler = config.runtime.default_handler.clone();
     rt_config.restrict_oom_score_adj = config.runtime.restrict_oom_score_adj;
-    let runtime = Arc::new(ContainerRuntime::new(cd.clone(), rt_config));
+    let cgroups = CgroupSupport::detect(config.runtime.tolerate_missing_hugetlb_controller)
+        .context("detect the node's cgroup controllers")?;
+    tracing::info!(
+        version = ?cgroups.version(),
+        controllers = ?cgroups.report().controllers,
+        "cgroup controllers for containers"
+    );
+    let runtime =
+        Arc::new(ContainerRuntime::new(cd.clone(), rt_config).with_cgroups(Arc::new(cgroups)));
 
     let storage = Arc::new(LocalStorage::new(StorageConfig {
         root_dir: config.root_dir.clone(),

@@ -227,6 +227,11 @@ pub struct RuntimeConfig {
     /// Never give a container an `oom_score_adj` below the agent's own (a
     /// process without CAP_SYS_RESOURCE cannot lower it); as containerd's option.
     pub restrict_oom_score_adj: bool,
+    /// Leave hugepage limits out of container specs when the node has no
+    /// hugetlb controller where containers are placed (kubelet sends a zero
+    /// limit per page size); when false a non-zero limit is refused. As
+    /// containerd's option of the same name.
+    pub tolerate_missing_hugetlb_controller: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -245,6 +250,7 @@ impl Default for RuntimeConfig {
             handlers,
             cgroup_driver: CgroupDriver::Cgroupfs,
             restrict_oom_score_adj: true,
+            tolerate_missing_hugetlb_controller: true,
         }
     }
 }
@@ -725,6 +731,7 @@ runtime:
     runc: { runtime_type: io.containerd.runc.v2, binary: /usr/sbin/runc }
   cgroup_driver: cgroupfs
   restrict_oom_score_adj: true
+  tolerate_missing_hugetlb_controller: true
 network:
   provider: bridge
   bridge: { name: cubelet0, subnet: 10.88.0.0/16, mtu: 1500 }

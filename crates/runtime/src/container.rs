@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 use tokio::task::JoinHandle;
 
+use crate::cgroups::CgroupSupport;
 use crate::client::Containerd;
 use crate::error::{cd, cd_container, cd_process, RuntimeError};
 use crate::io::{self as fifo_io, Fifos};
@@ -52,6 +53,11 @@ pub const RUNC_OPTIONS_TYPE_URL: &str = "containerd.runc.v1.Options";
 
 /// Label prefix of Cubelet's own container labels.
 pub const LABEL_PREFIX: &str = "io.cubelet.runtime/";
+/// The label containerd's CRI plugin puts on its containers (`sandbox` or
+/// `container`). The cAdvisor inside kubelet attributes network stats to a
+/// pod only from a container labelled `sandbox` (its containerd handler's
+/// `needNet`), so Cubelet writes it too; CRI clients never see it.
+pub const KIND_LABEL: &str = "io.cri-containerd.kind";
 const LABEL_NAME: &str = "io.cubelet.runtime/name";
 const LABEL_LOG: &str = "io.cubelet.runtime/log-path";
 const LABEL_HANDLER: &str = "io.cubelet.runtime/handler";
@@ -178,6 +184,7 @@ struct Live {
 pub struct ContainerRuntime {
     client: Containerd,
     config: RuntimeConfig,
+    cgroups: Arc<CgroupSupport>,
     live: Mutex<HashMap<String, Live>>,
 }
 
@@ -235,13 +242,31 @@ fn json_any<T: Serialize>(type_url: &str, what: &'static str, v: &T) -> Result<A
 }
 
 impl ContainerRuntime {
-    /// A runtime over `client` with `config`.
+    /// A runtime over `client` with `config`, fitting container resources
+    /// to this host's cgroups (detected; hugetlb limits without the
+    /// controller tolerated). [`ContainerRuntime::with_cgroups`] changes that.
     pub fn new(client: Containerd, config: RuntimeConfig) -> Self {
+        let cgroups = CgroupSupport::detect(true).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cgroup controllers not detected; container resources go to the runtime as requested");
+            CgroupSupport::permissive()
+        });
         Self {
             client,
             config,
+            cgroups: Arc::new(cgroups),
             live: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The same runtime fitting resources to `cgroups`.
+    pub fn with_cgroups(mut self, cgroups: Arc<CgroupSupport>) -> Self {
+        self.cgroups = cgroups;
+        self
+    }
+
+    /// What the host's cgroups can enforce.
+    pub fn cgroups(&self) -> &CgroupSupport {
+        &self.cgroups
     }
 
     /// The containerd connection.
@@ -319,6 +344,19 @@ impl ContainerRuntime {
     /// Creates container `id` (not started): rootfs snapshot from the image's
     /// chain id, OCI spec, containerd record. Removes what it made on failure.
     pub async fn create(&self, id: &str, spec: &ContainerSpec) -> Result<(), RuntimeError> {
+        // Decided before anything is built: a limit the node cannot enforce
+        // is left out (or refused) here, never handed to runc.
+        let fitted;
+        let spec = match self.cgroups.fit(&spec.resources)? {
+            Some(resources) => {
+                fitted = ContainerSpec {
+                    resources,
+                    ..spec.clone()
+                };
+                &fitted
+            }
+            None => spec,
+        };
         let (handler_name, handler) = self.handler(&spec.runtime_handler)?;
         let handler_name = handler_name.to_owned();
         let runtime_options = Self::runtime_options(handler);
@@ -442,6 +480,7 @@ impl ContainerRuntime {
             .collect();
         labels.insert(LABEL_NAME.to_owned(), spec.name.clone());
         labels.insert(LABEL_HANDLER.to_owned(), handler_name.to_owned());
+        labels.insert(KIND_LABEL.to_owned(), spec.kind.as_str().to_owned());
         if let Some(p) = &spec.log_path {
             labels.insert(LABEL_LOG.to_owned(), p.display().to_string());
         }
@@ -930,7 +969,7 @@ impl ContainerRuntime {
         let labels = c
             .labels
             .iter()
-            .filter(|(k, _)| !k.starts_with(LABEL_PREFIX))
+            .filter(|(k, _)| !k.starts_with(LABEL_PREFIX) && k.as_str() != KIND_LABEL)
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         Ok(ContainerStatus {
@@ -1084,7 +1123,8 @@ impl ContainerRuntime {
         id: &str,
         resources: &Resources,
     ) -> Result<(), RuntimeError> {
-        let mut r = linux_resources(resources)?;
+        let fitted = self.cgroups.fit(resources)?;
+        let mut r = linux_resources(fitted.as_ref().unwrap_or(resources))?;
         // Record the new limits in the container's spec first, so a later
         // restart of the task (or an inspect) sees them; keep the device rules.
         let container = self.get_container(id).await?;

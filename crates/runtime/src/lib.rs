@@ -7,6 +7,7 @@
 //! this crate (converted in `convert.rs`-style helpers); it knows nothing of
 //! CRI wire types, of the store or of the other providers.
 
+pub mod cgroups;
 pub mod client;
 pub mod container;
 pub mod error;

@@ -16,7 +16,7 @@ use cubelet_engine::{Flow, FlowContext, StepError};
 
 use crate::container::ContainerRuntime;
 use crate::error::RuntimeError;
-use crate::spec::{ContainerNamespaces, ContainerSpec, Resources, SeccompProfile};
+use crate::spec::{ContainerKind, ContainerNamespaces, ContainerSpec, Resources, SeccompProfile};
 use crate::types::ImageInfo;
 
 /// `oom_score_adj` asked for the infra process (as containerd's CRI plugin);
@@ -136,6 +136,7 @@ impl SandboxProvider {
                 ..Default::default()
             },
             sysctls: spec.sysctls.clone(),
+            kind: ContainerKind::Sandbox,
             labels,
             annotations: spec.annotations.clone(),
             cgroup_parent: spec.cgroup_parent.clone(),

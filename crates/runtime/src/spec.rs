@@ -199,6 +199,27 @@ pub struct DeviceSpec {
     pub permissions: String,
 }
 
+/// What a containerd container is to the pod, as its
+/// `io.cri-containerd.kind` label says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ContainerKind {
+    /// A container of the pod.
+    #[default]
+    Container,
+    /// The pod's infra (pause) container, which holds its network namespace.
+    Sandbox,
+}
+
+impl ContainerKind {
+    /// The label's value, as containerd's CRI plugin writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContainerKind::Container => "container",
+            ContainerKind::Sandbox => "sandbox",
+        }
+    }
+}
+
 /// A hugepage limit.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HugepageLimit {
@@ -223,10 +244,16 @@ pub struct Resources {
     pub cpuset_mems: String,
     /// Memory limit in bytes.
     pub memory_limit: i64,
+    /// Memory plus swap limit in bytes (0 = unset, -1 = unlimited).
+    #[serde(default)]
+    pub memory_swap_limit: i64,
     /// Hugepage limits.
     pub hugepages: Vec<HugepageLimit>,
     /// Requested `oom_score_adj` (before clamping).
     pub oom_score_adj: i32,
+    /// cgroup v2 files to write (`memory.high`, ...), as CRI `unified`.
+    #[serde(default)]
+    pub unified: BTreeMap<String, String>,
 }
 
 /// How the container gets one namespace.
@@ -382,6 +409,9 @@ pub struct ContainerSpec {
     pub stdin: bool,
     /// Close stdin after the first attach ends.
     pub stdin_once: bool,
+    /// The pod's infra container or one of its containers.
+    #[serde(default)]
+    pub kind: ContainerKind,
     /// Labels.
     pub labels: BTreeMap<String, String>,
     /// Annotations (copied into the OCI spec).
@@ -424,11 +454,20 @@ impl ContainerSpec {
         entrypoint.into_iter().chain(cmd).collect()
     }
 
-    /// The environment: image env overlaid by the request, keys kept in
-    /// first-seen order; `PATH` defaulted when neither sets it.
+    /// The environment: `HOSTNAME` (the pod's hostname, or the node's for
+    /// a container in the node's UTS namespace, as containerd gives it),
+    /// overlaid by the image env, overlaid by the request, keys kept in
+    /// first-seen order; `PATH` defaulted when none sets it.
     pub fn process_env(&self) -> Vec<String> {
         let mut order: Vec<String> = Vec::new();
         let mut values: HashMap<String, String> = HashMap::new();
+        let hostname = match self.namespaces.uts {
+            NamespaceJoin::Host => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_default(),
+            _ => self.hostname.clone(),
+        };
+        let hostname = (!hostname.is_empty()).then(|| ("HOSTNAME".to_owned(), hostname));
         let image = self
             .image
             .config
@@ -438,7 +477,11 @@ impl ContainerSpec {
                 Some((k, v)) => (k.to_owned(), v.to_owned()),
                 None => (kv.clone(), String::new()),
             });
-        for (k, v) in image.chain(self.env.iter().cloned()) {
+        for (k, v) in hostname
+            .into_iter()
+            .chain(image)
+            .chain(self.env.iter().cloned())
+        {
             if !values.contains_key(&k) {
                 order.push(k.clone());
             }
@@ -961,6 +1004,9 @@ pub fn linux_resources(r: &Resources) -> Result<LinuxResources, RuntimeError> {
     if r.memory_limit > 0 {
         mem = mem.limit(r.memory_limit);
     }
+    if r.memory_swap_limit != 0 {
+        mem = mem.swap(r.memory_swap_limit);
+    }
     let hugepages = r
         .hugepages
         .iter()
@@ -977,6 +1023,14 @@ pub fn linux_resources(r: &Resources) -> Result<LinuxResources, RuntimeError> {
         .memory(mem.build().map_err(oci_err("resources.memory"))?);
     if !hugepages.is_empty() {
         b = b.hugepage_limits(hugepages);
+    }
+    if !r.unified.is_empty() {
+        b = b.unified(
+            r.unified
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<HashMap<_, _>>(),
+        );
     }
     b.build().map_err(oci_err("resources"))
 }
@@ -1334,6 +1388,25 @@ mod tests {
         );
         s.image.config.env.push("PATH=/bin".into());
         assert_eq!(s.process_env(), strs(&["A=1", "B=3", "PATH=/bin", "C=4"]));
+    }
+
+    #[test]
+    fn hostname_env_is_the_pods_and_yields_to_image_and_request() {
+        let mut s = ContainerSpec {
+            image: image(&[], &["x"], &["PATH=/bin"]),
+            hostname: "web-0".into(),
+            ..Default::default()
+        };
+        assert_eq!(s.process_env(), strs(&["HOSTNAME=web-0", "PATH=/bin"]));
+        s.env = vec![("HOSTNAME".into(), "mine".into())];
+        assert_eq!(s.process_env(), strs(&["HOSTNAME=mine", "PATH=/bin"]));
+        s.env.clear();
+        s.namespaces.uts = NamespaceJoin::Host;
+        let node = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+        assert_eq!(
+            s.process_env(),
+            strs(&[&format!("HOSTNAME={}", node.trim()), "PATH=/bin"])
+        );
     }
 
     const PASSWD: &str =

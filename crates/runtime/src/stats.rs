@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use containerd_client::services::v1::snapshots::UsageRequest;
 
+use crate::cgroups::cgroup_mounts;
 use crate::container::ContainerRuntime;
 use crate::error::RuntimeError;
 
@@ -121,31 +122,21 @@ impl CgroupLayout {
         let mut cpuacct = None;
         let mut pids = None;
         let mut unified = None;
-        for line in text.lines() {
-            // <id> <parent> <maj:min> <root> <mount point> <opts> [optional...] - <fstype> <source> <super opts>
-            let Some((left, right)) = line.split_once(" - ") else {
+        for m in cgroup_mounts(text) {
+            if m.v2 {
+                unified = unified.or(Some(m.mount_point));
                 continue;
-            };
-            let Some(mount_point) = left.split(' ').nth(4) else {
-                continue;
-            };
-            let mut r = right.split(' ');
-            let fstype = r.next().unwrap_or("");
-            let super_opts = r.nth(1).unwrap_or("");
-            let mp = PathBuf::from(unescape(mount_point));
-            match fstype {
-                "cgroup" => {
-                    for opt in super_opts.split(',') {
-                        match opt {
-                            "memory" => memory = memory.or_else(|| Some(mp.clone())),
-                            "cpuacct" => cpuacct = cpuacct.or_else(|| Some(mp.clone())),
-                            "pids" => pids = pids.or_else(|| Some(mp.clone())),
-                            _ => {}
-                        }
-                    }
+            }
+            for c in &m.controllers {
+                let slot = match c.as_str() {
+                    "memory" => &mut memory,
+                    "cpuacct" => &mut cpuacct,
+                    "pids" => &mut pids,
+                    _ => continue,
+                };
+                if slot.is_none() {
+                    *slot = Some(m.mount_point.clone());
                 }
-                "cgroup2" => unified = unified.or(Some(mp)),
-                _ => {}
             }
         }
         if memory.is_some() || cpuacct.is_some() || pids.is_some() {
@@ -178,26 +169,6 @@ impl CgroupLayout {
             CgroupLayout::V2 { root } => read_v2(&root.join(rel)),
         }
     }
-}
-
-/// Mountinfo escapes spaces and such as `\040`.
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 4 <= b.len() {
-            let oct = std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("");
-            if let Ok(v) = u8::from_str_radix(oct, 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn read_u64(path: &Path) -> Option<u64> {

@@ -5,16 +5,19 @@
 mod support;
 
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use cubelet_engine::spec::{NamespaceMode, NamespaceOptions, NetworkStatus, SandboxProcess};
 use cubelet_engine::{Flow, FlowContext, SandboxId, SandboxSpec, StepErrorKind};
+use cubelet_runtime::cgroups::{CgroupSupport, ResourceKind};
+use cubelet_runtime::container::ContainerRuntime;
 use cubelet_runtime::container::ContainerState;
 use cubelet_runtime::events::{ContainerEventKind, EventMonitor};
 use cubelet_runtime::logs::parse_entry;
 use cubelet_runtime::sandbox::{PauseImage, PauseImageSource, SandboxProvider};
-use cubelet_runtime::spec::{Resources, UserRequest};
+use cubelet_runtime::spec::{HugepageLimit, Resources, UserRequest};
 use cubelet_runtime::types::ImageInfo;
 use cubelet_runtime::RuntimeError;
 
@@ -280,6 +283,110 @@ async fn oom_score_adj_is_clamped_and_resources_update() {
     assert!(spec["linux"]["resources"]["devices"]
         .as_array()
         .is_some_and(|d| !d.is_empty()));
+    env.teardown().await;
+}
+
+/// What kubelet sends for every container on this node: a zero hugepage
+/// limit per page size in `/sys/kernel/mm/hugepages` and a swap limit equal
+/// to the memory limit. The container starts, with each limit the node can
+/// enforce in its cgroup; a non-zero hugepage limit where the node has no
+/// hugetlb controller is refused (naming the field) when the node is strict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelets_resources_start_whatever_the_node_can_enforce() {
+    let Some(env) = support::setup("kubelets_resources_start_whatever_the_node_can_enforce").await
+    else {
+        return;
+    };
+    let sizes: Vec<HugepageLimit> = std::fs::read_dir("/sys/kernel/mm/hugepages")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| {
+                    let kb: u64 = e
+                        .file_name()
+                        .to_str()?
+                        .strip_prefix("hugepages-")?
+                        .strip_suffix("kB")?
+                        .parse()
+                        .ok()?;
+                    let page_size = if kb >= 1 << 20 {
+                        format!("{}GB", kb >> 20)
+                    } else {
+                        format!("{}MB", kb >> 10)
+                    };
+                    Some(HugepageLimit {
+                        page_size,
+                        limit: 0,
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let id = env.id("kubelet");
+    let mut spec = env.sh("kubelet", "exec sleep 100000");
+    spec.resources = Resources {
+        cpu_shares: 51,
+        cpu_quota: 20_000,
+        cpu_period: 100_000,
+        memory_limit: 64 << 20,
+        memory_swap_limit: 64 << 20,
+        hugepages: sizes.clone(),
+        ..Default::default()
+    };
+    env.runtime.create(&id, &spec).await.unwrap();
+    env.runtime.start(&id).await.unwrap();
+    assert_eq!(
+        env.runtime.status(&id).await.unwrap().state,
+        ContainerState::Running
+    );
+    let support = env.runtime.cgroups().report();
+    if Path::new("/sys/fs/cgroup/memory").is_dir() {
+        let dir = format!("/sys/fs/cgroup/memory{}/{id}", env.cgroup_parent);
+        let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).unwrap();
+        assert_eq!(
+            read("memory.limit_in_bytes").trim(),
+            (64u64 << 20).to_string()
+        );
+        if support.swap {
+            assert_eq!(
+                read("memory.memsw.limit_in_bytes").trim(),
+                (64u64 << 20).to_string()
+            );
+        }
+    }
+    if !sizes.is_empty() && !env.runtime.cgroups().has("hugetlb") {
+        assert!(
+            support.dropped.contains(&ResourceKind::Hugetlb),
+            "{support:?}"
+        );
+        // The same limits, one of them non-zero, on a strict node.
+        let strict = CgroupSupport::new(
+            support.version,
+            support.controllers.iter().cloned().collect(),
+            support.swap,
+            support.hugepage_sizes.iter().cloned().collect(),
+            false,
+        );
+        let runtime = ContainerRuntime::new(env.client.clone(), env.runtime.config().clone())
+            .with_cgroups(Arc::new(strict));
+        let refused = env.id("refused");
+        let mut spec = env.sh("refused", "exec sleep 100000");
+        spec.resources.hugepages = sizes;
+        spec.resources.hugepages[0].limit = 2 << 20;
+        let err = runtime.create(&refused, &spec).await.unwrap_err();
+        assert_eq!(err.kind(), StepErrorKind::FailedPrecondition, "{err}");
+        assert!(
+            err.to_string()
+                .contains("linux.resources.hugepage_limits[0]"),
+            "{err}"
+        );
+        // Refused before anything was made.
+        assert!(env
+            .runtime
+            .status(&refused)
+            .await
+            .unwrap_err()
+            .is_not_found());
+    }
     env.teardown().await;
 }
 
