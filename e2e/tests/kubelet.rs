@@ -1,0 +1,1056 @@
+//! A real kubelet against a Cubelet of its own: the upstream kubelet
+//! v1.28.7 (`../shared/tools/kubelet-v1.28.7`, standalone, static pods, no
+//! API server) drives the daemon over its CRI socket, as on a node.
+//!
+//! Static pods cover what kubelet does every day: two containers sharing an
+//! emptyDir; env with the downward API; requests and limits (checked in the
+//! containers' cgroups); exec, httpGet and tcpSocket probes; restartPolicy
+//! Always with a container that exits (restart count, last state, the
+//! previous run's log file); a hostPort on 127.0.0.1; images the node does
+//! not have yet (kubelet pulls them); a pod removed from the manifest
+//! directory (teardown). Everything is asserted from kubelet's side: its
+//! read-only API (`/pods`, `/stats/summary`), its
+//! `kubelet_runtime_operations_errors_total` (0 for every operation) and its
+//! log (no runtime error line beyond the few listed in [`KNOWN_E_LINES`],
+//! which it prints against containerd 1.6 on this machine too).
+//!
+//! Kubelet's cAdvisor is pointed at the daemon's containerd namespace
+//! (`--containerd`, `--containerd-namespace`), so pod network stats come
+//! from the infra container as they do for containerd's own pods.
+//!
+//! `CUBELET_KUBELET_TARGET=containerd` runs the same suite with kubelet
+//! pointed at the private containerd's own CRI plugin instead (a CNI bridge
+//! config of the test's, removed afterwards), for the comparison by hand.
+//!
+//! Prints SKIP and passes without the kubelet binary (a machine without
+//! `../shared`) or without the private containerd.
+
+use std::collections::BTreeSet;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use cubelet_e2e::cri::image_service_client::ImageServiceClient;
+use cubelet_e2e::cri::runtime_service_client::RuntimeServiceClient;
+use cubelet_e2e::cri::{
+    ContainerStatusRequest, ImageStatusRequest, ListContainersRequest, ListImagesRequest,
+    ListPodSandboxRequest, RemoveImageRequest, RemovePodSandboxRequest, StopPodSandboxRequest,
+};
+use cubelet_e2e::{
+    connect, eventually, http_get, image_spec, run, with_daemon, workspace_root, Daemon, DaemonOpts,
+};
+use serde_json::Value;
+use tonic::transport::Channel;
+
+const BUSYBOX: &str = "127.0.0.1:5000/busybox:test";
+/// Pulled by kubelet for the `pulled` pod; no other pod uses it.
+const BUSYBOX_OCI: &str = "127.0.0.1:5000/busybox-oci:test";
+const NODE: &str = "cubelet-e2e-node";
+
+/// Error lines kubelet v1.28.7 logs on this machine whatever the runtime
+/// (seen against containerd 1.6.20 with the same configuration), matched by
+/// substring:
+/// - it cannot raise its own fd limit (root lacks CAP_SYS_RESOURCE);
+/// - it skips pod syncs until its first PLEG relist, by design;
+/// - cAdvisor has no fs data yet for the image filesystem in the first
+///   seconds, so the first image GC and `ImageFsInfo` stats fail once;
+/// - it cannot move itself into an OOM-protected container (no systemd, and
+///   kubelet runs in a container's pid namespace here);
+/// - the CPU manager drops the state of containers it saw in a previous run;
+/// - the crash-looping pod's back-off is logged as a sync error on purpose.
+const KNOWN_E_LINES: &[&str] = &[
+    "Failed to set rlimit on max file handles",
+    "Skipping pod synchronization",
+    "Failed to get the info of the filesystem with mountpoint",
+    "Image garbage collection failed once",
+    "Failed to ensure process in container with oom score",
+    "RemoveStaleState: removing container",
+    "CrashLoopBackOff",
+];
+
+/// Kernel tunables kubelet sets at start; restored when it stops.
+const KUBELET_SYSCTLS: &[&str] = &[
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+];
+
+/// Fields `/stats/summary` gives for every pod of this suite when kubelet
+/// runs against containerd 1.6 here (JSON paths, `[]` for list items);
+/// a pod with a memory limit also has `.containers[].memory.availableBytes`.
+const POD_SUMMARY_FIELDS: &[&str] = &[
+    ".containers[].cpu.time",
+    ".containers[].cpu.usageCoreNanoSeconds",
+    ".containers[].cpu.usageNanoCores",
+    ".containers[].logs.availableBytes",
+    ".containers[].logs.capacityBytes",
+    ".containers[].logs.inodes",
+    ".containers[].logs.inodesFree",
+    ".containers[].logs.inodesUsed",
+    ".containers[].logs.time",
+    ".containers[].logs.usedBytes",
+    ".containers[].memory.majorPageFaults",
+    ".containers[].memory.pageFaults",
+    ".containers[].memory.rssBytes",
+    ".containers[].memory.time",
+    ".containers[].memory.usageBytes",
+    ".containers[].memory.workingSetBytes",
+    ".containers[].name",
+    ".containers[].rootfs.availableBytes",
+    ".containers[].rootfs.capacityBytes",
+    ".containers[].rootfs.inodes",
+    ".containers[].rootfs.inodesFree",
+    ".containers[].rootfs.inodesUsed",
+    ".containers[].rootfs.time",
+    ".containers[].rootfs.usedBytes",
+    ".containers[].startTime",
+    ".containers[].swap.swapAvailableBytes",
+    ".containers[].swap.swapUsageBytes",
+    ".containers[].swap.time",
+    ".cpu.time",
+    ".cpu.usageCoreNanoSeconds",
+    ".cpu.usageNanoCores",
+    ".ephemeral-storage.availableBytes",
+    ".ephemeral-storage.capacityBytes",
+    ".ephemeral-storage.inodes",
+    ".ephemeral-storage.inodesFree",
+    ".ephemeral-storage.inodesUsed",
+    ".ephemeral-storage.time",
+    ".ephemeral-storage.usedBytes",
+    ".memory.availableBytes",
+    ".memory.majorPageFaults",
+    ".memory.pageFaults",
+    ".memory.rssBytes",
+    ".memory.time",
+    ".memory.usageBytes",
+    ".memory.workingSetBytes",
+    ".network.interfaces[].name",
+    ".network.interfaces[].rxBytes",
+    ".network.interfaces[].rxErrors",
+    ".network.interfaces[].txBytes",
+    ".network.interfaces[].txErrors",
+    ".network.name",
+    ".network.rxBytes",
+    ".network.rxErrors",
+    ".network.time",
+    ".network.txBytes",
+    ".network.txErrors",
+    ".podRef.name",
+    ".podRef.namespace",
+    ".podRef.uid",
+    ".startTime",
+    ".swap.swapAvailableBytes",
+    ".swap.swapUsageBytes",
+    ".swap.time",
+];
+
+fn kubelet_bin() -> PathBuf {
+    std::env::var_os("CUBELET_KUBELET_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("../shared/tools/kubelet-v1.28.7"))
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// The CRI endpoint kubelet is pointed at: the daemon under test, or (for
+/// a comparison by hand, `CUBELET_KUBELET_TARGET=containerd`) the CRI
+/// plugin of the private test containerd, with a CNI bridge of the test's.
+struct Target {
+    name: &'static str,
+    socket: PathBuf,
+    /// containerd namespace of its containers, for kubelet's cAdvisor.
+    containerd_namespace: String,
+    /// The runtime name kubelet puts before container ids.
+    id_scheme: &'static str,
+    runtime: RuntimeServiceClient<Channel>,
+    images: ImageServiceClient<Channel>,
+}
+
+/// containerd's CRI plugin reads CNI configs from here (`hack/containerd.sh`).
+const CONTAINERD_CNI_CONF: &str = "/var/lib/cubelet-test/cni-conf/10-cubelet-e2e-kubelet.conflist";
+const CONTAINERD_CNI_BRIDGE: &str = "cbe2ectrd";
+const CONTAINERD_CNI_IPAM: &str = "/run/cubelet-test/cni-ipam-kubelet-e2e";
+
+impl Target {
+    fn cubelet(d: &Daemon) -> Target {
+        Target {
+            name: "cubelet",
+            socket: d.socket.clone(),
+            containerd_namespace: d.namespace.clone(),
+            id_scheme: "cubelet://",
+            runtime: d.runtime.clone(),
+            images: d.images.clone(),
+        }
+    }
+
+    async fn containerd(d: &Daemon) -> anyhow::Result<Target> {
+        let conf = format!(
+            r#"{{"cniVersion":"0.4.0","name":"cubelet-e2e-kubelet","plugins":[
+ {{"type":"bridge","bridge":"{CONTAINERD_CNI_BRIDGE}","isGateway":true,"ipMasq":false,
+   "ipam":{{"type":"host-local","ranges":[[{{"subnet":"10.203.77.0/24"}}]],"dataDir":"{CONTAINERD_CNI_IPAM}"}}}},
+ {{"type":"portmap","capabilities":{{"portMappings":true}}}}]}}"#
+        );
+        std::fs::write(CONTAINERD_CNI_CONF, conf)?;
+        let channel = connect(&d.containerd).await?;
+        let mut images = ImageServiceClient::new(channel.clone());
+        // The image kubelet must pull may be left from an earlier run.
+        let _ = images
+            .remove_image(RemoveImageRequest {
+                image: Some(image_spec(BUSYBOX_OCI)),
+            })
+            .await;
+        Ok(Target {
+            name: "containerd",
+            socket: d.containerd.clone(),
+            containerd_namespace: "k8s.io".to_owned(),
+            id_scheme: "containerd://",
+            runtime: RuntimeServiceClient::new(channel),
+            images,
+        })
+    }
+
+    /// Removes the suite's pods and what else the target got from it: for
+    /// containerd, its pulled image, CNI config, bridge and IPAM state.
+    async fn clean(&self, ns: &str, d: &Daemon) -> anyhow::Result<()> {
+        if self.name == "cubelet" {
+            return d.remove_all().await;
+        }
+        let mut rt = self.runtime.clone();
+        let pods = rt
+            .list_pod_sandbox(ListPodSandboxRequest::default())
+            .await?
+            .into_inner()
+            .items;
+        for p in pods
+            .iter()
+            .filter(|p| p.metadata.as_ref().is_some_and(|m| m.namespace == ns))
+        {
+            rt.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: p.id.clone(),
+            })
+            .await?;
+            rt.remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: p.id.clone(),
+            })
+            .await?;
+        }
+        self.images
+            .clone()
+            .remove_image(RemoveImageRequest {
+                image: Some(image_spec(BUSYBOX_OCI)),
+            })
+            .await?;
+        std::fs::remove_file(CONTAINERD_CNI_CONF)?;
+        if Path::new(&format!("/sys/class/net/{CONTAINERD_CNI_BRIDGE}")).exists() {
+            run("ip", &["link", "del", CONTAINERD_CNI_BRIDGE]).await?;
+        }
+        let _ = std::fs::remove_dir_all(CONTAINERD_CNI_IPAM);
+        Ok(())
+    }
+
+    async fn container_log_path(&self, id: &str) -> anyhow::Result<PathBuf> {
+        let status = self
+            .runtime
+            .clone()
+            .container_status(ContainerStatusRequest {
+                container_id: id.to_owned(),
+                verbose: false,
+            })
+            .await?
+            .into_inner()
+            .status
+            .context("no container status")?;
+        Ok(PathBuf::from(status.log_path))
+    }
+}
+
+/// A standalone kubelet with its own directories and ports.
+struct Kubelet {
+    child: tokio::process::Child,
+    dir: PathBuf,
+    root_dir: PathBuf,
+    manifests: PathBuf,
+    read_only: SocketAddr,
+    log: PathBuf,
+    sysctls: Vec<(String, String)>,
+    /// The pods' namespace: unique per run, so pod UIDs (a hash of the
+    /// manifest) and kubelet's log directories never meet an earlier run's.
+    namespace: String,
+    /// Host paths kubelet creates whatever its flags, that were not there
+    /// before it started (removed when it stops).
+    created: Vec<&'static str>,
+}
+
+/// Paths kubelet makes outside its root dir: the pod log directories and
+/// its device-plugin socket.
+const HOST_PATHS: &[&str] = &[
+    "/var/log/pods",
+    "/var/log/containers",
+    "/var/lib/kubelet",
+    "/var/lib/kubelet/device-plugins/kubelet.sock",
+];
+
+impl Kubelet {
+    async fn start(d: &Daemon, target: &Target) -> anyhow::Result<Kubelet> {
+        let dir = d.lib_base.join("kubelet");
+        let root_dir = dir.join("root");
+        let manifests = dir.join("manifests");
+        for p in [&root_dir, &manifests, &dir.join("volume-plugins")] {
+            std::fs::create_dir_all(p)?;
+        }
+        let read_only: SocketAddr = (Ipv4Addr::LOCALHOST, free_port()?).into();
+        let config = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\n\
+             kind: KubeletConfiguration\n\
+             staticPodPath: {manifests}\n\
+             fileCheckFrequency: 1s\n\
+             syncFrequency: 10s\n\
+             address: 127.0.0.1\n\
+             port: {port}\n\
+             readOnlyPort: {ro}\n\
+             healthzBindAddress: 127.0.0.1\n\
+             healthzPort: {healthz}\n\
+             authentication: {{ anonymous: {{ enabled: true }}, webhook: {{ enabled: false }} }}\n\
+             authorization: {{ mode: AlwaysAllow }}\n\
+             containerRuntimeEndpoint: unix://{socket}\n\
+             imageServiceEndpoint: unix://{socket}\n\
+             failSwapOn: false\n\
+             cgroupDriver: cgroupfs\n\
+             cgroupsPerQOS: false\n\
+             enforceNodeAllocatable: []\n\
+             makeIPTablesUtilChains: false\n\
+             volumePluginDir: {plugins}\n\
+             evictionHard: {{ memory.available: \"1Mi\", nodefs.available: \"0%\", nodefs.inodesFree: \"0%\", imagefs.available: \"0%\" }}\n",
+            manifests = manifests.display(),
+            port = free_port()?,
+            ro = read_only.port(),
+            healthz = free_port()?,
+            socket = target.socket.display(),
+            plugins = dir.join("volume-plugins").display(),
+        );
+        let config_file = dir.join("config.yaml");
+        std::fs::write(&config_file, config)?;
+        let sysctls = KUBELET_SYSCTLS
+            .iter()
+            .filter_map(|k| {
+                let v = std::fs::read_to_string(format!("/proc/sys/{k}")).ok()?;
+                Some(((*k).to_owned(), v.trim().to_owned()))
+            })
+            .collect();
+        let log = dir.join("kubelet.log");
+        let out = std::fs::File::create(&log)?;
+        let child = tokio::process::Command::new(kubelet_bin())
+            .arg(format!("--config={}", config_file.display()))
+            .arg(format!("--root-dir={}", root_dir.display()))
+            .arg(format!("--cert-dir={}", dir.join("certs").display()))
+            .arg(format!("--hostname-override={NODE}"))
+            .arg(format!("--containerd={}", d.containerd.display()))
+            .arg(format!(
+                "--containerd-namespace={}",
+                target.containerd_namespace
+            ))
+            .arg("--v=2")
+            .stdin(std::process::Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawn kubelet")?;
+        let k = Kubelet {
+            child,
+            dir,
+            root_dir,
+            manifests,
+            read_only,
+            log,
+            sysctls,
+            namespace: format!("kl-{}", std::process::id()),
+            created: HOST_PATHS
+                .iter()
+                .copied()
+                .filter(|p| std::fs::symlink_metadata(p).is_err())
+                .collect(),
+        };
+        eventually(
+            "kubelet's read-only API",
+            Duration::from_secs(60),
+            || async {
+                Ok(http_get(k.read_only, "/healthz")
+                    .await
+                    .is_ok_and(|(c, _)| c == 200))
+            },
+        )
+        .await?;
+        Ok(k)
+    }
+
+    async fn get(&self, path: &str) -> anyhow::Result<String> {
+        let (code, body) = http_get(self.read_only, path).await?;
+        ensure!(code == 200, "kubelet {path}: HTTP {code}");
+        Ok(body)
+    }
+
+    async fn json(&self, path: &str) -> anyhow::Result<Value> {
+        serde_json::from_str(&self.get(path).await?).with_context(|| format!("kubelet {path}"))
+    }
+
+    /// Kubelet's pods by their manifest name (without the `-<node>` suffix).
+    async fn pods(&self) -> anyhow::Result<Vec<(String, Value)>> {
+        let pods = self.json("/pods").await?;
+        Ok(pods["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|p| {
+                let name = p["metadata"]["name"].as_str()?;
+                let short = name.strip_suffix(&format!("-{NODE}"))?.to_owned();
+                Some((short, p))
+            })
+            .collect())
+    }
+
+    async fn pod(&self, name: &str) -> anyhow::Result<Value> {
+        self.pods()
+            .await?
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, p)| p)
+            .with_context(|| format!("kubelet has no pod {name}"))
+    }
+
+    fn write_manifest(&self, name: &str, yaml: &str) -> anyhow::Result<()> {
+        std::fs::write(self.manifests.join(format!("{name}.yaml")), yaml)?;
+        Ok(())
+    }
+
+    fn error_lines(&self) -> Vec<String> {
+        std::fs::read(&self.log)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with('E'))
+            .filter(|l| !KNOWN_E_LINES.iter().any(|k| l.contains(k)))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Stops kubelet (SIGTERM, then SIGKILL), restores the tunables it
+    /// changed, unmounts its root dir (it bind-mounts it onto itself) and
+    /// removes its files and the pods' log directories.
+    async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(pid) = self.child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            self.child.kill().await?;
+        }
+        for (k, v) in &self.sysctls {
+            std::fs::write(format!("/proc/sys/{k}"), v).with_context(|| format!("restore {k}"))?;
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mounts")?;
+        let mut under: Vec<&str> = mounts
+            .lines()
+            .filter_map(|l| l.split(' ').nth(1))
+            .filter(|m| Path::new(m).starts_with(&self.root_dir))
+            .collect();
+        under.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in under {
+            nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH)
+                .with_context(|| format!("umount {m}"))?;
+        }
+        std::fs::remove_dir_all(&self.dir)?;
+        let prefix = format!("{}_", self.namespace);
+        if let Ok(entries) = std::fs::read_dir("/var/log/pods") {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with(&prefix) {
+                    std::fs::remove_dir_all(e.path())?;
+                }
+            }
+        }
+        let infix = format!("_{}_", self.namespace);
+        if let Ok(entries) = std::fs::read_dir("/var/log/containers") {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().contains(&infix) {
+                    std::fs::remove_file(e.path())?;
+                }
+            }
+        }
+        for p in &self.created {
+            let gone = match std::fs::symlink_metadata(p) {
+                Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
+                Ok(_) => std::fs::remove_file(p),
+                Err(_) => Ok(()),
+            };
+            gone.with_context(|| format!("remove {p}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// The pods of the suite, in the run's namespace.
+fn manifests(ns: &str, host_port: u16) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "web",
+            format!(
+                r#"apiVersion: v1
+kind: Pod
+metadata: {{ name: web, namespace: {ns} }}
+spec:
+  volumes: [{{ name: data, emptyDir: {{}} }}]
+  containers:
+  - name: writer
+    image: {BUSYBOX}
+    command: ["sh", "-c", "env | sort > /data/env.txt; echo hello > /data/index.html; mkdir -p /w; echo t > /w/index.html; exec httpd -f -p 9090 -h /w"]
+    env:
+    - {{ name: POD_NAME, valueFrom: {{ fieldRef: {{ fieldPath: metadata.name }} }} }}
+    - {{ name: POD_NAMESPACE, valueFrom: {{ fieldRef: {{ fieldPath: metadata.namespace }} }} }}
+    - {{ name: POD_UID, valueFrom: {{ fieldRef: {{ fieldPath: metadata.uid }} }} }}
+    - {{ name: POD_IP, valueFrom: {{ fieldRef: {{ fieldPath: status.podIP }} }} }}
+    - {{ name: NODE_NAME, valueFrom: {{ fieldRef: {{ fieldPath: spec.nodeName }} }} }}
+    - {{ name: MEM_LIMIT, valueFrom: {{ resourceFieldRef: {{ resource: limits.memory }} }} }}
+    - {{ name: PLAIN, value: plain-value }}
+    volumeMounts: [{{ name: data, mountPath: /data }}]
+    resources: {{ requests: {{ cpu: 50m, memory: 16Mi }}, limits: {{ cpu: 200m, memory: 64Mi }} }}
+    readinessProbe: {{ tcpSocket: {{ port: 9090 }}, initialDelaySeconds: 1, periodSeconds: 2 }}
+  - name: reader
+    image: {BUSYBOX}
+    command: ["sh", "-c", "exec httpd -f -p 8080 -h /data"]
+    volumeMounts: [{{ name: data, mountPath: /data, readOnly: true }}]
+    resources: {{ requests: {{ cpu: 10m, memory: 8Mi }} }}
+    readinessProbe: {{ httpGet: {{ path: /index.html, port: 8080 }}, initialDelaySeconds: 1, periodSeconds: 2 }}
+    livenessProbe: {{ exec: {{ command: ["cat", "/data/index.html"] }}, initialDelaySeconds: 1, periodSeconds: 3 }}
+"#
+            ),
+        ),
+        (
+            "crash",
+            format!(
+                r#"apiVersion: v1
+kind: Pod
+metadata: {{ name: crash, namespace: {ns} }}
+spec:
+  restartPolicy: Always
+  containers:
+  - name: crash
+    image: {BUSYBOX}
+    command: ["sh", "-c", "echo run started; sleep 1; exit 3"]
+"#
+            ),
+        ),
+        (
+            "hostport",
+            format!(
+                r#"apiVersion: v1
+kind: Pod
+metadata: {{ name: hostport, namespace: {ns} }}
+spec:
+  containers:
+  - name: web
+    image: {BUSYBOX}
+    command: ["sh", "-c", "mkdir -p /www && echo via-hostport > /www/index.html && exec httpd -f -p 80 -h /www"]
+    ports: [{{ containerPort: 80, hostPort: {host_port}, hostIP: 127.0.0.1 }}]
+"#
+            ),
+        ),
+        (
+            "pulled",
+            format!(
+                r#"apiVersion: v1
+kind: Pod
+metadata: {{ name: pulled, namespace: {ns} }}
+spec:
+  containers:
+  - name: main
+    image: {BUSYBOX_OCI}
+    imagePullPolicy: IfNotPresent
+    command: ["sh", "-c", "echo pulled ok; exec sleep 3600"]
+"#
+            ),
+        ),
+    ]
+}
+
+fn statuses(pod: &Value) -> Vec<Value> {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn status_of(pod: &Value, container: &str) -> anyhow::Result<Value> {
+    statuses(pod)
+        .into_iter()
+        .find(|c| c["name"] == container)
+        .with_context(|| format!("no status of {container}"))
+}
+
+/// The containers kubelet sees running, per pod name.
+async fn running(k: &Kubelet, want: &[(&str, usize)]) -> anyhow::Result<bool> {
+    let pods = k.pods().await?;
+    Ok(want.iter().all(|(name, n)| {
+        pods.iter().any(|(p, v)| {
+            p == name
+                && statuses(v)
+                    .iter()
+                    .filter(|c| c["state"]["running"].is_object())
+                    .count()
+                    == *n
+        })
+    }))
+}
+
+/// The directory of cgroup `id` under a v1 controller mount (or the v2 root).
+fn find_cgroup(root: &Path, id: &str, depth: usize) -> Option<PathBuf> {
+    let entries = std::fs::read_dir(root).ok()?;
+    for e in entries.flatten() {
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if e.file_name().to_string_lossy() == id {
+            return Some(e.path());
+        }
+        if depth > 0 {
+            if let Some(p) = find_cgroup(&e.path(), id, depth - 1) {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+fn read_trim(p: &Path) -> anyhow::Result<String> {
+    Ok(std::fs::read_to_string(p)
+        .with_context(|| format!("read {}", p.display()))?
+        .trim()
+        .to_owned())
+}
+
+/// The writer's limits as its cgroup has them: 50m/200m CPU, 64Mi memory.
+fn check_limits(container_id: &str) -> anyhow::Result<()> {
+    if Path::new("/sys/fs/cgroup/memory").is_dir() {
+        let mem = find_cgroup(Path::new("/sys/fs/cgroup/memory"), container_id, 4)
+            .context("the writer's memory cgroup")?;
+        ensure!(read_trim(&mem.join("memory.limit_in_bytes"))? == (64u64 << 20).to_string());
+        let cpu = find_cgroup(Path::new("/sys/fs/cgroup/cpu"), container_id, 4)
+            .context("the writer's cpu cgroup")?;
+        ensure!(read_trim(&cpu.join("cpu.cfs_quota_us"))? == "20000");
+        ensure!(read_trim(&cpu.join("cpu.cfs_period_us"))? == "100000");
+        ensure!(read_trim(&cpu.join("cpu.shares"))? == "51");
+    } else {
+        let dir = find_cgroup(Path::new("/sys/fs/cgroup"), container_id, 4)
+            .context("the writer's cgroup")?;
+        ensure!(read_trim(&dir.join("memory.max"))? == (64u64 << 20).to_string());
+        ensure!(read_trim(&dir.join("cpu.max"))? == "20000 100000");
+    }
+    Ok(())
+}
+
+/// JSON paths of the leaves of `v`, `[]` for list items.
+fn field_paths(v: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                field_paths(v, &format!("{prefix}.{k}"), out);
+            }
+        }
+        Value::Array(a) => {
+            for v in a {
+                field_paths(v, &format!("{prefix}[]"), out);
+            }
+        }
+        _ => {
+            out.insert(prefix.to_owned());
+        }
+    }
+}
+
+/// `name value` of every sample of metric `name` in a Prometheus text.
+fn samples<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+        })
+        .collect()
+}
+
+/// Prints, per pod, the time from its sandbox's creation to its last
+/// container's start as the runtime recorded them (nanoseconds over CRI):
+/// what the runtime spends, without kubelet's 1 s manifest scan.
+async fn print_start_times(t: &Target, ns: &str) -> anyhow::Result<()> {
+    let mut rt = t.runtime.clone();
+    let pods = rt
+        .list_pod_sandbox(ListPodSandboxRequest::default())
+        .await?
+        .into_inner()
+        .items;
+    let containers = rt
+        .list_containers(ListContainersRequest::default())
+        .await?
+        .into_inner()
+        .containers;
+    let mut figures = Vec::new();
+    for p in pods
+        .iter()
+        .filter(|p| p.metadata.as_ref().is_some_and(|m| m.namespace == ns))
+    {
+        let mut last = 0;
+        for c in containers.iter().filter(|c| c.pod_sandbox_id == p.id) {
+            let status = rt
+                .container_status(ContainerStatusRequest {
+                    container_id: c.id.clone(),
+                    verbose: false,
+                })
+                .await?
+                .into_inner()
+                .status
+                .context("no container status")?;
+            last = last.max(status.started_at);
+        }
+        let name = p.metadata.as_ref().map_or("", |m| m.name.as_str());
+        if last > 0 {
+            figures.push(format!(
+                "{name} {:.0} ms",
+                (last - p.created_at) as f64 / 1e6
+            ));
+        }
+    }
+    figures.sort();
+    println!(
+        "kubelet on {}: sandbox created to last container started: {}",
+        t.name,
+        figures.join(", ")
+    );
+    Ok(())
+}
+
+/// What the pods in `want` lack in `/stats/summary`, as `pod: field`;
+/// prints the field counts once nothing is missing.
+async fn summary_gaps(k: &Kubelet, want: &[(&str, usize)]) -> anyhow::Result<Vec<String>> {
+    let summary = k.json("/stats/summary").await?;
+    let pods = summary["pods"].as_array().cloned().unwrap_or_default();
+    let mut gaps = Vec::new();
+    let mut counts = Vec::new();
+    for (name, _) in want {
+        let Some(pod) = pods
+            .iter()
+            .find(|p| p["podRef"]["name"] == format!("{name}-{NODE}"))
+        else {
+            gaps.push(format!("{name}: the whole pod"));
+            continue;
+        };
+        let mut have = BTreeSet::new();
+        field_paths(pod, "", &mut have);
+        let mut need: BTreeSet<String> =
+            POD_SUMMARY_FIELDS.iter().map(|s| (*s).to_owned()).collect();
+        if *name == "web" {
+            need.insert(".containers[].memory.availableBytes".to_owned());
+        }
+        gaps.extend(need.difference(&have).map(|f| format!("{name}: {f}")));
+        if pod["network"]["rxBytes"].as_u64().unwrap_or(0) == 0 {
+            gaps.push(format!("{name}: no network traffic counted"));
+        }
+        counts.push(format!("{name} {}", have.len()));
+    }
+    if gaps.is_empty() {
+        println!(
+            "kubelet: /stats/summary fields per pod: {}",
+            counts.join(", ")
+        );
+    }
+    Ok(gaps)
+}
+
+async fn scenario(t: &Target, k: &Kubelet) -> anyhow::Result<()> {
+    let ns = &k.namespace;
+    let host_port = free_port()?;
+    let present = t
+        .images
+        .clone()
+        .image_status(ImageStatusRequest {
+            image: Some(image_spec(BUSYBOX_OCI)),
+            verbose: false,
+        })
+        .await?
+        .into_inner()
+        .image;
+    ensure!(
+        present.is_none(),
+        "{BUSYBOX_OCI} is on the node before kubelet pulls it"
+    );
+
+    let started = Instant::now();
+    for (name, yaml) in manifests(ns, host_port) {
+        k.write_manifest(name, &yaml)?;
+    }
+    let want = [("web", 2), ("hostport", 1), ("pulled", 1)];
+    eventually(
+        "every container running in kubelet's /pods",
+        Duration::from_secs(120),
+        || running(k, &want),
+    )
+    .await?;
+    println!(
+        "kubelet on {}: manifest to all containers running: {:.2} s",
+        t.name,
+        started.elapsed().as_secs_f64()
+    );
+
+    print_start_times(t, ns).await?;
+
+    // Ready: all three probe kinds pass.
+    eventually("web ready", Duration::from_secs(60), || async {
+        let web = k.pod("web").await?;
+        Ok(statuses(&web).iter().all(|c| c["ready"] == true) && statuses(&web).len() == 2)
+    })
+    .await?;
+
+    // The downward API, the shared emptyDir and the pod IP on the bridge.
+    let web = k.pod("web").await?;
+    let ip: Ipv4Addr = web["status"]["podIP"]
+        .as_str()
+        .context("web has no podIP")?
+        .parse()?;
+    let uid = web["metadata"]["uid"]
+        .as_str()
+        .context("web uid")?
+        .to_owned();
+    let (code, body) = http_get((ip, 8080).into(), "/index.html").await?;
+    ensure!(
+        code == 200 && body.trim() == "hello",
+        "emptyDir: {code} {body:?}"
+    );
+    let (_, env) = http_get((ip, 8080).into(), "/env.txt").await?;
+    for want in [
+        format!("POD_NAME=web-{NODE}"),
+        format!("POD_NAMESPACE={ns}"),
+        format!("POD_UID={uid}"),
+        format!("POD_IP={ip}"),
+        format!("NODE_NAME={NODE}"),
+        format!("HOSTNAME=web-{NODE}"),
+        "MEM_LIMIT=67108864".to_owned(),
+        "PLAIN=plain-value".to_owned(),
+    ] {
+        ensure!(env.lines().any(|l| l == want), "env lacks {want}:\n{env}");
+    }
+    let writer = status_of(&web, "writer")?;
+    ensure!(
+        writer["image"] == BUSYBOX,
+        "status image {} (want the name, not the id)",
+        writer["image"]
+    );
+    let writer_id = writer["containerID"]
+        .as_str()
+        .and_then(|c| c.strip_prefix(t.id_scheme))
+        .context("writer containerID")?;
+    check_limits(writer_id)?;
+
+    // hostPort on 127.0.0.1.
+    let (code, body) = http_get((Ipv4Addr::LOCALHOST, host_port).into(), "/").await?;
+    ensure!(
+        code == 200 && body.trim() == "via-hostport",
+        "hostPort: {code} {body:?}"
+    );
+
+    // The image kubelet pulled is on the node now.
+    let images = t
+        .images
+        .clone()
+        .list_images(ListImagesRequest::default())
+        .await?
+        .into_inner()
+        .images;
+    ensure!(
+        images
+            .iter()
+            .any(|i| i.repo_tags.iter().any(|t| t == BUSYBOX_OCI)),
+        "kubelet's pull of {BUSYBOX_OCI} left no image"
+    );
+
+    // restartPolicy Always: restarts counted, last state kept, and the
+    // previous run's log is where `kubectl logs --previous` reads it.
+    eventually("crash restarted twice", Duration::from_secs(90), || async {
+        let crash = k.pod("crash").await?;
+        Ok(status_of(&crash, "crash")?["restartCount"].as_u64() >= Some(2))
+    })
+    .await?;
+    let crash = k.pod("crash").await?;
+    let c = status_of(&crash, "crash")?;
+    ensure!(
+        c["lastState"]["terminated"]["exitCode"] == 3,
+        "last state: {}",
+        c["lastState"]
+    );
+    // `kubectl logs --previous`: kubelet reads the log path of the
+    // container its last state names.
+    let previous_id = c["lastState"]["terminated"]["containerID"]
+        .as_str()
+        .and_then(|c| c.strip_prefix(t.id_scheme))
+        .context("last state has no container id")?;
+    let previous = t.container_log_path(previous_id).await?;
+    let crash_uid = crash["metadata"]["uid"].as_str().context("crash uid")?;
+    let dir = format!("/var/log/pods/{ns}_crash-{NODE}_{crash_uid}/crash/");
+    ensure!(
+        previous.starts_with(&dir) && previous.extension().is_some_and(|e| e == "log"),
+        "previous log at {}",
+        previous.display()
+    );
+    let log = read_trim(&previous)?;
+    let line = log.lines().next().context("empty previous log")?;
+    let mut parts = line.splitn(4, ' ');
+    let (ts, stream, tag, text) = (
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+    );
+    ensure!(
+        ts.contains('T') && stream == "stdout" && tag == "F" && text == "run started",
+        "previous log line {line:?}"
+    );
+
+    // No restarts elsewhere, no liveness failures.
+    for (name, _) in &want {
+        let pod = k.pod(name).await?;
+        for c in statuses(&pod) {
+            ensure!(c["restartCount"] == 0, "{name}/{} restarted", c["name"]);
+            ensure!(c["ready"] == true, "{name}/{} not ready", c["name"]);
+        }
+    }
+
+    // /stats/summary: every field containerd's pods get, network included.
+    // cAdvisor picks new containers up on its own housekeeping period, so
+    // the fields it contributes can take a few seconds to appear.
+    let since = Instant::now();
+    loop {
+        let missing = summary_gaps(k, &want).await?;
+        if missing.is_empty() {
+            break;
+        }
+        ensure!(
+            since.elapsed() < Duration::from_secs(60),
+            "/stats/summary lacks {missing:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+
+    // Kubelet's own verdict on the runtime.
+    let metrics = k.get("/metrics").await?;
+    let errors = samples(&metrics, "kubelet_runtime_operations_errors_total");
+    ensure!(errors.is_empty(), "runtime operation errors: {errors:?}");
+    let failed_probes: Vec<_> = samples(&metrics, "prober_probe_total")
+        .into_iter()
+        .filter(|l| l.contains("result=\"failed\""))
+        .filter(|l| !l.ends_with(" 0"))
+        .collect();
+    println!("kubelet: failed probes: {failed_probes:?}");
+    ensure!(
+        !failed_probes
+            .iter()
+            .any(|l| l.contains("probe_type=\"Liveness\"")),
+        "liveness probe failed: {failed_probes:?}"
+    );
+
+    // Teardown: a pod removed from the manifest directory is stopped.
+    std::fs::remove_file(k.manifests.join("hostport.yaml"))?;
+    eventually("hostport pod stopped", Duration::from_secs(60), || async {
+        let sandboxes = t
+            .runtime
+            .clone()
+            .list_pod_sandbox(ListPodSandboxRequest::default())
+            .await?
+            .into_inner()
+            .items;
+        let ours: Vec<_> = sandboxes
+            .iter()
+            .filter(|s| {
+                s.metadata
+                    .as_ref()
+                    .is_some_and(|m| m.name == format!("hostport-{NODE}"))
+            })
+            .collect();
+        Ok(!ours.is_empty() && ours.iter().all(|s| s.state != 0))
+    })
+    .await?;
+    let running = t
+        .runtime
+        .clone()
+        .list_containers(ListContainersRequest::default())
+        .await?
+        .into_inner()
+        .containers
+        .into_iter()
+        .filter(|c| c.labels.get("io.kubernetes.pod.name") == Some(&format!("hostport-{NODE}")))
+        .filter(|c| c.state == 1)
+        .count();
+    ensure!(
+        running == 0,
+        "the removed pod still has a running container"
+    );
+    ensure!(
+        http_get((Ipv4Addr::LOCALHOST, host_port).into(), "/")
+            .await
+            .is_err(),
+        "the removed pod's host port still answers"
+    );
+
+    let errors = k.error_lines();
+    if !errors.is_empty() {
+        bail!("kubelet logged runtime errors:\n{}", errors.join("\n"));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_runs_static_pods() {
+    let bin = kubelet_bin();
+    if !bin.is_file() {
+        println!(
+            "SKIP: {} not found (the kubelet suite needs ../shared/tools)",
+            bin.display()
+        );
+        return;
+    }
+    with_daemon(DaemonOpts::default(), Duration::from_secs(600), |d| {
+        Box::pin(async move {
+            let target = match std::env::var("CUBELET_KUBELET_TARGET").as_deref() {
+                Ok("containerd") => Target::containerd(d).await?,
+                _ => Target::cubelet(d),
+            };
+            let k = Kubelet::start(d, &target).await?;
+            let ns = k.namespace.clone();
+            let result = scenario(&target, &k).await;
+            if result.is_err() {
+                let log = std::fs::read(&k.log).unwrap_or_default();
+                let text = String::from_utf8_lossy(&log);
+                let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                println!("--- kubelet log tail ---");
+                for l in tail.iter().rev() {
+                    println!("{l}");
+                }
+            }
+            // Stop kubelet before removing pods, or it re-creates them.
+            let stopped = k.stop().await;
+            let cleaned = target.clean(&ns, d).await;
+            result?;
+            stopped?;
+            cleaned
+        })
+    })
+    .await;
+}
