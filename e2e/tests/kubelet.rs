@@ -171,6 +171,52 @@ struct Target {
     id_scheme: &'static str,
     runtime: RuntimeServiceClient<Channel>,
     images: ImageServiceClient<Channel>,
+    /// Whether the host's nat table had CNI portmap chains before; portmap
+    /// leaves its base chains behind after the last DEL.
+    cni_chains_before: bool,
+}
+
+/// The host nat table's rules and chains made by CNI plugins.
+async fn cni_nat_lines() -> anyhow::Result<Vec<String>> {
+    Ok(run("iptables-save", &["-t", "nat"])
+        .await?
+        .lines()
+        .filter(|l| l.contains("CNI-"))
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Deletes the CNI rules and chains of the host's nat table.
+async fn remove_cni_chains() -> anyhow::Result<()> {
+    let lines = cni_nat_lines().await?;
+    for rule in lines.iter().filter_map(|l| l.strip_prefix("-A ")) {
+        let mut args = vec!["-t", "nat", "-D"];
+        args.extend(split_rule(rule));
+        run("iptables", &args).await?;
+    }
+    for chain in lines.iter().filter_map(|l| l.strip_prefix(':')) {
+        let name = chain.split(' ').next().unwrap_or("");
+        run("iptables", &["-t", "nat", "-X", name]).await?;
+    }
+    Ok(())
+}
+
+/// An iptables-save rule split into arguments (quoted comments kept whole).
+fn split_rule(rule: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = rule.trim();
+    while !rest.is_empty() {
+        if let Some(q) = rest.strip_prefix('"') {
+            let end = q.find('"').unwrap_or(q.len());
+            out.push(&q[..end]);
+            rest = q.get(end + 1..).unwrap_or("").trim_start();
+        } else {
+            let end = rest.find(' ').unwrap_or(rest.len());
+            out.push(&rest[..end]);
+            rest = rest[end..].trim_start();
+        }
+    }
+    out
 }
 
 /// containerd's CRI plugin reads CNI configs from here (`hack/containerd.sh`).
@@ -187,6 +233,7 @@ impl Target {
             id_scheme: "cubelet://",
             runtime: d.runtime.clone(),
             images: d.images.clone(),
+            cni_chains_before: true,
         }
     }
 
@@ -197,6 +244,7 @@ impl Target {
    "ipam":{{"type":"host-local","ranges":[[{{"subnet":"10.203.77.0/24"}}]],"dataDir":"{CONTAINERD_CNI_IPAM}"}}}},
  {{"type":"portmap","capabilities":{{"portMappings":true}}}}]}}"#
         );
+        let cni_chains_before = !cni_nat_lines().await?.is_empty();
         std::fs::write(CONTAINERD_CNI_CONF, conf)?;
         let channel = connect(&d.containerd).await?;
         let mut images = ImageServiceClient::new(channel.clone());
@@ -213,6 +261,7 @@ impl Target {
             id_scheme: "containerd://",
             runtime: RuntimeServiceClient::new(channel),
             images,
+            cni_chains_before,
         })
     }
 
@@ -252,6 +301,9 @@ impl Target {
             run("ip", &["link", "del", CONTAINERD_CNI_BRIDGE]).await?;
         }
         let _ = std::fs::remove_dir_all(CONTAINERD_CNI_IPAM);
+        if !self.cni_chains_before {
+            remove_cni_chains().await?;
+        }
         Ok(())
     }
 
