@@ -1124,9 +1124,11 @@ impl ContainerRuntime {
         resources: &Resources,
     ) -> Result<(), RuntimeError> {
         let fitted = self.cgroups.fit(resources)?;
-        let mut r = linux_resources(fitted.as_ref().unwrap_or(resources))?;
+        let update = linux_resources(fitted.as_ref().unwrap_or(resources))?;
         // Record the new limits in the container's spec first, so a later
-        // restart of the task (or an inspect) sees them; keep the device rules.
+        // restart of the task (or an inspect) sees them: merged over the
+        // limits it had, since an update carries only what changes (kubelet's
+        // CPU manager sends just cpuset_cpus), and the device rules kept.
         let container = self.get_container(id).await?;
         let any = container.spec.as_ref().ok_or_else(|| {
             RuntimeError::FailedPrecondition(format!("container {id} has no spec"))
@@ -1136,12 +1138,11 @@ impl ContainerRuntime {
                 what: "oci spec",
                 source,
             })?;
+        let r = match spec.linux().as_ref().and_then(|l| l.resources().as_ref()) {
+            Some(old) => merge_resources(old, &update)?,
+            None => update,
+        };
         if let Some(linux) = spec.linux_mut() {
-            let devices = linux
-                .resources()
-                .as_ref()
-                .and_then(|old| old.devices().clone());
-            r.set_devices(devices);
             linux.set_resources(Some(r.clone()));
         }
         let update = Container {
@@ -1175,6 +1176,36 @@ impl ContainerRuntime {
             .map_err(cd("tasks.update"))?;
         Ok(())
     }
+}
+
+/// `update` laid over `old`: every limit `update` sets replaces the old
+/// one, the rest (device rules included) stays.
+fn merge_resources(
+    old: &oci_spec::runtime::LinuxResources,
+    update: &oci_spec::runtime::LinuxResources,
+) -> Result<oci_spec::runtime::LinuxResources, RuntimeError> {
+    fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
+        match (into, from) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in b {
+                    match a.get_mut(&k) {
+                        Some(slot) => merge(slot, v),
+                        None => {
+                            a.insert(k, v);
+                        }
+                    }
+                }
+            }
+            (slot, v) => *slot = v,
+        }
+    }
+    let json = |source| RuntimeError::Json {
+        what: "linux resources",
+        source,
+    };
+    let mut merged = serde_json::to_value(old).map_err(json)?;
+    merge(&mut merged, serde_json::to_value(update).map_err(json)?);
+    serde_json::from_value(merged).map_err(json)
 }
 
 fn unix_nanos(t: SystemTime) -> u128 {

@@ -283,6 +283,35 @@ async fn oom_score_adj_is_clamped_and_resources_update() {
     assert!(spec["linux"]["resources"]["devices"]
         .as_array()
         .is_some_and(|d| !d.is_empty()));
+    // An update of one field (kubelet's CPU manager sends only the cpuset)
+    // keeps the other limits in the record.
+    env.runtime
+        .update_resources(
+            &low,
+            &Resources {
+                cpuset_cpus: "0".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let c = env
+        .client
+        .containers()
+        .get(
+            env.client
+                .request(containerd_client::services::v1::GetContainerRequest { id: low.clone() }),
+        )
+        .await
+        .unwrap()
+        .into_inner()
+        .container
+        .unwrap();
+    let spec: serde_json::Value = serde_json::from_slice(&c.spec.unwrap().value).unwrap();
+    let r = &spec["linux"]["resources"];
+    assert_eq!(r["memory"]["limit"], serde_json::json!(128u64 << 20), "{r}");
+    assert_eq!(r["cpu"]["cpus"], "0", "{r}");
+    assert!(r["devices"].as_array().is_some_and(|d| !d.is_empty()));
     env.teardown().await;
 }
 
