@@ -706,7 +706,74 @@ async fn exec_sync(d: &Daemon) -> anyhow::Result<()> {
         "",
         "ExecSync unknown container",
     )?;
+    // A client deadline (`grpc-timeout`) that passes while the call runs is
+    // DEADLINE_EXCEEDED from the server, as Go clients (kubelet, critest)
+    // see it, not tonic's CANCELLED. A tonic client enforces the deadline
+    // itself first, so the call goes out as raw HTTP/2.
+    let req = ExecSyncRequest {
+        container_id: cid.clone(),
+        cmd: vec!["sleep".into(), "10".into()],
+        timeout: 0,
+    };
+    let (status, message) = raw_grpc_status(
+        &d.socket,
+        "/runtime.v1.RuntimeService/ExecSync",
+        &req,
+        "500m",
+    )
+    .await?;
+    ensure!(
+        status == Code::DeadlineExceeded as i32,
+        "ExecSync past the client's deadline: grpc-status {status}: {message}"
+    );
     Ok(())
+}
+
+/// Sends one unary gRPC call with a `grpc-timeout` header over plain
+/// HTTP/2 (no client-side deadline) and returns the server's `grpc-status`
+/// and `grpc-message`.
+async fn raw_grpc_status(
+    socket: &Path,
+    path: &str,
+    msg: &impl prost::Message,
+    timeout: &str,
+) -> anyhow::Result<(i32, String)> {
+    use http_body_util::BodyExt;
+    let stream = tokio::net::UnixStream::connect(socket).await?;
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await?;
+    tokio::spawn(conn);
+    let payload = msg.encode_to_vec();
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&u32::try_from(payload.len())?.to_be_bytes());
+    frame.extend_from_slice(&payload);
+    let req = http::Request::post(format!("http://localhost{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-timeout", timeout)
+        .body(http_body_util::Full::new(bytes::Bytes::from(frame)))?;
+    let resp = tokio::time::timeout(Duration::from_secs(20), send.send_request(req)).await??;
+    let (parts, body) = resp.into_parts();
+    let trailers = if parts.headers.contains_key("grpc-status") {
+        parts.headers
+    } else {
+        body.collect()
+            .await?
+            .trailers()
+            .cloned()
+            .context("no trailers")?
+    };
+    let get = |k: &str| {
+        trailers
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    Ok((get("grpc-status").parse()?, get("grpc-message")))
 }
 
 async fn handlers(d: &Daemon) -> anyhow::Result<()> {

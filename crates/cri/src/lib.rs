@@ -11,6 +11,7 @@
 pub mod authority;
 mod container;
 pub mod convert;
+mod deadline;
 pub mod error;
 mod events;
 mod image;

@@ -33,6 +33,9 @@ pub async fn serve_unix(
         });
     }
     tonic::transport::Server::builder()
+        // Expired client deadlines get DEADLINE_EXCEEDED (tonic's own
+        // enforcement answers CANCELLED).
+        .layer(crate::deadline::DeadlineLayer)
         .add_service(
             RuntimeServiceServer::new(cri.clone())
                 .max_decoding_message_size(MAX_MESSAGE)
