@@ -49,5 +49,16 @@ runtime-endpoint: unix://${CUBELET_SOCKET}
 image-endpoint: unix://${CUBELET_SOCKET}
 timeout: 30
 YAML
+if ! command -v crictl >/dev/null 2>&1; then
+    # Debian 12 packages neither crictl nor kubelet: say where they come from.
+    log "no crictl on PATH (Debian does not package it). Get crictl from the"
+    log "  cri-tools project's release tarballs (kubernetes-sigs/cri-tools), or"
+    log "  build it: go install sigs.k8s.io/cri-tools/cmd/crictl@latest"
+    log "  /etc/crictl.yaml (written above) points it at ${CUBELET_SOCKET}."
+    log "a kubelet: the Kubernetes release binaries or the project's apt repository;"
+    log "  run it with containerRuntimeEndpoint: unix://${CUBELET_SOCKET} and"
+    log "  --containerd=${CUBELET_TEST_CONTAINERD} --containerd-namespace=k8s.cubelet.io"
+    log "  (README, 'Clients: crictl and kubelet')."
+fi
 log "starting cubelet; CRI on ${CUBELET_SOCKET}, metrics on http://127.0.0.1:9385/metrics"
 exec "$REPO_ROOT/target/release/cubelet" --config "$CUBELET_CONFIG"

@@ -35,7 +35,8 @@ use cubelet_e2e::cri::image_service_client::ImageServiceClient;
 use cubelet_e2e::cri::runtime_service_client::RuntimeServiceClient;
 use cubelet_e2e::cri::{
     ContainerStatusRequest, ImageStatusRequest, ListContainersRequest, ListImagesRequest,
-    ListPodSandboxRequest, RemoveImageRequest, RemovePodSandboxRequest, StopPodSandboxRequest,
+    ListPodSandboxRequest, RemoveImageRequest, RemovePodSandboxRequest, StatusRequest,
+    StopPodSandboxRequest,
 };
 use cubelet_e2e::{
     connect, eventually, http_get, image_spec, run, with_daemon, workspace_root, Daemon, DaemonOpts,
@@ -1060,6 +1061,35 @@ async fn scenario(t: &Target, k: &Kubelet) -> anyhow::Result<()> {
             .is_err(),
         "the removed pod's host port still answers"
     );
+
+    // Cubelet says in Status what it left out of specs for want of a
+    // controller: on a node whose containers cannot get hugetlb, kubelet's
+    // zero hugepage limits.
+    if t.name == "cubelet" {
+        let info = t
+            .runtime
+            .clone()
+            .status(StatusRequest { verbose: true })
+            .await?
+            .into_inner()
+            .info;
+        let cgroups: Value =
+            serde_json::from_str(info.get("cgroups").context("no cgroups in Status info")?)?;
+        let has_hugetlb = cgroups["controllers"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c == "hugetlb"));
+        let hugepages =
+            std::fs::read_dir("/sys/kernel/mm/hugepages").is_ok_and(|mut d| d.next().is_some());
+        if hugepages && !has_hugetlb {
+            ensure!(
+                cgroups["dropped"]
+                    .as_array()
+                    .is_some_and(|d| d.iter().any(|k| k == "hugetlb")),
+                "Status cgroups info: {cgroups}"
+            );
+        }
+        println!("kubelet: Status cgroups info: {cgroups}");
+    }
 
     let errors = k.error_lines();
     if !errors.is_empty() {
