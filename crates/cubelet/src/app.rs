@@ -366,6 +366,13 @@ async fn reconcile(parts: &Parts) -> Result<()> {
             Err(e) => return Err(e).with_context(|| format!("status of container {}", c.id)),
         }
     }
+    // Shims of creates the restart rolled back, which containerd forgot
+    // (the GC catches the ones still too young here).
+    match parts.runtime.reap_orphan_shims().await {
+        Ok(0) => {}
+        Ok(n) => info!(shims = n, "stopped shims containerd has no task for"),
+        Err(e) => warn!(error = %cubelet_engine::chain(&e), "reaping orphan shims"),
+    }
     parts.metrics_sandboxes();
     Ok(())
 }

@@ -136,6 +136,11 @@ impl Gc {
                 self.containerd_orphans(inv, &known, &mut report).await;
             }
         }
+        // Shims whose task containerd forgot (it lists its tasks itself).
+        match parts.runtime.reap_orphan_shims().await {
+            Ok(n) => add(&mut report, "shim", n),
+            Err(e) => fail(&mut report, "shim", &e),
+        }
         match parts.network.gc(&live).await {
             Ok(counts) => {
                 for (kind, n) in counts {

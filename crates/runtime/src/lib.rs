@@ -20,6 +20,7 @@ pub mod logs;
 pub mod pause;
 pub mod registry;
 pub mod sandbox;
+pub mod shims;
 pub mod spec;
 pub mod stats;
 pub mod types;
