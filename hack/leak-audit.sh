@@ -45,6 +45,13 @@ fi
 # nft tables of test bridges.
 tables=$(nft list tables 2>/dev/null | grep -E 'cubelet.*(cbe2e|cbt|cbsmoke)' || true)
 count "nft tables" "$(printf '%s' "$tables" | grep -c . || true)" "$tables"
+# containerd shims of test namespaces: every test daemon is gone by now, so
+# any shim still serving a cubelet-e2e-* / cubelet-test-* namespace is one
+# containerd forgot (matched by the shim's -namespace argument).
+shims=$(for c in /proc/[0-9]*/cmdline; do
+    tr '\0' ' ' <"$c" 2>/dev/null | grep -E '^[^ ]*containerd-shim[^ ]* .*-namespace (cubelet-e2e-|cubelet-test-)' || true
+done)
+count "shim processes" "$(printf '%s' "$shims" | grep -c . || true)" "$shims"
 # iptables rules left by CNI plugins (portmap) in the host's nat table.
 cni_rules=$(iptables-save -t nat 2>/dev/null | grep -E 'CNI-' || true)
 count "CNI iptables rules" "$(printf '%s' "$cni_rules" | grep -c . || true)" "$cni_rules"

@@ -1053,7 +1053,56 @@ pub async fn leaks(d: &Daemon) -> anyhow::Result<Vec<String>> {
             .into_iter()
             .map(|s| format!("sandbox dir {}", sandboxes.join(s).display())),
     );
+    // Shims of the daemon's namespace that containerd has no task for. A
+    // shim exits a moment after its task is deleted, so give it that moment.
+    let mut orphans = Vec::new();
+    for _ in 0..20 {
+        let tasks = d.ctr(&["tasks", "ls", "-q"]).await?;
+        orphans = shims(&d.namespace)
+            .into_iter()
+            .filter(|(_, id)| !tasks.lines().any(|t| t.trim() == id))
+            .collect();
+        if orphans.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    out.extend(
+        orphans
+            .into_iter()
+            .map(|(pid, id)| format!("shim process {pid} (-id {id}) without a task")),
+    );
     Ok(out)
+}
+
+/// `(pid, -id)` of the containerd shims running for `namespace`, found by
+/// their command line in `/proc`.
+pub fn shims(namespace: &str) -> Vec<(u32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let name = args.first()?.rsplit('/').next()?.to_owned();
+            if !name.starts_with("containerd-shim") {
+                return None;
+            }
+            let value = |flag: &str| {
+                args.iter()
+                    .position(|a| a == flag)
+                    .and_then(|i| args.get(i + 1))
+                    .cloned()
+            };
+            (value("-namespace")? == namespace).then_some((pid, value("-id")?))
+        })
+        .collect()
 }
 
 /// The future of one scenario of a custom-runner test.

@@ -16,6 +16,12 @@
 //!    whole: no pass takes the directory, netns or lease of a sandbox whose
 //!    create began during it.
 //!
+//! 5. A shim process of the daemon's containerd namespace whose id containerd
+//!    has no task for (what a kill -9 mid-create used to leave behind) is
+//!    stopped by the GC and counted as `kind="shim"`; a shim whose id is a
+//!    live task is left alone. (The shims are stand-ins: Debian's python3 with the
+//!    command line of `containerd-shim-runc-v2 -namespace <ns> -id <id>`.)
+//!
 //! Without the private containerd both print SKIP and pass.
 
 use std::net::IpAddr;
@@ -262,6 +268,68 @@ async fn gc_reclaims_orphans(d: &Daemon) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A process whose command line is a containerd v2 shim's for `id` in the
+/// daemon's namespace; it does nothing but sleep.
+fn fake_shim(d: &Daemon, id: &str) -> anyhow::Result<tokio::process::Child> {
+    // Debian's interpreter itself (a wrapper such as pyenv's would re-exec
+    // and lose the command line).
+    tokio::process::Command::new("/usr/bin/python3")
+        .arg0("containerd-shim-runc-v2")
+        .args(["-c", "import time; time.sleep(600)"])
+        .args([
+            "-namespace",
+            &d.namespace,
+            "-id",
+            id,
+            "-address",
+            "/nonexistent",
+        ])
+        .kill_on_drop(true)
+        .spawn()
+        .context("spawn a stand-in shim")
+}
+
+async fn gc_reaps_orphan_shims(d: &Daemon) -> anyhow::Result<()> {
+    // A live task: the infra container of a running pod.
+    let config = d.pod_config("shim-live");
+    let pod = d.run_pod(&config, "").await?;
+    ensure!(
+        d.ctr(&["tasks", "ls", "-q"]).await?.contains(&pod),
+        "the pod's infra task should run"
+    );
+    let ghost = format!("{:0>64}", "5a1e");
+    let mut orphan = fake_shim(d, &ghost)?;
+    let mut live = fake_shim(d, &pod)?;
+    let found = cubelet_e2e::shims(&d.namespace);
+    ensure!(
+        found.iter().any(|(_, id)| *id == ghost) && found.iter().any(|(_, id)| *id == pod),
+        "stand-in shims not found by their command line: {found:?}"
+    );
+    // Shims younger than 10 s are never candidates; then a pass stops it.
+    let since = std::time::Instant::now();
+    while orphan.try_wait()?.is_none() {
+        ensure!(
+            since.elapsed() < Duration::from_secs(60),
+            "the orphan shim was not stopped within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("orphan shim stopped after {:?}", since.elapsed());
+    eventually("the stop counted", Duration::from_secs(30), || async {
+        let metrics = http_get(d.metrics, "/metrics").await?.1;
+        Ok(sample(&metrics, "cubelet_gc_reclaimed_total{kind=\"shim\"}") >= 1.0)
+    })
+    .await?;
+    // A few more passes: the shim of the live task is still there.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(
+        live.try_wait()?.is_none(),
+        "the GC stopped the shim of a live task"
+    );
+    live.kill().await?;
+    d.remove_all().await
+}
+
 /// The value of the unlabelled-or-labelled sample `name` in a scrape.
 fn sample(metrics: &str, name: &str) -> f64 {
     metrics
@@ -423,6 +491,11 @@ async fn kill9_during_create_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_reclaims_orphans_of_every_kind() {
     with_daemon(10, |d| Box::pin(gc_reclaims_orphans(d))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_stops_shims_containerd_forgot() {
+    with_daemon(21, |d| Box::pin(gc_reaps_orphan_shims(d))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
