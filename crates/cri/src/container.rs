@@ -7,8 +7,8 @@ use cubelet_engine::spec::NamespaceMode;
 use cubelet_runtime::container::ContainerState as RtState;
 use cubelet_runtime::events::{ContainerEvent, ContainerEventKind};
 use cubelet_runtime::spec::{
-    ContainerKind, ContainerNamespaces, ContainerSpec, DeviceSpec, HugepageLimit, MountSpec,
-    Propagation, Resources, SeccompProfile, UserRequest,
+    ContainerKind, ContainerNamespaces, ContainerSpec, DeviceSpec, MountSpec, Propagation,
+    SeccompProfile, UserRequest,
 };
 use cubelet_store::{ContainerRecord, ContainerState, SandboxState};
 use k8s_cri::v1 as cri;
@@ -18,35 +18,6 @@ use crate::convert::{self, clean_absolute, clean_relative, nanos};
 use crate::error::{CriError, CriResult};
 use crate::sandbox::new_id;
 use crate::service::Cri;
-
-fn resources(r: Option<&cri::LinuxContainerResources>) -> Resources {
-    let Some(r) = r else {
-        return Resources::default();
-    };
-    Resources {
-        cpu_shares: u64::try_from(r.cpu_shares).unwrap_or(0),
-        cpu_quota: r.cpu_quota,
-        cpu_period: u64::try_from(r.cpu_period).unwrap_or(0),
-        cpuset_cpus: r.cpuset_cpus.clone(),
-        cpuset_mems: r.cpuset_mems.clone(),
-        memory_limit: r.memory_limit_in_bytes,
-        memory_swap_limit: r.memory_swap_limit_in_bytes,
-        unified: r
-            .unified
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        hugepages: r
-            .hugepage_limits
-            .iter()
-            .map(|h| HugepageLimit {
-                page_size: h.page_size.clone(),
-                limit: h.limit,
-            })
-            .collect(),
-        oom_score_adj: i32::try_from(r.oom_score_adj).unwrap_or(0),
-    }
-}
 
 fn seccomp(field: &str, p: Option<&cri::SecurityProfile>) -> CriResult<SeccompProfile> {
     let Some(p) = p else {
@@ -134,6 +105,9 @@ impl Cri {
         &self,
         r: cri::CreateContainerRequest,
     ) -> CriResult<cri::CreateContainerResponse> {
+        if let Some(config) = &r.config {
+            crate::validate::container_config(config)?;
+        }
         let sandbox = self
             .find_sandbox("pod_sandbox_id", &r.pod_sandbox_id)?
             .ok_or_else(|| CriError::NotFound {
@@ -333,7 +307,7 @@ impl Cri {
             devices,
             mounts,
             sandbox_files: sandbox.storage.clone(),
-            resources: resources(linux.and_then(|l| l.resources.as_ref())),
+            resources: convert::container_resources(linux.and_then(|l| l.resources.as_ref())),
             sysctls: sandbox.spec.sysctls.clone(),
             tty: config.tty,
             stdin: config.stdin,
@@ -710,8 +684,11 @@ impl Cri {
         &self,
         r: cri::UpdateContainerResourcesRequest,
     ) -> CriResult<()> {
+        if let Some(linux) = &r.linux {
+            crate::validate::resources("linux", linux)?;
+        }
         let rec = self.require_container(&r.container_id)?;
-        let res = resources(r.linux.as_ref());
+        let res = convert::container_resources(r.linux.as_ref());
         self.deps().runtime.update_resources(&rec.id, &res).await?;
         Ok(())
     }

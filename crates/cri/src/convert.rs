@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use cubelet_engine::spec::{DnsConfig, NamespaceMode, NamespaceOptions, PortMapping, Protocol};
 use cubelet_engine::{SandboxId, SandboxSpec};
+use cubelet_runtime::spec::{HugepageLimit, Resources};
 use cubelet_store::{SandboxRecord, SandboxState};
 use k8s_cri::v1 as cri;
 
@@ -92,6 +93,38 @@ fn mode(m: i32) -> NamespaceMode {
     }
 }
 
+/// Converts CRI `LinuxContainerResources` (checked by
+/// [`crate::validate::resources`]) to the runtime's [`Resources`]; `None`
+/// means no limits.
+pub fn container_resources(r: Option<&cri::LinuxContainerResources>) -> Resources {
+    let Some(r) = r else {
+        return Resources::default();
+    };
+    Resources {
+        cpu_shares: u64::try_from(r.cpu_shares).unwrap_or(0),
+        cpu_quota: r.cpu_quota,
+        cpu_period: u64::try_from(r.cpu_period).unwrap_or(0),
+        cpuset_cpus: r.cpuset_cpus.clone(),
+        cpuset_mems: r.cpuset_mems.clone(),
+        memory_limit: r.memory_limit_in_bytes,
+        memory_swap_limit: r.memory_swap_limit_in_bytes,
+        unified: r
+            .unified
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        hugepages: r
+            .hugepage_limits
+            .iter()
+            .map(|h| HugepageLimit {
+                page_size: h.page_size.clone(),
+                limit: h.limit,
+            })
+            .collect(),
+        oom_score_adj: i32::try_from(r.oom_score_adj).unwrap_or(0),
+    }
+}
+
 /// Validates a `PodSandboxConfig` and converts it to a [`SandboxSpec`].
 pub fn sandbox_spec(
     config: Option<&cri::PodSandboxConfig>,
@@ -105,6 +138,8 @@ pub fn sandbox_spec(
     safe_name("config.metadata.name", &meta.name)?;
     safe_name("config.metadata.namespace", &meta.namespace)?;
     non_empty("config.metadata.uid", &meta.uid)?;
+    crate::validate::no_nul("config.metadata.uid", &meta.uid)?;
+    crate::validate::sandbox_config(config)?;
     if !config.hostname.is_empty() {
         safe_name("config.hostname", &config.hostname)?;
         if config.hostname.len() > 64 {

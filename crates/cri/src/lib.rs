@@ -21,6 +21,7 @@ mod server;
 mod service;
 mod stats;
 pub mod streaming;
+pub mod validate;
 
 pub use error::{CriError, CriResult};
 pub use server::serve_unix;
