@@ -951,7 +951,75 @@ async fn bad_inputs(d: &Daemon) -> anyhow::Result<()> {
         "relative log_directory",
     )?;
 
+    // What runc would refuse deep inside the create flow is refused at the
+    // edge instead, naming the field.
+    let mut cfg = d.pod_config("bad");
+    cfg.linux.get_or_insert_with(Default::default).cgroup_parent = format!("/{}", "x".repeat(5000));
+    expect_code(
+        run(cfg).await,
+        Code::InvalidArgument,
+        "config.linux.cgroup_parent",
+        "a 5000-character cgroup_parent",
+    )?;
+    let mut cfg = d.pod_config("bad");
+    cfg.labels.insert("nul".into(), "a\0b".into());
+    expect_code(
+        run(cfg).await,
+        Code::InvalidArgument,
+        "config.labels",
+        "a NUL byte in a label",
+    )?;
+
     let (pod, cfg) = run_pod(d, "badc").await?;
+    let c_id = d
+        .start_in(
+            &pod,
+            &cfg,
+            container_config("res", BUSYBOX, &["sleep", "3600"]),
+        )
+        .await?;
+    for (field, resources) in [
+        (
+            "linux.cpu_shares",
+            LinuxContainerResources {
+                cpu_shares: 1,
+                ..Default::default()
+            },
+        ),
+        (
+            "linux.cpu_quota",
+            LinuxContainerResources {
+                cpu_quota: 10,
+                ..Default::default()
+            },
+        ),
+        (
+            "linux.oom_score_adj",
+            LinuxContainerResources {
+                oom_score_adj: 5000,
+                ..Default::default()
+            },
+        ),
+    ] {
+        expect_code(
+            rt.update_container_resources(UpdateContainerResourcesRequest {
+                container_id: c_id.clone(),
+                linux: Some(resources),
+                ..Default::default()
+            })
+            .await,
+            Code::InvalidArgument,
+            field,
+            "UpdateContainerResources out of range",
+        )?;
+    }
+    rt.stop_container(StopContainerRequest {
+        container_id: c_id.clone(),
+        timeout: 0,
+    })
+    .await?;
+    rt.remove_container(RemoveContainerRequest { container_id: c_id })
+        .await?;
     let create = |c: ContainerConfig| {
         let mut rt = rt.clone();
         let req = CreateContainerRequest {
