@@ -19,6 +19,30 @@ use crate::error::{CriError, CriResult};
 use crate::sandbox::new_id;
 use crate::service::Cri;
 
+/// The exit code a shell gives a command that could not be started: 127
+/// when it is not found, 126 when it cannot be executed; `None` for any
+/// other failure.
+fn exec_start_exit_code(e: &cubelet_runtime::RuntimeError) -> Option<i32> {
+    let cubelet_runtime::RuntimeError::Containerd {
+        op: "tasks.start",
+        source,
+    } = e
+    else {
+        return None;
+    };
+    let m = source.message();
+    if !m.contains("exec failed") {
+        return None;
+    }
+    if m.contains("executable file not found") || m.contains("no such file or directory") {
+        Some(127)
+    } else if m.contains("permission denied") || m.contains("exec format error") {
+        Some(126)
+    } else {
+        None
+    }
+}
+
 fn seccomp(field: &str, p: Option<&cri::SecurityProfile>) -> CriResult<SeccompProfile> {
     let Some(p) = p else {
         return Ok(SeccompProfile::Unconfined);
@@ -644,10 +668,8 @@ impl Cri {
         &self,
         r: cri::ExecSyncRequest,
     ) -> CriResult<cri::ExecSyncResponse> {
+        crate::validate::exec_cmd("cmd", &r.cmd)?;
         let rec = self.require_container(&r.container_id)?;
-        if r.cmd.is_empty() {
-            return Err(CriError::invalid("cmd", "must not be empty"));
-        }
         if rec.state != ContainerState::Running {
             return Err(CriError::FailedPrecondition(format!(
                 "container {} is not running",
@@ -658,21 +680,32 @@ impl Cri {
             .ok()
             .filter(|t| *t > 0)
             .map(Duration::from_secs);
-        let out = self
+        let out = match self
             .deps()
             .runtime
             .exec_sync(&rec.id, &r.cmd, timeout)
             .await
-            .map_err(|e| {
-                if matches!(e.kind(), cubelet_engine::StepErrorKind::DeadlineExceeded) {
-                    CriError::DeadlineExceeded(format!(
-                        "command {:?} timed out after {}s",
-                        r.cmd, r.timeout
-                    ))
-                } else {
-                    e.into()
+        {
+            Ok(out) => out,
+            Err(e) if matches!(e.kind(), cubelet_engine::StepErrorKind::DeadlineExceeded) => {
+                return Err(CriError::DeadlineExceeded(format!(
+                    "command {:?} timed out after {}s",
+                    r.cmd, r.timeout
+                )))
+            }
+            // A command that cannot be started ends as a shell's would, so
+            // a probe fails with the reason instead of the call failing.
+            Err(e) => match exec_start_exit_code(&e) {
+                Some(exit_code) => {
+                    return Ok(cri::ExecSyncResponse {
+                        stdout: Vec::new(),
+                        stderr: format!("{e}\n").into_bytes(),
+                        exit_code,
+                    })
                 }
-            })?;
+                None => return Err(e.into()),
+            },
+        };
         Ok(cri::ExecSyncResponse {
             stdout: out.stdout,
             stderr: out.stderr,

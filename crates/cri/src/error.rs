@@ -96,10 +96,25 @@ fn step_code(kind: StepErrorKind) -> Code {
     }
 }
 
+/// Longest status message sent: it travels in an HTTP/2 header, and a
+/// client refuses a header block past its limit (16 KiB in Go and h2) with
+/// a protocol error instead of the status.
+pub const MAX_MESSAGE: usize = 4096;
+
 impl From<CriError> for Status {
     fn from(e: CriError) -> Self {
         // The message carries the whole cause chain, so `crictl` shows why.
-        Status::new(e.code(), chain(&e))
+        let mut message = chain(&e);
+        if message.len() > MAX_MESSAGE {
+            let mut end = MAX_MESSAGE;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            let cut = message.len() - end;
+            message.truncate(end);
+            message.push_str(&format!("… ({cut} bytes more)"));
+        }
+        Status::new(e.code(), message)
     }
 }
 

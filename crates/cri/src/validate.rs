@@ -19,6 +19,9 @@ pub const CPU_SHARES: std::ops::RangeInclusive<i64> = 2..=262_144;
 pub const CPU_PERIOD: std::ops::RangeInclusive<i64> = 1_000..=1_000_000;
 /// Smallest CFS quota the kernel accepts, in microseconds.
 pub const CPU_QUOTA_MIN: i64 = 1_000;
+/// Largest CFS quota the kernel accepts, in microseconds (`MAX_BW`:
+/// 2^44 - 1).
+pub const CPU_QUOTA_MAX: i64 = (1 << 44) - 1;
 /// `oom_score_adj` range.
 pub const OOM_SCORE_ADJ: std::ops::RangeInclusive<i64> = -1000..=1000;
 /// Longest label or annotation value (kubelet's annotations stay far below).
@@ -69,9 +72,16 @@ pub fn string_map(field: &str, m: &std::collections::HashMap<String, String>) ->
     Ok(())
 }
 
-/// A cgroup path: relative components below the hierarchy root.
+/// A cgroup path: relative components below the hierarchy root, without
+/// control characters (cgroupfs refuses a name with a line break).
 pub fn cgroup_parent(field: &str, cg: &str) -> CriResult<()> {
     path_limits(field, cg)?;
+    if cg.chars().any(char::is_control) {
+        return Err(CriError::invalid(
+            field,
+            format!("{cg:?} contains a control character"),
+        ));
+    }
     if cg.split('/').any(|c| c == "..") {
         return Err(CriError::invalid(
             field,
@@ -102,6 +112,31 @@ pub fn sysctl(field: &str, name: &str, value: &str) -> CriResult<()> {
     Ok(())
 }
 
+/// The pod namespace a sysctl belongs to (`net`, `ipc`, `uts`), as runc
+/// decides it: only these can be set in a container.
+pub fn sysctl_namespace(name: &str) -> Option<&'static str> {
+    const IPC: &[&str] = &[
+        "kernel.msgmax",
+        "kernel.msgmnb",
+        "kernel.msgmni",
+        "kernel.sem",
+        "kernel.shmall",
+        "kernel.shmmax",
+        "kernel.shmmni",
+        "kernel.shm_rmid_forced",
+    ];
+    let name = name.replace('/', ".");
+    if name.starts_with("net.") {
+        Some("net")
+    } else if name.starts_with("fs.mqueue.") || IPC.contains(&name.as_str()) {
+        Some("ipc")
+    } else if name == "kernel.hostname" || name == "kernel.domainname" {
+        Some("uts")
+    } else {
+        None
+    }
+}
+
 /// A cpuset list: `N`, `N-M`, comma-separated, ascending ranges.
 fn cpuset(field: &str, v: &str) -> CriResult<()> {
     let bad = || CriError::invalid(field, format!("{v:?} is not a cpu/node list"));
@@ -112,6 +147,26 @@ fn cpuset(field: &str, v: &str) -> CriResult<()> {
         if a > b {
             return Err(bad());
         }
+    }
+    Ok(())
+}
+
+/// A command to exec: at least its program, which is not empty and within
+/// the path limits, and no NUL byte in any argument.
+pub fn exec_cmd(field: &str, cmd: &[String]) -> CriResult<()> {
+    match cmd.first() {
+        None => return Err(CriError::invalid(field, "must not be empty")),
+        Some(p) if p.is_empty() => {
+            return Err(CriError::invalid(
+                format!("{field}[0]"),
+                "the program is empty",
+            ))
+        }
+        // The program is looked up as a path: the kernel's limits hold.
+        Some(p) => path_limits(&format!("{field}[0]"), p)?,
+    }
+    for (i, a) in cmd.iter().enumerate() {
+        no_nul(&format!("{field}[{i}]"), a)?;
     }
     Ok(())
 }
@@ -132,11 +187,14 @@ pub fn resources(prefix: &str, r: &cri::LinuxContainerResources) -> CriResult<()
             format!("{} µs is outside {CPU_PERIOD:?} (0 = unset)", r.cpu_period),
         ));
     }
-    if r.cpu_quota != 0 && r.cpu_quota != -1 && r.cpu_quota < CPU_QUOTA_MIN {
+    if r.cpu_quota != 0
+        && r.cpu_quota != -1
+        && !(CPU_QUOTA_MIN..=CPU_QUOTA_MAX).contains(&r.cpu_quota)
+    {
         return Err(CriError::invalid(
             field("cpu_quota"),
             format!(
-                "{} µs: at least {CPU_QUOTA_MIN} (0 = unset, -1 = unlimited)",
+                "{} µs is outside {CPU_QUOTA_MIN}..={CPU_QUOTA_MAX} (0 = unset, -1 = unlimited)",
                 r.cpu_quota
             ),
         ));
@@ -148,7 +206,15 @@ pub fn resources(prefix: &str, r: &cri::LinuxContainerResources) -> CriResult<()
         ));
     }
     let swap = r.memory_swap_limit_in_bytes;
-    if swap < -1 || (swap > 0 && r.memory_limit_in_bytes > 0 && swap < r.memory_limit_in_bytes) {
+    if swap > 0 && r.memory_limit_in_bytes == 0 {
+        // The kernel wants memory+swap at least the memory limit, which is
+        // then unlimited.
+        return Err(CriError::invalid(
+            field("memory_swap_limit_in_bytes"),
+            format!("{swap}: a memory+swap limit needs memory_limit_in_bytes"),
+        ));
+    }
+    if swap < -1 || (swap > 0 && swap < r.memory_limit_in_bytes) {
         return Err(CriError::invalid(
             field("memory_swap_limit_in_bytes"),
             format!(
@@ -303,8 +369,31 @@ pub fn sandbox_config(config: &cri::PodSandboxConfig) -> CriResult<()> {
         if !linux.cgroup_parent.is_empty() {
             cgroup_parent("config.linux.cgroup_parent", &linux.cgroup_parent)?;
         }
+        let ns = linux
+            .security_context
+            .as_ref()
+            .and_then(|s| s.namespace_options.as_ref());
+        let node = cri::NamespaceMode::Node as i32;
         for (k, v) in &linux.sysctls {
             sysctl("config.linux.sysctls", k, v)?;
+            let field = format!("config.linux.sysctls[{k:?}]");
+            let shared = match sysctl_namespace(k) {
+                None => {
+                    return Err(CriError::invalid(
+                        field,
+                        "is not a namespaced sysctl (net.*, fs.mqueue.*, the IPC kernel.* ones, kernel.hostname/domainname); runc sets no other",
+                    ))
+                }
+                Some("net") => ns.is_some_and(|n| n.network == node),
+                Some("ipc") => ns.is_some_and(|n| n.ipc == node),
+                Some(_) => false,
+            };
+            if shared {
+                return Err(CriError::invalid(
+                    field,
+                    "the pod shares that namespace with the node",
+                ));
+            }
         }
     }
     Ok(())
@@ -342,6 +431,7 @@ mod tests {
         );
         assert_eq!(code(cgroup_parent("c", "/kubepods/burstable/pod1")), None);
         assert!(code(cgroup_parent("c", "/a/../b")).is_some());
+        assert!(code(cgroup_parent("c", "/a\nb")).is_some());
     }
 
     #[test]
@@ -367,6 +457,7 @@ mod tests {
             ("r.cpu_shares", Box::new(|r| r.cpu_shares = 300_000)),
             ("r.cpu_period", Box::new(|r| r.cpu_period = 10)),
             ("r.cpu_quota", Box::new(|r| r.cpu_quota = 10)),
+            ("r.cpu_quota", Box::new(|r| r.cpu_quota = i64::MAX)),
             (
                 "r.memory_limit_in_bytes",
                 Box::new(|r| r.memory_limit_in_bytes = -5),
@@ -448,5 +539,28 @@ mod tests {
         assert!(code(sysctl("s", "net..x", "1")).is_some());
         assert!(code(sysctl("s", "NET.x", "1")).is_some());
         assert!(code(sysctl("s", "net.x", "1\n2")).is_some());
+        assert_eq!(sysctl_namespace("net.ipv4.ip_forward"), Some("net"));
+        assert_eq!(sysctl_namespace("kernel/shm_rmid_forced"), Some("ipc"));
+        assert_eq!(sysctl_namespace("fs.mqueue.msg_max"), Some("ipc"));
+        assert_eq!(sysctl_namespace("kernel.panic"), None);
+        let mut c = cri::PodSandboxConfig::default();
+        let linux = c.linux.get_or_insert_with(Default::default);
+        linux.sysctls.insert("kernel.panic".into(), "1".into());
+        assert!(code(sandbox_config(&c)).is_some());
+        let linux = c.linux.get_or_insert_with(Default::default);
+        linux.sysctls.clear();
+        linux
+            .sysctls
+            .insert("net.ipv4.ip_forward".into(), "1".into());
+        assert_eq!(code(sandbox_config(&c)), None);
+        let linux = c.linux.get_or_insert_with(Default::default);
+        linux.security_context = Some(cri::LinuxSandboxSecurityContext {
+            namespace_options: Some(cri::NamespaceOption {
+                network: cri::NamespaceMode::Node as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        assert!(code(sandbox_config(&c)).is_some());
     }
 }

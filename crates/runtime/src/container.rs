@@ -1173,7 +1173,18 @@ impl ContainerRuntime {
                 annotations: HashMap::new(),
             }))
             .await
-            .map_err(cd("tasks.update"))?;
+            .map_err(|s| {
+                // A limit below what the container already uses is the
+                // container's state, not a runtime failure.
+                if s.message().contains("unable to set memory limit") {
+                    RuntimeError::FailedPrecondition(format!(
+                        "container {id}: {}",
+                        s.message().trim()
+                    ))
+                } else {
+                    RuntimeError::containerd("tasks.update", s)
+                }
+            })?;
         Ok(())
     }
 }

@@ -59,9 +59,7 @@ impl Cri {
 
     pub(crate) async fn exec_impl(&self, r: cri::ExecRequest) -> CriResult<cri::ExecResponse> {
         let server = self.streaming("Exec")?;
-        if r.cmd.is_empty() {
-            return Err(CriError::invalid("cmd", "must not be empty"));
-        }
+        crate::validate::exec_cmd("cmd", &r.cmd)?;
         check_streams(r.stdin, r.stdout, r.stderr, r.tty)?;
         let container_id = self.running_container(&r.container_id)?;
         let url = self.url(
