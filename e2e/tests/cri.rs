@@ -694,6 +694,14 @@ async fn exec_sync(d: &Daemon) -> anyhow::Result<()> {
     ensure!(r.exit_code == 5, "exit code {}", r.exit_code);
     let r = exec(d, &cid, &["id", "-u"], 10).await?;
     ensure!(r.stdout == b"0\n" && r.exit_code == 0, "id -u: {r:?}");
+    // A command that cannot be started ends as a shell's would.
+    let r = exec(d, &cid, &["no-such-command"], 10).await?;
+    ensure!(
+        r.exit_code == 127 && String::from_utf8_lossy(&r.stderr).contains("not found"),
+        "missing command: {r:?}"
+    );
+    let r = exec(d, &cid, &["/etc"], 10).await?;
+    ensure!(r.exit_code == 126, "a directory as the command: {r:?}");
     expect_code(
         exec(d, &cid, &["sleep", "30"], 1).await,
         Code::DeadlineExceeded,
