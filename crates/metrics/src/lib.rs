@@ -19,6 +19,6 @@ mod readiness;
 mod server;
 
 pub use error::MetricsError;
-pub use metrics::{Metrics, DURATION_BUCKETS};
+pub use metrics::{Metrics, DURATION_BUCKETS, GC_FAILURE_KINDS, GC_RECLAIMED_KINDS};
 pub use readiness::Readiness;
 pub use server::{AdminServer, METRICS_CONTENT_TYPE};

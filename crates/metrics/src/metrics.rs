@@ -18,6 +18,42 @@ pub const DURATION_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// The `kind` label values of `cubelet_gc_reclaimed_total` the GC reports
+/// (sandboxes, containerd objects, shims, network, storage and journal
+/// objects); each series is exported at 0 from the start.
+pub const GC_RECLAIMED_KINDS: &[&str] = &[
+    "sandbox",
+    "container",
+    "task",
+    "snapshot",
+    "shim",
+    "netns",
+    "veth",
+    "lease",
+    "port_rule",
+    "cni_attachment",
+    "directory",
+    "mount",
+    "journal",
+];
+
+/// The `kind` label values of `cubelet_gc_failures_total` the GC reports
+/// (what it failed to list or reclaim); each series is exported at 0 from
+/// the start.
+pub const GC_FAILURE_KINDS: &[&str] = &[
+    "store",
+    "sandbox",
+    "containerd",
+    "shim",
+    "network",
+    "storage",
+    "journal",
+];
+
+/// The outcomes a rollback is reported with (`result` of
+/// `cubelet_flow_rollbacks_total`): it either finished or failed.
+const ROLLBACK_OUTCOMES: [Outcome; 2] = [Outcome::Ok, Outcome::Error];
+
 /// The node agent's metrics, registered in a caller-supplied registry.
 ///
 /// Cheap to clone (one `Arc`); clones update the same metrics. Every method
@@ -131,6 +167,11 @@ fn gauge_vec(
 impl Metrics {
     /// Creates every metric and registers it in `registry` (never the global
     /// default). `version` is exported as `cubelet_build_info{version}` = 1.
+    ///
+    /// Labelled counters whose label values are known up front (per flow,
+    /// rollback result, GC kind, pool result) are exported at 0 from the
+    /// first scrape, so a rate or an alert on them has data before the first
+    /// event.
     ///
     /// Fails if a metric of the same name is already registered there.
     pub fn new(registry: &Registry, version: &str) -> Result<Metrics, MetricsError> {
@@ -249,6 +290,17 @@ impl Metrics {
             .iter()
             .enumerate()
             .all(|(i, k)| flow_index(*k) == i));
+        for flow in FlowKind::ALL {
+            for outcome in ROLLBACK_OUTCOMES {
+                rollbacks.with_label_values(&[flow.as_str(), outcome.as_str()]);
+            }
+        }
+        for kind in GC_RECLAIMED_KINDS {
+            gc_reclaimed.with_label_values(&[kind]);
+        }
+        for kind in GC_FAILURE_KINDS {
+            gc_failures.with_label_values(&[kind]);
+        }
 
         Ok(Metrics {
             inner: Arc::new(Inner {
@@ -303,13 +355,15 @@ impl Metrics {
         self.inner.gc_runs.inc();
     }
 
-    /// Counts `n` objects of `kind` (e.g. `netns`, `veth`, `ip`, `mount`,
-    /// `dir`, `container`, `journal`, `sandbox`) reclaimed by GC.
+    /// Counts `n` objects of `kind` (one of [`GC_RECLAIMED_KINDS`]; another
+    /// value is counted too, but only from its first event) reclaimed by GC.
     pub fn gc_reclaimed(&self, kind: &str, n: u64) {
         self.inner.gc_reclaimed.with_label_values(&[kind]).inc_by(n);
     }
 
-    /// Counts one object of `kind` that GC failed to reclaim.
+    /// Counts one object of `kind` (one of [`GC_FAILURE_KINDS`]; another
+    /// value is counted too, but only from its first event) that GC failed
+    /// to reclaim.
     pub fn gc_failure(&self, kind: &str) {
         self.inner.gc_failures.with_label_values(&[kind]).inc();
     }
@@ -427,6 +481,60 @@ mod tests {
         let info = &family(&families, "cubelet_build_info").get_metric()[0];
         assert_eq!(labels(info), [("version".to_owned(), "1.2.3".to_owned())]);
         assert_eq!(info.get_gauge().get_value(), 1.0);
+
+        // Labelled counters with known label values are there at 0.
+        let zeros = |name: &str| -> Vec<Vec<(String, String)>> {
+            family(&families, name)
+                .get_metric()
+                .iter()
+                .map(|m| {
+                    assert_eq!(m.get_counter().get_value(), 0.0, "{name} {:?}", labels(m));
+                    labels(m)
+                })
+                .collect()
+        };
+        let pair = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+        let mut want = Vec::new();
+        for flow in ["cleanup", "create", "destroy"] {
+            for result in ["error", "ok"] {
+                want.push(vec![pair("flow", flow), pair("result", result)]);
+            }
+        }
+        assert_eq!(zeros("cubelet_flow_rollbacks_total"), want);
+        assert_eq!(
+            zeros("cubelet_flow_rejections_total"),
+            ["cleanup", "create", "destroy"].map(|f| vec![pair("flow", f)])
+        );
+        for (name, kinds) in [
+            ("cubelet_gc_reclaimed_total", GC_RECLAIMED_KINDS),
+            ("cubelet_gc_failures_total", GC_FAILURE_KINDS),
+        ] {
+            let mut want: Vec<_> = kinds.iter().map(|k| vec![pair("kind", k)]).collect();
+            want.sort();
+            assert_eq!(zeros(name), want, "{name}");
+        }
+        assert_eq!(
+            zeros("cubelet_storage_pool_total"),
+            ["hit", "miss"].map(|r| vec![pair("result", r)])
+        );
+        for name in ["cubelet_gc_runs_total", "cubelet_events_dropped_total"] {
+            assert_eq!(
+                family(&families, name).get_metric()[0]
+                    .get_counter()
+                    .get_value(),
+                0.0
+            );
+        }
+    }
+
+    #[test]
+    fn gc_kinds_are_unique() {
+        for kinds in [GC_RECLAIMED_KINDS, GC_FAILURE_KINDS] {
+            let mut sorted = kinds.to_vec();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(sorted.len(), kinds.len(), "{kinds:?}");
+        }
     }
 
     #[test]
@@ -508,16 +616,31 @@ mod tests {
                 ("step".to_owned(), "network".to_owned()),
             ]
         );
-        let rb = &family(&f, "cubelet_flow_rollbacks_total").get_metric()[0];
-        assert_eq!(rb.get_counter().get_value(), 1.0);
-        assert!(labels(rb).contains(&("result".to_owned(), "error".to_owned())));
+        let rb: Vec<_> = family(&f, "cubelet_flow_rollbacks_total")
+            .get_metric()
+            .iter()
+            .filter(|m| m.get_counter().get_value() != 0.0)
+            .collect();
+        assert_eq!(rb.len(), 1);
+        assert_eq!(rb[0].get_counter().get_value(), 1.0);
+        assert_eq!(
+            labels(rb[0]),
+            [
+                ("flow".to_owned(), "create".to_owned()),
+                ("result".to_owned(), "error".to_owned())
+            ]
+        );
         let pool: Vec<_> = family(&f, "cubelet_storage_pool_total")
             .get_metric()
             .iter()
             .map(|m| (labels(m)[0].1.clone(), m.get_counter().get_value()))
             .collect();
         assert_eq!(pool, [("hit".to_owned(), 1.0), ("miss".to_owned(), 2.0)]);
-        let gc = &family(&f, "cubelet_gc_reclaimed_total").get_metric()[0];
+        let gc = family(&f, "cubelet_gc_reclaimed_total")
+            .get_metric()
+            .iter()
+            .find(|m| labels(m) == [("kind".to_owned(), "netns".to_owned())])
+            .unwrap();
         assert_eq!(gc.get_counter().get_value(), 3.0);
         let sb = &family(&f, "cubelet_sandboxes").get_metric()[0];
         assert_eq!(sb.get_gauge().get_value(), 4.0);
