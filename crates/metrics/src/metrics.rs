@@ -164,6 +164,29 @@ fn gauge_vec(
     )
 }
 
+/// Registers Prometheus' standard process collector for this process:
+/// `process_cpu_seconds_total`, `process_open_fds`, `process_max_fds`,
+/// `process_virtual_memory_bytes`, `process_resident_memory_bytes`,
+/// `process_start_time_seconds` and `process_threads`, read from `/proc` at
+/// each scrape.
+#[cfg(target_os = "linux")]
+fn register_process_collector(registry: &Registry) -> Result<(), MetricsError> {
+    registry
+        .register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .map_err(|source| MetricsError::Register {
+            name: "process_*",
+            source,
+        })
+}
+
+/// No `/proc` to read: no process metrics.
+#[cfg(not(target_os = "linux"))]
+fn register_process_collector(_registry: &Registry) -> Result<(), MetricsError> {
+    Ok(())
+}
+
 impl Metrics {
     /// Creates every metric and registers it in `registry` (never the global
     /// default). `version` is exported as `cubelet_build_info{version}` = 1.
@@ -171,7 +194,8 @@ impl Metrics {
     /// Labelled counters whose label values are known up front (per flow,
     /// rollback result, GC kind, pool result) are exported at 0 from the
     /// first scrape, so a rate or an alert on them has data before the first
-    /// event.
+    /// event. The standard `process_*` metrics of this process (CPU, memory,
+    /// file descriptors, start time, threads) are registered too.
     ///
     /// Fails if a metric of the same name is already registered there.
     pub fn new(registry: &Registry, version: &str) -> Result<Metrics, MetricsError> {
@@ -301,6 +325,7 @@ impl Metrics {
         for kind in GC_FAILURE_KINDS {
             gc_failures.with_label_values(&[kind]);
         }
+        register_process_collector(registry)?;
 
         Ok(Metrics {
             inner: Arc::new(Inner {
@@ -535,6 +560,37 @@ mod tests {
             sorted.dedup();
             assert_eq!(sorted.len(), kinds.len(), "{kinds:?}");
         }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn process_metrics_have_plausible_values() {
+        let registry = Registry::new();
+        let _m = Metrics::new(&registry, "v").unwrap();
+        let families = registry.gather();
+        let value = |name: &str| {
+            let f = family(&families, name);
+            let m = &f.get_metric()[0];
+            match f.get_field_type() {
+                prometheus::proto::MetricType::COUNTER => m.get_counter().get_value(),
+                _ => m.get_gauge().get_value(),
+            }
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        assert!(value("process_resident_memory_bytes") > 0.0);
+        assert!(value("process_virtual_memory_bytes") >= value("process_resident_memory_bytes"));
+        assert!(value("process_open_fds") > 0.0);
+        assert!(value("process_max_fds") >= value("process_open_fds"));
+        assert!(value("process_cpu_seconds_total") >= 0.0);
+        assert!(value("process_threads") >= 1.0);
+        let start = value("process_start_time_seconds");
+        assert!(
+            start <= now + 1.0 && start > now - 3600.0,
+            "start {start}, now {now}"
+        );
     }
 
     #[test]

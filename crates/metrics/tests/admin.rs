@@ -662,6 +662,65 @@ async fn shutdown_finishes_request_in_flight_then_refuses_connections() {
     );
 }
 
+/// A fresh registry serves the labelled counters at 0 and Prometheus'
+/// standard `process_*` metrics of this process with plausible values.
+#[tokio::test]
+async fn fresh_scrape_has_zero_series_and_process_metrics() {
+    let registry = Registry::new();
+    let _metrics = Metrics::new(&registry, "v1").unwrap();
+    let server = Running::start(registry, Readiness::new());
+    let (_, e) = scrape(server.addr).await;
+    server.stop().await;
+
+    let rollbacks = "cubelet_flow_rollbacks_total";
+    for flow in ["create", "destroy", "cleanup"] {
+        for result in ["ok", "error"] {
+            assert_eq!(
+                e.value(rollbacks, &[("flow", flow), ("result", result)]),
+                0.0
+            );
+        }
+    }
+    for kind in cubelet_metrics::GC_RECLAIMED_KINDS {
+        assert_eq!(
+            e.value("cubelet_gc_reclaimed_total", &[("kind", kind)]),
+            0.0
+        );
+    }
+    for kind in cubelet_metrics::GC_FAILURE_KINDS {
+        assert_eq!(e.value("cubelet_gc_failures_total", &[("kind", kind)]), 0.0);
+    }
+
+    for (name, kind) in [
+        ("process_cpu_seconds_total", "counter"),
+        ("process_resident_memory_bytes", "gauge"),
+        ("process_virtual_memory_bytes", "gauge"),
+        ("process_open_fds", "gauge"),
+        ("process_max_fds", "gauge"),
+        ("process_start_time_seconds", "gauge"),
+        ("process_threads", "gauge"),
+    ] {
+        assert_eq!(e.types.get(name).map(String::as_str), Some(kind), "{name}");
+    }
+    let rss = e.value("process_resident_memory_bytes", &[]);
+    assert!(rss > 0.0, "rss {rss}");
+    assert!(e.value("process_virtual_memory_bytes", &[]) >= rss);
+    let fds = e.value("process_open_fds", &[]);
+    assert!(fds > 0.0, "open fds {fds}");
+    assert!(e.value("process_max_fds", &[]) >= fds);
+    assert!(e.value("process_cpu_seconds_total", &[]) >= 0.0);
+    assert!(e.value("process_threads", &[]) >= 1.0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let start = e.value("process_start_time_seconds", &[]);
+    assert!(
+        start <= now + 1.0 && start > now - 3600.0,
+        "start {start}, now {now}"
+    );
+}
+
 /// Lints the exposition with Prometheus' own `promtool check metrics`
 /// (installed on this host); skipped, saying so, where it is missing.
 #[tokio::test]
