@@ -2,13 +2,15 @@
 //! crash recovery and rollback against the real daemon.
 //!
 //! Enabled only by the `CUBELET_TEST_FAILPOINTS` environment variable, a
-//! comma-separated list of `<provider>.<method>=<action>` where method is
-//! `create`, `destroy` or `cleanup` and action is `sleep:<duration>` (after
-//! the real step ran), `fail` (after the real step ran, so there is
-//! something to roll back) or `fail:<n>` (the first `n` calls of that
-//! method fail, whatever the sandbox, later ones pass: a flaky step).
+//! comma-separated list of `<provider>.<method>[@before]=<action>` where
+//! method is `create`, `destroy` or `cleanup` and action is
+//! `sleep:<duration>`, `fail` or `fail:<n>` (the first `n` calls of that
+//! method fail, whatever the sandbox, later ones pass: a flaky step). The
+//! action runs after the real step (so a failure has something to roll
+//! back), or with `@before` instead of it having run at all (the step fails
+//! before doing anything, or waits before starting).
 //! Example:
-//! `CUBELET_TEST_FAILPOINTS=storage.create=sleep:60s,network.create=fail`.
+//! `CUBELET_TEST_FAILPOINTS=storage.create=sleep:60s,network.create@before=fail`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,9 +30,18 @@ enum Action {
     FailFirst(u32),
 }
 
-/// Parsed failpoints, keyed by provider then flow kind.
+/// When an action runs, relative to the real step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Phase {
+    /// Before it: a failure leaves the step undone.
+    Before,
+    /// After it: a failure has the step's work to roll back.
+    After,
+}
+
+/// Parsed failpoints, keyed by provider then flow kind and phase.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct Failpoints(HashMap<String, HashMap<FlowKind, Action>>);
+pub(crate) struct Failpoints(HashMap<String, HashMap<(FlowKind, Phase), Action>>);
 
 impl Failpoints {
     /// Reads `CUBELET_TEST_FAILPOINTS`; empty when unset.
@@ -50,6 +61,14 @@ impl Failpoints {
             let (provider, method) = target
                 .split_once('.')
                 .ok_or_else(|| format!("{ENV}: {target:?} is not <provider>.<method>"))?;
+            let (method, phase) = match method.split_once('@') {
+                None => (method, Phase::After),
+                Some((m, "before")) => (m, Phase::Before),
+                Some((m, "after")) => (m, Phase::After),
+                Some((_, other)) => {
+                    return Err(format!("{ENV}: {item:?}: unknown phase {other:?}"))
+                }
+            };
             let kind: FlowKind = method.parse().map_err(|e| format!("{ENV}: {e}"))?;
             let action = match action.split_once(':') {
                 None if action == "fail" => Action::Fail,
@@ -65,7 +84,7 @@ impl Failpoints {
             out.0
                 .entry(provider.to_owned())
                 .or_default()
-                .insert(kind, action);
+                .insert((kind, phase), action);
         }
         Ok(out)
     }
@@ -88,14 +107,26 @@ impl Failpoints {
 
 struct Injected {
     inner: Arc<dyn Flow>,
-    points: HashMap<FlowKind, Action>,
+    points: HashMap<(FlowKind, Phase), Action>,
     /// Failures injected so far, for `fail:<n>`.
-    failed: std::sync::Mutex<HashMap<FlowKind, u32>>,
+    failed: std::sync::Mutex<HashMap<(FlowKind, Phase), u32>>,
 }
 
 impl Injected {
-    async fn after(&self, kind: FlowKind) -> Result<(), StepError> {
-        match self.points.get(&kind) {
+    /// Runs the step with its failpoints around it.
+    async fn around<'a>(
+        &'a self,
+        kind: FlowKind,
+        step: impl std::future::Future<Output = Result<(), StepError>> + Send + 'a,
+    ) -> Result<(), StepError> {
+        self.at(kind, Phase::Before).await?;
+        step.await?;
+        self.at(kind, Phase::After).await
+    }
+
+    async fn at(&self, kind: FlowKind, phase: Phase) -> Result<(), StepError> {
+        let key = (kind, phase);
+        match self.points.get(&key) {
             None => Ok(()),
             Some(Action::Sleep(d)) => {
                 tokio::time::sleep(*d).await;
@@ -104,7 +135,7 @@ impl Injected {
             Some(Action::Fail) => Err(injected(kind)),
             Some(Action::FailFirst(n)) => {
                 let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
-                let count = failed.entry(kind).or_default();
+                let count = failed.entry(key).or_default();
                 if *count < *n {
                     *count += 1;
                     Err(injected(kind))
@@ -126,16 +157,15 @@ impl Flow for Injected {
         self.inner.init().await
     }
     async fn create(&self, ctx: &FlowContext) -> Result<(), StepError> {
-        self.inner.create(ctx).await?;
-        self.after(FlowKind::Create).await
+        self.around(FlowKind::Create, self.inner.create(ctx)).await
     }
     async fn destroy(&self, ctx: &FlowContext) -> Result<(), StepError> {
-        self.inner.destroy(ctx).await?;
-        self.after(FlowKind::Destroy).await
+        self.around(FlowKind::Destroy, self.inner.destroy(ctx))
+            .await
     }
     async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError> {
-        self.inner.cleanup(ctx).await?;
-        self.after(FlowKind::Cleanup).await
+        self.around(FlowKind::Cleanup, self.inner.cleanup(ctx))
+            .await
     }
 }
 
@@ -147,10 +177,19 @@ mod tests {
     fn parses_and_rejects() {
         let f = Failpoints::parse("storage.create=sleep:2s, network.destroy=fail").unwrap();
         assert_eq!(
-            f.0["storage"][&FlowKind::Create],
+            f.0["storage"][&(FlowKind::Create, Phase::After)],
             Action::Sleep(Duration::from_secs(2))
         );
-        assert_eq!(f.0["network"][&FlowKind::Destroy], Action::Fail);
+        assert_eq!(
+            f.0["network"][&(FlowKind::Destroy, Phase::After)],
+            Action::Fail
+        );
+        let f = Failpoints::parse("sandbox.create@before=fail").unwrap();
+        assert_eq!(
+            f.0["sandbox"][&(FlowKind::Create, Phase::Before)],
+            Action::Fail
+        );
+        assert!(Failpoints::parse("sandbox.create@during=fail").is_err());
         assert!(Failpoints::parse("storage=fail").is_err());
         assert!(Failpoints::parse("storage.start=fail").is_err());
         assert!(Failpoints::parse("storage.create=explode").is_err());
@@ -158,9 +197,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn before_fails_without_running_the_step_after_fails_after_it() {
+        let ctx = FlowContext::new(
+            cubelet_engine::SandboxId::new_unchecked("b".repeat(64)),
+            Arc::new(cubelet_engine::SandboxSpec::default()),
+        );
+        let before = cubelet_engine::fake::FakeFlow::new("storage");
+        let f = Failpoints::parse("storage.create@before=fail").unwrap();
+        let flow = f.wrap("storage", before.clone());
+        assert!(flow.create(&ctx).await.is_err());
+        assert_eq!(before.held(), 0, "the step ran");
+        let after = cubelet_engine::fake::FakeFlow::new("storage");
+        let f = Failpoints::parse("storage.create=fail").unwrap();
+        let flow = f.wrap("storage", after.clone());
+        assert!(flow.create(&ctx).await.is_err());
+        assert_eq!(after.held(), 1, "the step did not run");
+    }
+
+    #[tokio::test]
     async fn fail_first_n_then_pass() {
         let f = Failpoints::parse("storage.cleanup=fail:2").unwrap();
-        assert_eq!(f.0["storage"][&FlowKind::Cleanup], Action::FailFirst(2));
+        assert_eq!(
+            f.0["storage"][&(FlowKind::Cleanup, Phase::After)],
+            Action::FailFirst(2)
+        );
         let flow = f.wrap("storage", cubelet_engine::fake::FakeFlow::new("storage"));
         let ctx = FlowContext::new(
             cubelet_engine::SandboxId::new_unchecked("a".repeat(64)),
