@@ -17,7 +17,7 @@ use cubelet_e2e::cri::{
     CreateContainerRequest, PullImageRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
     StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
-use cubelet_e2e::{container_config, image_spec, pod_config};
+use cubelet_e2e::{container_config, image_spec, ms, percentile, pod_config};
 use futures::StreamExt;
 use tonic::transport::Channel;
 
@@ -126,18 +126,6 @@ async fn lifecycle(
     remove.context("RemovePodSandbox")?;
     t[6] = start.elapsed();
     Ok(t)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1}", d.as_secs_f64() * 1000.0)
 }
 
 #[tokio::main]

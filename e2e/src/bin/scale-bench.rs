@@ -1,0 +1,284 @@
+//! `scale-bench`: brings up N pods with one container each on any CRI
+//! endpoint (Cubelet's socket or containerd's own CRI plugin), one after
+//! another, then measures what a node at that size answers: RunPodSandbox
+//! p50 of the first and the last 25 pods, p50/p99 of ListPodSandbox,
+//! ListContainers, ListContainerStats, ListPodSandboxStats and
+//! PodSandboxStatus, the agent's resident memory and open fds (`--pid`), and
+//! the time to tear everything down.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use cubelet_e2e::cri::image_service_client::ImageServiceClient;
+use cubelet_e2e::cri::runtime_service_client::RuntimeServiceClient;
+use cubelet_e2e::cri::{
+    CreateContainerRequest, ListContainerStatsRequest, ListContainersRequest,
+    ListPodSandboxRequest, ListPodSandboxStatsRequest, PodSandboxStatusRequest, PullImageRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
+};
+use cubelet_e2e::{container_config, image_spec, ms, percentile, pod_config};
+use tonic::transport::Channel;
+
+/// Measure a CRI endpoint at N pods.
+#[derive(Debug, Parser)]
+#[command(name = "scale-bench")]
+struct Args {
+    /// CRI unix socket.
+    #[arg(long)]
+    endpoint: PathBuf,
+    /// Pods to bring up (one container each).
+    #[arg(long, default_value_t = 250)]
+    n: usize,
+    /// Calls per measured query.
+    #[arg(long, default_value_t = 100)]
+    queries: usize,
+    /// Container image (pulled first).
+    #[arg(long, default_value = "127.0.0.1:5000/busybox:test")]
+    image: String,
+    /// Pid of the agent whose memory and fds to report.
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Directory for pod log directories (removed afterwards).
+    #[arg(long, default_value = "/tmp")]
+    log_root: PathBuf,
+}
+
+/// Resident memory (MiB) and open fds of `pid`.
+fn footprint(pid: u32) -> Option<(f64, usize)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count();
+    Some((kb / 1024.0, fds))
+}
+
+/// Times `queries` calls of `call`; `None` when the endpoint does not
+/// implement it.
+async fn measure<F, Fut>(queries: usize, mut call: F) -> anyhow::Result<Option<Vec<Duration>>>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<(), tonic::Status>>,
+{
+    let mut v = Vec::with_capacity(queries);
+    for i in 0..queries {
+        let t = Instant::now();
+        match call(i).await {
+            Ok(()) => v.push(t.elapsed()),
+            Err(s) if s.code() == tonic::Code::Unimplemented => return Ok(None),
+            Err(s) => return Err(s.into()),
+        }
+    }
+    v.sort();
+    Ok(Some(v))
+}
+
+async fn up(
+    rt: &mut RuntimeServiceClient<Channel>,
+    args: &Args,
+    log_root: &std::path::Path,
+    i: usize,
+) -> anyhow::Result<(String, Duration)> {
+    let name = format!("scale-{}-{i}", std::process::id());
+    let cfg = pod_config(&name, &format!("uid-{name}"), &log_root.join(&name));
+    let t = Instant::now();
+    let pod = rt
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(cfg.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .context("RunPodSandbox")?
+        .into_inner()
+        .pod_sandbox_id;
+    let run = t.elapsed();
+    let cid = rt
+        .create_container(CreateContainerRequest {
+            pod_sandbox_id: pod.clone(),
+            config: Some(container_config("sleep", &args.image, &["sleep", "36000"])),
+            sandbox_config: Some(cfg),
+        })
+        .await
+        .context("CreateContainer")?
+        .into_inner()
+        .container_id;
+    rt.start_container(StartContainerRequest { container_id: cid })
+        .await
+        .context("StartContainer")?;
+    Ok((pod, run))
+}
+
+fn row(name: &str, v: &Option<Vec<Duration>>) {
+    match v {
+        Some(v) => println!(
+            "{:<22} {:>9} {:>9}",
+            name,
+            ms(percentile(v, 50.0)),
+            ms(percentile(v, 99.0))
+        ),
+        None => println!("{name:<22} {:>9} {:>9}", "unimpl.", "unimpl."),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(args.n >= 2 && args.queries > 0, "--n ≥ 2 and --queries > 0");
+    let channel = cubelet_e2e::connect(&args.endpoint).await?;
+    let mut rt = RuntimeServiceClient::new(channel.clone());
+    ImageServiceClient::new(channel)
+        .pull_image(PullImageRequest {
+            image: Some(image_spec(&args.image)),
+            ..Default::default()
+        })
+        .await
+        .with_context(|| format!("PullImage {}", args.image))?;
+    let log_root = tempfile::Builder::new()
+        .prefix("scale-bench-logs")
+        .tempdir_in(&args.log_root)?;
+    let before = args.pid.and_then(footprint);
+
+    let mut pods = Vec::with_capacity(args.n);
+    let mut runs = Vec::with_capacity(args.n);
+    let mut failure = None;
+    for i in 0..args.n {
+        match up(&mut rt, &args, log_root.path(), i).await {
+            Ok((pod, run)) => {
+                pods.push(pod);
+                runs.push(run);
+            }
+            Err(e) => {
+                failure = Some(e.context(format!("pod {i}")));
+                break;
+            }
+        }
+    }
+
+    let mut result = Ok(());
+    if failure.is_none() {
+        let at = args.pid.and_then(footprint);
+        let window = 25.min(runs.len() / 2).max(1);
+        let mut first = runs[..window].to_vec();
+        first.sort();
+        let mut last = runs[runs.len() - window..].to_vec();
+        last.sort();
+        let q = args.queries;
+        let measured = async {
+            let lp = measure(q, |_| {
+                let mut rt = rt.clone();
+                async move {
+                    rt.list_pod_sandbox(ListPodSandboxRequest::default())
+                        .await
+                        .map(drop)
+                }
+            })
+            .await?;
+            let lc = measure(q, |_| {
+                let mut rt = rt.clone();
+                async move {
+                    rt.list_containers(ListContainersRequest::default())
+                        .await
+                        .map(drop)
+                }
+            })
+            .await?;
+            let lcs = measure(q, |_| {
+                let mut rt = rt.clone();
+                async move {
+                    rt.list_container_stats(ListContainerStatsRequest::default())
+                        .await
+                        .map(drop)
+                }
+            })
+            .await?;
+            let lps = measure(q, |_| {
+                let mut rt = rt.clone();
+                async move {
+                    rt.list_pod_sandbox_stats(ListPodSandboxStatsRequest::default())
+                        .await
+                        .map(drop)
+                }
+            })
+            .await?;
+            let ps = measure(q, |i| {
+                let mut rt = rt.clone();
+                let id = pods[i % pods.len()].clone();
+                async move {
+                    rt.pod_sandbox_status(PodSandboxStatusRequest {
+                        pod_sandbox_id: id,
+                        verbose: false,
+                    })
+                    .await
+                    .map(drop)
+                }
+            })
+            .await?;
+            anyhow::Ok([lp, lc, lcs, lps, ps])
+        }
+        .await;
+        match measured {
+            Ok([lp, lc, lcs, lps, ps]) => {
+                println!(
+                    "scale-bench: endpoint {} image {} pods {}",
+                    args.endpoint.display(),
+                    args.image,
+                    pods.len()
+                );
+                println!(
+                    "RunPodSandbox p50: first {window} {} ms, last {window} {} ms (ratio {:.2})",
+                    ms(percentile(&first, 50.0)),
+                    ms(percentile(&last, 50.0)),
+                    percentile(&last, 50.0).as_secs_f64()
+                        / percentile(&first, 50.0).as_secs_f64().max(1e-9)
+                );
+                println!("{:<22} {:>9} {:>9}", "call at N (ms)", "p50", "p99");
+                row("ListPodSandbox", &lp);
+                row("ListContainers", &lc);
+                row("ListContainerStats", &lcs);
+                row("ListPodSandboxStats", &lps);
+                row("PodSandboxStatus", &ps);
+                if let (Some((rss0, fd0)), Some((rss, fds))) = (before, at) {
+                    println!(
+                        "agent pid {}: RSS {rss:.1} MiB (at start {rss0:.1}), open fds {fds} (at start {fd0})",
+                        args.pid.unwrap_or_default()
+                    );
+                }
+            }
+            Err(e) => result = Err(e),
+        }
+    }
+
+    // Teardown, timed, whatever happened before.
+    let t = Instant::now();
+    let mut teardown_errors = 0;
+    for pod in &pods {
+        let stop = rt
+            .stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: pod.clone(),
+            })
+            .await;
+        let remove = rt
+            .remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: pod.clone(),
+            })
+            .await;
+        if stop.is_err() || remove.is_err() {
+            teardown_errors += 1;
+        }
+    }
+    println!(
+        "teardown of {} pods: {:.1} s ({teardown_errors} errors)",
+        pods.len(),
+        t.elapsed().as_secs_f64()
+    );
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    result
+}
