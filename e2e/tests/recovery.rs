@@ -300,11 +300,20 @@ async fn gc_reaps_orphan_shims(d: &Daemon) -> anyhow::Result<()> {
     let ghost = format!("{:0>64}", "5a1e");
     let mut orphan = fake_shim(d, &ghost)?;
     let mut live = fake_shim(d, &pod)?;
-    let found = cubelet_e2e::shims(&d.namespace);
-    ensure!(
-        found.iter().any(|(_, id)| *id == ghost) && found.iter().any(|(_, id)| *id == pod),
-        "stand-in shims not found by their command line: {found:?}"
-    );
+    let since = std::time::Instant::now();
+    loop {
+        let found = cubelet_e2e::shims(&d.namespace);
+        if found.iter().any(|(_, id)| *id == ghost) && found.iter().any(|(_, id)| *id == pod) {
+            break;
+        }
+        ensure!(
+            since.elapsed() < Duration::from_secs(10),
+            "stand-in shims not found by their command line: {found:?} (orphan {:?}, live {:?})",
+            orphan.try_wait()?,
+            live.try_wait()?
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // Shims younger than 10 s are never candidates; then a pass stops it.
     let since = std::time::Instant::now();
     while orphan.try_wait()?.is_none() {

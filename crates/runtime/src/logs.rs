@@ -168,8 +168,14 @@ impl LogSink {
 /// attach tap as it is, and into the log file cut into CRI entries (one per
 /// line, `P` for pieces of lines longer than the limit and for a last line
 /// without a newline).
+///
+/// The read buffer starts small and grows only while reads fill it: a node
+/// holds two copiers per container, most of them idle, and an idle one
+/// should not pin 64 KiB.
 pub async fn copy_stream<R: AsyncRead + Unpin>(mut reader: R, stream: Stream, sink: Arc<LogSink>) {
-    let mut chunk = vec![0u8; 64 * 1024];
+    const SMALL: usize = 4 * 1024;
+    const LARGE: usize = 64 * 1024;
+    let mut chunk = vec![0u8; SMALL];
     let mut line: Vec<u8> = Vec::new();
     loop {
         let n = match reader.read(&mut chunk).await {
@@ -207,6 +213,15 @@ pub async fn copy_stream<R: AsyncRead + Unpin>(mut reader: R, stream: Stream, si
                     }
                 }
             }
+        }
+        if n == chunk.len() && chunk.len() < LARGE {
+            chunk.resize(LARGE, 0);
+        } else if n < SMALL && chunk.len() > SMALL {
+            chunk.truncate(SMALL);
+            chunk.shrink_to_fit();
+        }
+        if line.is_empty() && line.capacity() > SMALL {
+            line.shrink_to(SMALL);
         }
     }
 }

@@ -59,9 +59,9 @@ fn footprint(pid: u32) -> Option<(f64, usize)> {
     Some((kb / 1024.0, fds))
 }
 
-/// Times `queries` calls of `call`; `None` when the endpoint does not
-/// implement it.
-async fn measure<F, Fut>(queries: usize, mut call: F) -> anyhow::Result<Option<Vec<Duration>>>
+/// Times `queries` calls of `call`; the gRPC code of the first failure
+/// instead (containerd 1.6 does not serve every stats call).
+async fn measure<F, Fut>(queries: usize, mut call: F) -> Result<Vec<Duration>, tonic::Code>
 where
     F: FnMut(usize) -> Fut,
     Fut: std::future::Future<Output = Result<(), tonic::Status>>,
@@ -71,12 +71,11 @@ where
         let t = Instant::now();
         match call(i).await {
             Ok(()) => v.push(t.elapsed()),
-            Err(s) if s.code() == tonic::Code::Unimplemented => return Ok(None),
-            Err(s) => return Err(s.into()),
+            Err(s) => return Err(s.code()),
         }
     }
     v.sort();
-    Ok(Some(v))
+    Ok(v)
 }
 
 async fn up(
@@ -114,15 +113,15 @@ async fn up(
     Ok((pod, run))
 }
 
-fn row(name: &str, v: &Option<Vec<Duration>>) {
+fn row(name: &str, v: &Result<Vec<Duration>, tonic::Code>) {
     match v {
-        Some(v) => println!(
+        Ok(v) => println!(
             "{:<22} {:>9} {:>9}",
             name,
             ms(percentile(v, 50.0)),
             ms(percentile(v, 99.0))
         ),
-        None => println!("{name:<22} {:>9} {:>9}", "unimpl.", "unimpl."),
+        Err(code) => println!("{name:<22} fails: {code:?}"),
     }
 }
 
@@ -160,7 +159,6 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 
-    let mut result = Ok(());
     if failure.is_none() {
         let at = args.pid.and_then(footprint);
         let window = 25.min(runs.len() / 2).max(1);
@@ -169,7 +167,7 @@ async fn main() -> anyhow::Result<()> {
         let mut last = runs[runs.len() - window..].to_vec();
         last.sort();
         let q = args.queries;
-        let measured = async {
+        let [lp, lc, lcs, lps, ps] = async {
             let lp = measure(q, |_| {
                 let mut rt = rt.clone();
                 async move {
@@ -178,7 +176,7 @@ async fn main() -> anyhow::Result<()> {
                         .map(drop)
                 }
             })
-            .await?;
+            .await;
             let lc = measure(q, |_| {
                 let mut rt = rt.clone();
                 async move {
@@ -187,7 +185,7 @@ async fn main() -> anyhow::Result<()> {
                         .map(drop)
                 }
             })
-            .await?;
+            .await;
             let lcs = measure(q, |_| {
                 let mut rt = rt.clone();
                 async move {
@@ -196,7 +194,7 @@ async fn main() -> anyhow::Result<()> {
                         .map(drop)
                 }
             })
-            .await?;
+            .await;
             let lps = measure(q, |_| {
                 let mut rt = rt.clone();
                 async move {
@@ -205,7 +203,7 @@ async fn main() -> anyhow::Result<()> {
                         .map(drop)
                 }
             })
-            .await?;
+            .await;
             let ps = measure(q, |i| {
                 let mut rt = rt.clone();
                 let id = pods[i % pods.len()].clone();
@@ -218,39 +216,34 @@ async fn main() -> anyhow::Result<()> {
                     .map(drop)
                 }
             })
-            .await?;
-            anyhow::Ok([lp, lc, lcs, lps, ps])
+            .await;
+            [lp, lc, lcs, lps, ps]
         }
         .await;
-        match measured {
-            Ok([lp, lc, lcs, lps, ps]) => {
-                println!(
-                    "scale-bench: endpoint {} image {} pods {}",
-                    args.endpoint.display(),
-                    args.image,
-                    pods.len()
-                );
-                println!(
-                    "RunPodSandbox p50: first {window} {} ms, last {window} {} ms (ratio {:.2})",
-                    ms(percentile(&first, 50.0)),
-                    ms(percentile(&last, 50.0)),
-                    percentile(&last, 50.0).as_secs_f64()
-                        / percentile(&first, 50.0).as_secs_f64().max(1e-9)
-                );
-                println!("{:<22} {:>9} {:>9}", "call at N (ms)", "p50", "p99");
-                row("ListPodSandbox", &lp);
-                row("ListContainers", &lc);
-                row("ListContainerStats", &lcs);
-                row("ListPodSandboxStats", &lps);
-                row("PodSandboxStatus", &ps);
-                if let (Some((rss0, fd0)), Some((rss, fds))) = (before, at) {
-                    println!(
-                        "agent pid {}: RSS {rss:.1} MiB (at start {rss0:.1}), open fds {fds} (at start {fd0})",
-                        args.pid.unwrap_or_default()
-                    );
-                }
-            }
-            Err(e) => result = Err(e),
+        println!(
+            "scale-bench: endpoint {} image {} pods {}",
+            args.endpoint.display(),
+            args.image,
+            pods.len()
+        );
+        println!(
+            "RunPodSandbox p50: first {window} {} ms, last {window} {} ms (ratio {:.2})",
+            ms(percentile(&first, 50.0)),
+            ms(percentile(&last, 50.0)),
+            percentile(&last, 50.0).as_secs_f64()
+                / percentile(&first, 50.0).as_secs_f64().max(1e-9)
+        );
+        println!("{:<22} {:>9} {:>9}", "call at N (ms)", "p50", "p99");
+        row("ListPodSandbox", &lp);
+        row("ListContainers", &lc);
+        row("ListContainerStats", &lcs);
+        row("ListPodSandboxStats", &lps);
+        row("PodSandboxStatus", &ps);
+        if let (Some((rss0, fd0)), Some((rss, fds))) = (before, at) {
+            println!(
+                "agent pid {}: RSS {rss:.1} MiB (at start {rss0:.1}), open fds {fds} (at start {fd0})",
+                args.pid.unwrap_or_default()
+            );
         }
     }
 
@@ -277,8 +270,8 @@ async fn main() -> anyhow::Result<()> {
         pods.len(),
         t.elapsed().as_secs_f64()
     );
-    if let Some(e) = failure {
-        return Err(e);
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
-    result
 }
