@@ -201,6 +201,28 @@ async fn exec_sync_output_exit_code_timeout_and_user() {
     env.teardown().await;
 }
 
+/// The OCI spec containerd holds for container `id`.
+async fn recorded_spec(
+    env: &support::TestEnv,
+    id: &str,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let c = env
+        .client
+        .containers()
+        .get(
+            env.client
+                .request(containerd_client::services::v1::GetContainerRequest {
+                    id: id.to_owned(),
+                }),
+        )
+        .await?
+        .into_inner()
+        .container
+        .ok_or("no container")?;
+    let spec = c.spec.ok_or("no spec")?;
+    Ok(serde_json::from_slice(&spec.value)?)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oom_score_adj_is_clamped_and_resources_update() {
     let Some(env) = support::setup("oom_score_adj_is_clamped_and_resources_update").await else {
@@ -263,19 +285,7 @@ async fn oom_score_adj_is_clamped_and_resources_update() {
         (128u64 << 20).to_string()
     );
     // The new limit is recorded in the container's spec too.
-    let c = env
-        .client
-        .containers()
-        .get(
-            env.client
-                .request(containerd_client::services::v1::GetContainerRequest { id: low.clone() }),
-        )
-        .await
-        .unwrap()
-        .into_inner()
-        .container
-        .unwrap();
-    let spec: serde_json::Value = serde_json::from_slice(&c.spec.unwrap().value).unwrap();
+    let spec = recorded_spec(&env, &low).await.unwrap();
     assert_eq!(
         spec["linux"]["resources"]["memory"]["limit"],
         serde_json::json!(128u64 << 20)
@@ -295,19 +305,7 @@ async fn oom_score_adj_is_clamped_and_resources_update() {
         )
         .await
         .unwrap();
-    let c = env
-        .client
-        .containers()
-        .get(
-            env.client
-                .request(containerd_client::services::v1::GetContainerRequest { id: low.clone() }),
-        )
-        .await
-        .unwrap()
-        .into_inner()
-        .container
-        .unwrap();
-    let spec: serde_json::Value = serde_json::from_slice(&c.spec.unwrap().value).unwrap();
+    let spec = recorded_spec(&env, &low).await.unwrap();
     let r = &spec["linux"]["resources"];
     assert_eq!(r["memory"]["limit"], serde_json::json!(128u64 << 20), "{r}");
     assert_eq!(r["cpu"]["cpus"], "0", "{r}");
