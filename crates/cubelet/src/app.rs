@@ -131,8 +131,11 @@ pub async fn run(config: Config) -> Result<()> {
         controllers = ?cgroups.report().controllers,
         "cgroup controllers for containers"
     );
-    let runtime =
-        Arc::new(ContainerRuntime::new(cd.clone(), rt_config).with_cgroups(Arc::new(cgroups)));
+    let runtime = Arc::new(ContainerRuntime::with_cgroups(
+        cd.clone(),
+        rt_config,
+        Arc::new(cgroups),
+    ));
 
     let storage = Arc::new(LocalStorage::new(StorageConfig {
         root_dir: config.root_dir.clone(),

@@ -244,24 +244,27 @@ fn json_any<T: Serialize>(type_url: &str, what: &'static str, v: &T) -> Result<A
 impl ContainerRuntime {
     /// A runtime over `client` with `config`, fitting container resources
     /// to this host's cgroups (detected; hugetlb limits without the
-    /// controller tolerated). [`ContainerRuntime::with_cgroups`] changes that.
+    /// controller tolerated).
     pub fn new(client: Containerd, config: RuntimeConfig) -> Self {
         let cgroups = CgroupSupport::detect(true).unwrap_or_else(|e| {
             tracing::warn!(error = %e, "cgroup controllers not detected; container resources go to the runtime as requested");
             CgroupSupport::permissive()
         });
+        Self::with_cgroups(client, config, Arc::new(cgroups))
+    }
+
+    /// A runtime fitting container resources to `cgroups`.
+    pub fn with_cgroups(
+        client: Containerd,
+        config: RuntimeConfig,
+        cgroups: Arc<CgroupSupport>,
+    ) -> Self {
         Self {
             client,
             config,
-            cgroups: Arc::new(cgroups),
+            cgroups,
             live: Mutex::new(HashMap::new()),
         }
-    }
-
-    /// The same runtime fitting resources to `cgroups`.
-    pub fn with_cgroups(mut self, cgroups: Arc<CgroupSupport>) -> Self {
-        self.cgroups = cgroups;
-        self
     }
 
     /// What the host's cgroups can enforce.

@@ -393,8 +393,11 @@ async fn kubelets_resources_start_whatever_the_node_can_enforce() {
             support.hugepage_sizes.iter().cloned().collect(),
             false,
         );
-        let runtime = ContainerRuntime::new(env.client.clone(), env.runtime.config().clone())
-            .with_cgroups(Arc::new(strict));
+        let runtime = ContainerRuntime::with_cgroups(
+            env.client.clone(),
+            env.runtime.config().clone(),
+            Arc::new(strict),
+        );
         let refused = env.id("refused");
         let mut spec = env.sh("refused", "exec sleep 100000");
         spec.resources.hugepages = sizes;
