@@ -174,7 +174,9 @@ async fn scenario(d: &Daemon) -> anyhow::Result<()> {
             let metrics = http_get(d.metrics, "/metrics").await?.1;
             Ok(!ghost.exists()
                 && metrics.lines().any(|l| {
-                    l.starts_with("cubelet_gc_reclaimed_total{") && l.contains("kind=\"netns\"")
+                    l.starts_with("cubelet_gc_reclaimed_total{")
+                        && l.contains("kind=\"netns\"")
+                        && !l.ends_with(" 0")
                 }))
         },
     )
