@@ -15,6 +15,8 @@ use cubelet_store::{ContainerRecord, SandboxRecord, SandboxState};
 use k8s_cri::v1 as cri;
 use tracing::debug;
 
+use futures::StreamExt;
+
 use crate::convert::{self, nanos};
 use crate::error::{CriError, CriResult};
 use crate::service::Cri;
@@ -85,6 +87,10 @@ pub(crate) fn on_path(name: &str) -> bool {
         })
     })
 }
+
+/// Containers or pods whose stats are gathered at once by the List*Stats
+/// calls (their containerd round trips overlap).
+const STATS_CONCURRENCY: usize = 16;
 
 fn u64v(value: u64) -> cri::UInt64Value {
     cri::UInt64Value { value }
@@ -301,11 +307,17 @@ impl Cri {
             })
             .filter(|c| convert::labels_match(&f.label_selector, &c.labels))
             .collect();
-        let mut stats = Vec::with_capacity(containers.len());
-        for c in &containers {
-            let sb = sandboxes.get(c.sandbox_id.as_str());
-            stats.push(self.container_stats_of(c, sb).await.0);
-        }
+        // Each container's writable-layer usage is a containerd round trip:
+        // overlap them, in order.
+        let pending: Vec<_> = containers
+            .iter()
+            .map(|c| self.container_stats_of(c, sandboxes.get(c.sandbox_id.as_str())))
+            .collect();
+        let stats = futures::stream::iter(pending)
+            .buffered(STATS_CONCURRENCY)
+            .map(|(stats, _)| stats)
+            .collect::<Vec<_>>()
+            .await;
         self.prune_samples()?;
         Ok(cri::ListContainerStatsResponse { stats })
     }
@@ -342,10 +354,13 @@ impl Cri {
             .filter(|s| f.id.is_empty() || s.id.as_str().starts_with(&f.id))
             .filter(|s| convert::labels_match(&f.label_selector, &s.spec.labels))
             .collect();
-        let mut stats = Vec::with_capacity(sandboxes.len());
-        for sb in &sandboxes {
-            stats.push(self.pod_stats_of(sb).await?);
-        }
+        let pending: Vec<_> = sandboxes.iter().map(|sb| self.pod_stats_of(sb)).collect();
+        let stats = futures::stream::iter(pending)
+            .buffered(STATS_CONCURRENCY)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<CriResult<Vec<_>>>()?;
         self.prune_samples()?;
         Ok(cri::ListPodSandboxStatsResponse { stats })
     }
