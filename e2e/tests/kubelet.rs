@@ -431,7 +431,7 @@ impl Kubelet {
                 .filter(|p| std::fs::symlink_metadata(p).is_err())
                 .collect(),
         };
-        eventually(
+        let healthy = eventually(
             "kubelet's read-only API",
             Duration::from_secs(60),
             || async {
@@ -440,8 +440,16 @@ impl Kubelet {
                     .is_ok_and(|(c, _)| c == 200))
             },
         )
-        .await?;
-        Ok(k)
+        .await;
+        match healthy {
+            Ok(()) => Ok(k),
+            // A kubelet that never came up has still changed tunables and
+            // mounted its root dir: undo that before failing.
+            Err(e) => match k.stop().await {
+                Ok(()) => Err(e),
+                Err(s) => Err(e.context(format!("and stopping kubelet failed: {s:#}"))),
+            },
+        }
     }
 
     async fn get(&self, path: &str) -> anyhow::Result<String> {
