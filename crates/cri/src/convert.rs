@@ -27,7 +27,8 @@ pub fn sandbox_id(field: &str, id: &str) -> CriResult<SandboxId> {
     })
 }
 
-/// Checks that `path` is absolute and has no `.`/`..` components.
+/// Checks that `path` is absolute, within the kernel's path limits
+/// ([`crate::validate::path_limits`]) and has no `.`/`..` components.
 pub fn clean_absolute(field: &str, path: &str) -> CriResult<PathBuf> {
     let p = Path::new(path);
     if !p.is_absolute() {
@@ -36,8 +37,9 @@ pub fn clean_absolute(field: &str, path: &str) -> CriResult<PathBuf> {
             format!("{path:?} is not an absolute path"),
         ));
     }
+    crate::validate::path_limits(field, path)?;
     // `Path::components` drops inner `.` components, so look at the text.
-    if path.split('/').any(|c| c == "." || c == "..") || path.contains('\0') {
+    if path.split('/').any(|c| c == "." || c == "..") {
         return Err(CriError::invalid(
             field,
             format!("{path:?} must not contain '.' or '..'"),
@@ -46,10 +48,12 @@ pub fn clean_absolute(field: &str, path: &str) -> CriResult<PathBuf> {
     Ok(p.to_path_buf())
 }
 
-/// Checks that a relative path stays below its base (no absolute, no `..`).
+/// Checks that a relative path stays below its base (no absolute, no `..`)
+/// and within the kernel's path limits.
 pub fn clean_relative(field: &str, path: &str) -> CriResult<PathBuf> {
     let p = Path::new(path);
-    if path.is_empty() || p.is_absolute() || path.contains('\0') {
+    crate::validate::path_limits(field, path)?;
+    if path.is_empty() || p.is_absolute() {
         return Err(CriError::invalid(
             field,
             format!("{path:?} must be a non-empty relative path"),
