@@ -1,6 +1,7 @@
 //! The CRI shim's error type, and the one place errors become gRPC statuses.
 
 use cubelet_engine::{chain, EngineError, StepErrorKind};
+use cubelet_pod::PodError;
 use cubelet_runtime::RuntimeError;
 use cubelet_store::StoreError;
 use tonic::{Code, Status};
@@ -52,6 +53,29 @@ pub enum CriError {
     /// The node's store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Cubelet itself failed (a bug).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<PodError> for CriError {
+    fn from(e: PodError) -> Self {
+        match e {
+            PodError::InvalidArgument { field, reason } => {
+                CriError::InvalidArgument { field, reason }
+            }
+            PodError::NotFound { kind, id } => CriError::NotFound { kind, id },
+            PodError::AlreadyExists { kind, name, by } => {
+                CriError::AlreadyExists { kind, name, by }
+            }
+            PodError::FailedPrecondition(m) => CriError::FailedPrecondition(m),
+            PodError::DeadlineExceeded(m) => CriError::DeadlineExceeded(m),
+            PodError::Engine(e) => CriError::Engine(e),
+            PodError::Runtime(e) => CriError::Runtime(e),
+            PodError::Store(e) => CriError::Store(e),
+            e @ PodError::TaskDied { .. } => CriError::Internal(e.to_string()),
+        }
+    }
 }
 
 impl CriError {
@@ -78,7 +102,7 @@ impl CriError {
                 _ => e.step_kind().map_or(Code::Internal, step_code),
             },
             CriError::Runtime(e) => step_code(e.kind()),
-            CriError::Store(_) => Code::Internal,
+            CriError::Store(_) | CriError::Internal(_) => Code::Internal,
         }
     }
 }

@@ -188,7 +188,7 @@ impl Cri {
     pub(crate) fn list_pod_sandbox_metrics_impl(
         &self,
     ) -> CriResult<cri::ListPodSandboxMetricsResponse> {
-        let store = &self.deps().store;
+        let store = self.pods();
         let mut pod_metrics = Vec::new();
         for sb in store
             .list_sandboxes()?
@@ -196,7 +196,7 @@ impl Cri {
             .filter(|s| s.state == SandboxState::Ready)
         {
             let containers: Vec<ContainerRecord> = store
-                .list_containers_of(&sb.id)?
+                .containers_of(&sb.id)?
                 .into_iter()
                 .filter(|c| c.state == cubelet_store::ContainerState::Running)
                 .collect();

@@ -8,14 +8,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cubelet_engine::{Engine, KeyedLocks};
+use cubelet_pod::PodService;
 use cubelet_runtime::container::ContainerRuntime;
 use cubelet_runtime::image::ImageService as Images;
-use cubelet_store::Store;
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::image_service_server::ImageService;
 use k8s_cri::v1::runtime_service_server::RuntimeService;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::error::{CriError, CriResult};
 
@@ -46,11 +46,9 @@ pub trait NodeConditions: Send + Sync + 'static {
 
 /// What the CRI shim is built from.
 pub struct CriDeps {
-    /// The workflow engine (sandbox flows).
-    pub engine: Engine,
-    /// Node state.
-    pub store: Arc<Store>,
-    /// Containers and tasks.
+    /// Every pod and container transition, and the records.
+    pub pods: PodService,
+    /// containerd's containers, read for stats, cgroup support and handlers.
     pub runtime: Arc<ContainerRuntime>,
     /// Images.
     pub images: Arc<Images>,
@@ -81,15 +79,10 @@ impl fmt::Debug for CriDeps {
 
 pub(crate) struct Inner {
     pub(crate) deps: CriDeps,
-    /// Serialises RunPodSandbox per pod (namespace, name, uid, attempt) so a
-    /// retry joins the first call instead of racing it.
-    pub(crate) pod_locks: KeyedLocks<String>,
-    /// Serialises operations per container id.
-    pub(crate) container_locks: KeyedLocks<String>,
     /// Cgroup layout and previous CPU samples for stats.
     pub(crate) stats: crate::stats::StatsState,
-    /// Container lifecycle events for `GetContainerEvents`.
-    pub(crate) events: crate::events::EventHub,
+    /// Cancelled at shutdown: ends every `GetContainerEvents` stream.
+    pub(crate) events_closed: tokio_util::sync::CancellationToken,
 }
 
 /// The CRI shim: implements `RuntimeService` and `ImageService`.
@@ -110,10 +103,8 @@ impl Cri {
         Self {
             inner: Arc::new(Inner {
                 deps,
-                pod_locks: KeyedLocks::default(),
-                container_locks: KeyedLocks::default(),
                 stats: crate::stats::StatsState::default(),
-                events: crate::events::EventHub::default(),
+                events_closed: tokio_util::sync::CancellationToken::new(),
             }),
         }
     }
@@ -122,25 +113,20 @@ impl Cri {
         &self.inner.deps
     }
 
-    /// The engine the sandbox calls run on.
-    pub fn engine(&self) -> &Engine {
-        &self.inner.deps.engine
+    /// The pod service behind the lifecycle calls.
+    pub(crate) fn pods(&self) -> &PodService {
+        &self.inner.deps.pods
     }
 
-    /// Removes a pod sandbox as RemovePodSandbox does (containers, then the
-    /// `cleanup` flow, then the records). Used by the garbage collector.
-    pub async fn remove_pod_sandbox(&self, id: &str) -> CriResult<()> {
-        self.remove_pod_sandbox_impl(id).await
-    }
-
-    /// Runs a handler body: measures it and maps its error to a status.
+    /// Runs a handler body in a span of its own: measures it and maps its
+    /// error to a status.
     async fn call<T>(
         &self,
         method: &'static str,
         body: impl Future<Output = CriResult<T>>,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
-        let result = body.await;
+        let result = body.instrument(tracing::info_span!("cri", method)).await;
         let code = match &result {
             Ok(_) => tonic::Code::Ok,
             Err(e) => e.code(),
@@ -200,7 +186,7 @@ impl RuntimeService for Cri {
     ) -> Result<Response<cri::StopPodSandboxResponse>, Status> {
         let r = r.into_inner();
         self.call("StopPodSandbox", async {
-            self.stop_pod_sandbox_impl(&r.pod_sandbox_id).await?;
+            self.pods().stop_sandbox(&r.pod_sandbox_id).await?;
             Ok(cri::StopPodSandboxResponse {})
         })
         .await
@@ -212,7 +198,7 @@ impl RuntimeService for Cri {
     ) -> Result<Response<cri::RemovePodSandboxResponse>, Status> {
         let r = r.into_inner();
         self.call("RemovePodSandbox", async {
-            self.remove_pod_sandbox_impl(&r.pod_sandbox_id).await?;
+            self.pods().remove_sandbox(&r.pod_sandbox_id).await?;
             Ok(cri::RemovePodSandboxResponse {})
         })
         .await

@@ -223,7 +223,7 @@ impl Cri {
     }
 
     async fn pod_stats_of(&self, sb: &SandboxRecord) -> CriResult<cri::PodSandboxStats> {
-        let containers = self.deps().store.list_containers_of(&sb.id)?;
+        let containers = self.pods().containers_of(&sb.id)?;
         let mut stats = Vec::with_capacity(containers.len());
         let mut cgroups = Vec::with_capacity(containers.len());
         for c in &containers {
@@ -261,7 +261,7 @@ impl Cri {
 
     /// Drops CPU samples of objects that are gone.
     fn prune_samples(&self) -> CriResult<()> {
-        let store = &self.deps().store;
+        let store = self.pods();
         let mut live: HashSet<String> =
             store.list_containers()?.into_iter().map(|c| c.id).collect();
         live.extend(
@@ -281,8 +281,8 @@ impl Cri {
         if r.container_id.is_empty() {
             return Err(CriError::invalid("container_id", "must not be empty"));
         }
-        let c = self.require_container(&r.container_id)?;
-        let sb = self.deps().store.get_sandbox(&c.sandbox_id)?;
+        let c = self.pods().require_container(&r.container_id)?;
+        let sb = self.pods().sandbox(&c.sandbox_id)?;
         let (stats, _) = self.container_stats_of(&c, sb.as_ref()).await;
         Ok(cri::ContainerStatsResponse { stats: Some(stats) })
     }
@@ -292,7 +292,7 @@ impl Cri {
         r: cri::ListContainerStatsRequest,
     ) -> CriResult<cri::ListContainerStatsResponse> {
         let f = r.filter.unwrap_or_default();
-        let store = &self.deps().store;
+        let store = self.pods();
         let sandboxes: HashMap<String, SandboxRecord> = store
             .list_sandboxes()?
             .into_iter()
@@ -330,6 +330,7 @@ impl Cri {
             return Err(CriError::invalid("pod_sandbox_id", "must not be empty"));
         }
         let sb = self
+            .pods()
             .find_sandbox("pod_sandbox_id", &r.pod_sandbox_id)?
             .ok_or_else(|| CriError::NotFound {
                 kind: "pod sandbox",
@@ -346,8 +347,7 @@ impl Cri {
     ) -> CriResult<cri::ListPodSandboxStatsResponse> {
         let f = r.filter.unwrap_or_default();
         let sandboxes: Vec<SandboxRecord> = self
-            .deps()
-            .store
+            .pods()
             .list_sandboxes()?
             .into_iter()
             .filter(|s| s.state == SandboxState::Ready)

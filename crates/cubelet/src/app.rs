@@ -11,19 +11,18 @@ use anyhow::{bail, Context, Result};
 use cubelet_cri::{Cri, CriDeps};
 use cubelet_engine::{EngineBuilder, EngineOptions, Flow};
 use cubelet_metrics::{AdminServer, Metrics, Readiness};
+use cubelet_pod::{PodDeps, PodService};
 use cubelet_runtime::cgroups::CgroupSupport;
-use cubelet_runtime::container::{
-    ContainerRuntime, ContainerState as RtState, HandlerConfig, RuntimeConfig,
-};
+use cubelet_runtime::container::{ContainerRuntime, HandlerConfig, RuntimeConfig};
 use cubelet_runtime::events::EventMonitor;
 use cubelet_runtime::image::ImageService;
 use cubelet_runtime::sandbox::{PauseImage, SandboxProvider};
 use cubelet_runtime::Containerd;
 use cubelet_storage::{LocalStorage, ScratchConfig, StorageConfig};
-use cubelet_store::{ContainerState, SandboxState, Store};
+use cubelet_store::{SandboxState, Store};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{error, info, warn, Instrument};
 
 use crate::adapters::{Conditions, CriMetrics};
 use crate::config::{CgroupDriver, Config};
@@ -42,7 +41,7 @@ pub(crate) struct Parts {
     pub(crate) config: Config,
     pub(crate) store: Arc<Store>,
     pub(crate) metrics: Metrics,
-    pub(crate) cri: Cri,
+    pub(crate) pods: PodService,
     pub(crate) network: PodNetwork,
     pub(crate) storage: Arc<LocalStorage>,
     pub(crate) runtime: Arc<ContainerRuntime>,
@@ -202,9 +201,17 @@ pub async fn run(config: Config) -> Result<()> {
     .await
     .context("bind the streaming server")?;
     info!(addr = %streaming.local_addr(), "streaming server bound");
-    let cri = Cri::new(CriDeps {
+    let pods = PodService::new(PodDeps {
         engine: engine.clone(),
         store: Arc::clone(&store),
+        runtime: Arc::new(cubelet_pod::Containerd::new(
+            Arc::clone(&runtime),
+            Arc::clone(&images),
+        )),
+        shutdown: shutdown.clone(),
+    });
+    let cri = Cri::new(CriDeps {
+        pods: pods.clone(),
         runtime: Arc::clone(&runtime),
         images,
         conditions: conditions.clone(),
@@ -232,7 +239,7 @@ pub async fn run(config: Config) -> Result<()> {
         config: config.clone(),
         store: Arc::clone(&store),
         metrics: metrics.clone(),
-        cri: cri.clone(),
+        pods,
         network,
         storage,
         runtime: Arc::clone(&runtime),
@@ -240,7 +247,8 @@ pub async fn run(config: Config) -> Result<()> {
 
     // Events first, so no exit is missed between reconciliation and serving.
     let monitor = EventMonitor::spawn(cd.clone(), 1024);
-    let events_task = tokio::spawn(event_loop(Arc::clone(&parts), monitor, shutdown.clone()));
+    let events_task =
+        tokio::spawn(event_loop(Arc::clone(&parts), monitor, shutdown.clone()).in_current_span());
 
     readiness.set_not_ready("reconciling");
     reconcile(&parts).await?;
@@ -250,7 +258,7 @@ pub async fn run(config: Config) -> Result<()> {
     let watchdog_task = crate::notify::spawn_watchdog(readiness.clone(), shutdown.clone());
 
     let gc = Arc::new(Gc::new(Arc::clone(&parts)));
-    let gc_task = tokio::spawn(Arc::clone(&gc).run(shutdown.clone()));
+    let gc_task = tokio::spawn(Arc::clone(&gc).run(shutdown.clone()).in_current_span());
 
     let admin_socket = config.state_dir.join(crate::admin::SOCKET_NAME);
     let admin_listener = crate::admin::bind(&admin_socket)?;
@@ -308,74 +316,24 @@ async fn wait_for_signal(shutdown: &CancellationToken) -> Result<()> {
     Ok(())
 }
 
-/// Settles interrupted flows, then brings the store in line with containerd.
+/// Settles interrupted flows, then brings the store in line with containerd
+/// (the pod service does both).
 async fn reconcile(parts: &Parts) -> Result<()> {
-    let engine = parts.cri.engine();
-    let report = engine.recover().await?;
-    for (id, flow) in &report.settled {
-        info!(sandbox_id = %id, flow = %flow, "recovered interrupted flow");
-    }
-    for (id, err) in &report.failed {
-        warn!(sandbox_id = %id, error = %cubelet_engine::chain(err), "recovery failed; left for GC");
-    }
-    for rec in parts.store.list_sandboxes()? {
-        match rec.state {
-            // Its create never finished: recovery destroyed what it built;
-            // the GC removes the rest. kubelet never learned its id.
-            SandboxState::Creating => {
-                parts.store.update_sandbox(&rec.id, |r| {
-                    r.state = SandboxState::NeedsCleanup;
-                    r.last_error = Some("agent restarted during create".into());
-                })?;
-            }
-            SandboxState::Ready => {
-                let alive = matches!(
-                    parts.runtime.status(rec.id.as_str()).await,
-                    Ok(s) if s.state == RtState::Running
-                );
-                if !alive {
-                    warn!(sandbox_id = %rec.id, "infra process gone; sandbox not ready");
-                    parts
-                        .store
-                        .update_sandbox(&rec.id, |r| r.state = SandboxState::NotReady)?;
-                }
-            }
-            SandboxState::NotReady | SandboxState::NeedsCleanup => {}
-        }
-    }
-    for c in parts.store.list_containers()? {
-        match parts.runtime.status(&c.id).await {
-            Ok(s) if s.state == RtState::Running => {
-                if let Err(e) = parts.runtime.reattach(&c.id).await {
-                    warn!(container_id = %c.id, error = %cubelet_engine::chain(&e), "reattach logs");
-                }
-            }
-            Ok(s) => {
-                parts.store.update_container(&c.id, |r| {
-                    if r.state == ContainerState::Running {
-                        r.state = ContainerState::Exited;
-                        r.exit_code = s.exit_code.or(r.exit_code);
-                        r.finished_at = s.finished_at.or(r.finished_at);
-                    }
-                })?;
-            }
-            Err(e) if e.is_not_found() => {
-                parts.store.update_container(&c.id, |r| {
-                    if r.state != ContainerState::Exited {
-                        r.state = ContainerState::Unknown;
-                    }
-                })?;
-            }
-            Err(e) => return Err(e).with_context(|| format!("status of container {}", c.id)),
-        }
-    }
-    // Shims of creates the restart rolled back, which containerd forgot
-    // (the GC catches the ones still too young here).
-    match parts.runtime.reap_orphan_shims().await {
-        Ok(0) => {}
-        Ok(n) => info!(shims = n, "stopped shims containerd has no task for"),
-        Err(e) => warn!(error = %cubelet_engine::chain(&e), "reaping orphan shims"),
-    }
+    let report = parts
+        .pods
+        .reconcile()
+        .await
+        .context("reconcile with containerd")?;
+    info!(
+        settled = report.settled.len(),
+        failed = report.failed.len(),
+        abandoned = report.abandoned,
+        not_ready = report.not_ready,
+        reattached = report.reattached,
+        lost = report.lost,
+        shims_reaped = report.shims_reaped,
+        "reconciled"
+    );
     parts.metrics_sandboxes();
     Ok(())
 }
@@ -399,7 +357,7 @@ impl Parts {
     }
 }
 
-/// Applies containerd's exit/OOM events to the store.
+/// Applies containerd's exit/OOM events through the pod service.
 async fn event_loop(parts: Arc<Parts>, monitor: EventMonitor, shutdown: CancellationToken) {
     let mut rx = monitor.subscribe();
     loop {
@@ -408,20 +366,7 @@ async fn event_loop(parts: Arc<Parts>, monitor: EventMonitor, shutdown: Cancella
             e = rx.recv() => e,
         };
         match event {
-            Ok(ev) => {
-                parts.cri.apply_event(&ev);
-                // The infra process of a sandbox exited: the pod is not ready.
-                if let Some(id) = cubelet_engine::SandboxId::parse(&ev.id) {
-                    if matches!(ev.kind, cubelet_runtime::events::ContainerEventKind::Exited { ref exec_id, .. } if exec_id.is_empty())
-                    {
-                        let _ = parts.store.update_sandbox(&id, |r| {
-                            if r.state == SandboxState::Ready {
-                                r.state = SandboxState::NotReady;
-                            }
-                        });
-                    }
-                }
-            }
+            Ok(ev) => parts.pods.apply_event(&ev),
             Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                 error!(missed = n, "container events lagged");
             }

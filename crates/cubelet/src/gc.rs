@@ -63,7 +63,7 @@ impl Gc {
         parts.metrics.gc_run();
         let mut report = PassReport::default();
         let ttl = parts.config.gc.dead_sandbox_ttl;
-        let candidates = match parts.cri.gc_candidates(ttl) {
+        let candidates = match parts.pods.gc_candidates(ttl) {
             Ok(c) => c,
             Err(e) => {
                 warn!(error = %cubelet_engine::chain(&e), "gc: list sandboxes");
@@ -89,7 +89,7 @@ impl Gc {
         };
         let results = futures::stream::iter(due)
             .map(|rec| async move {
-                let result = parts.cri.remove_pod_sandbox(rec.id.as_str()).await;
+                let result = parts.pods.remove_sandbox(rec.id.as_str()).await;
                 (rec.id, result)
             })
             .buffer_unordered(parts.config.gc.concurrency.max(1))

@@ -19,8 +19,7 @@ use crate::error::{
 };
 use crate::flow::{Flow, FlowContext, FlowKind};
 use crate::journal::{FlowId, FlowStart, FlowState, Journal, NoopJournal, StepEvent};
-use crate::keyed::KeyedLocks;
-use crate::limiter::{Limiter, LimiterSnapshot};
+use crate::limiter::{Limiter, LimiterSnapshot, Permit};
 use crate::observer::{FlowObserver, NoopObserver, Outcome};
 use crate::spec::SandboxId;
 
@@ -146,7 +145,6 @@ impl EngineBuilder {
                 observer: self.observer,
                 rollback_slots: Semaphore::new(self.options.rollback_concurrency.max(1)),
                 options: self.options,
-                locks: KeyedLocks::default(),
             }),
         })
     }
@@ -170,8 +168,6 @@ struct Inner {
     observer: Arc<dyn FlowObserver>,
     rollback_slots: Semaphore,
     options: EngineOptions,
-    /// One flow at a time per sandbox.
-    locks: KeyedLocks<SandboxId>,
 }
 
 /// Runs sandbox flows. Cheap to clone; clones share everything.
@@ -201,6 +197,49 @@ pub struct RecoveryReport {
     pub failed: Vec<(SandboxId, EngineError)>,
 }
 
+/// A flow that holds a slot of its limit, ready to run. Dropping it
+/// unused gives the slot back.
+pub struct Admission {
+    inner: Arc<Inner>,
+    kind: FlowKind,
+    _permit: Permit,
+}
+
+impl fmt::Debug for Admission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admission")
+            .field("flow", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Admission {
+    /// The admitted flow.
+    pub fn kind(&self) -> FlowKind {
+        self.kind
+    }
+
+    /// Runs the flow's stages in order and the steps of each stage in
+    /// parallel, with failover for a `create` that asked for it.
+    ///
+    /// One cancellation model: the context's token. Cancelling it stops
+    /// forward steps and the rollback still runs to its end. The caller
+    /// (the pod service) drives every run to completion on a task of its
+    /// own and serialises the flows of one sandbox under its pod lock; a
+    /// run dropped half-way (the process killed) is what the journal and
+    /// [`Engine::recover`] are for.
+    pub async fn run(self, ctx: Arc<FlowContext>) -> Result<(), EngineError> {
+        let kind = self.kind;
+        let span = info_span!(
+            "flow",
+            flow = %kind,
+            sandbox_id = %ctx.sandbox_id(),
+            pod_uid = %ctx.spec().uid,
+        );
+        self.inner.run_admitted(kind, &ctx).instrument(span).await
+    }
+}
+
 /// Result of running the stages of one flow.
 struct StagesError {
     failures: Vec<StepFailure>,
@@ -226,55 +265,28 @@ impl Engine {
         Ok(())
     }
 
-    /// Runs a flow for `ctx`'s sandbox.
-    ///
-    /// Returns [`EngineError::Rejected`] at once, without waiting, when the
-    /// flow's limit is reached. Otherwise runs the stages in order and the
-    /// steps of each stage in parallel. The flow runs on its own task: if the
-    /// caller drops this future, the context's token is cancelled and any
-    /// compensation still runs to completion.
-    pub async fn run(&self, kind: FlowKind, ctx: Arc<FlowContext>) -> Result<(), EngineError> {
-        let plan = self
-            .inner
-            .flows
-            .get(&kind)
-            .ok_or(EngineError::NotConfigured(kind))?;
+    /// Admits a flow: takes a slot of its limit without waiting, or returns
+    /// [`EngineError::Rejected`] at once when the limit is reached. Nothing
+    /// else happens, so a caller admits first and records its intent only
+    /// once admitted (a rejected request leaves no trace).
+    pub fn admit(&self, kind: FlowKind) -> Result<Admission, EngineError> {
+        let plan = self.inner.plan(kind)?;
         let Some(permit) = plan.limiter.try_acquire() else {
             let limit = plan.limiter.limit();
             self.inner.observer.rejected(kind, limit);
             return Err(EngineError::Rejected { flow: kind, limit });
         };
-        let span = info_span!(
-            "flow",
-            flow = %kind,
-            sandbox_id = %ctx.sandbox_id(),
-            pod_uid = %ctx.spec().uid,
-        );
-        let inner = Arc::clone(&self.inner);
-        let cancel_on_drop = ctx.cancel_token().clone().drop_guard();
-        let task_ctx = Arc::clone(&ctx);
-        let task = tokio::spawn(
-            async move {
-                let _permit = permit;
-                inner.run_admitted(kind, &task_ctx).await
-            }
-            .instrument(span),
-        );
-        let result = match task.await {
-            Ok(result) => result,
-            // Steps' panics are caught inside; this is the engine's own bug.
-            Err(join) => Err(EngineError::Failed {
-                flow: kind,
-                sandbox_id: ctx.sandbox_id().clone(),
-                failures: vec![StepFailure {
-                    step: "engine".to_owned(),
-                    error: StepError::internal(Message(format!("flow task died: {join}"))),
-                }],
-                rollback: None,
-            }),
-        };
-        cancel_on_drop.disarm();
-        result
+        Ok(Admission {
+            inner: Arc::clone(&self.inner),
+            kind,
+            _permit: permit,
+        })
+    }
+
+    /// Admits and runs a flow for `ctx`'s sandbox: [`Engine::admit`], then
+    /// [`Admission::run`].
+    pub async fn run(&self, kind: FlowKind, ctx: Arc<FlowContext>) -> Result<(), EngineError> {
+        self.admit(kind)?.run(ctx).await
     }
 
     /// Changes a flow's limit at run time; `0` means unlimited.
@@ -407,11 +419,11 @@ impl Inner {
             .ok_or(EngineError::NotConfigured(kind))
     }
 
-    /// Runs an admitted flow: per-sandbox lock, journal, stages, failover.
+    /// Runs an admitted flow: journal, stages, failover.
     async fn run_admitted(&self, kind: FlowKind, ctx: &FlowContext) -> Result<(), EngineError> {
         let started = Instant::now();
         self.observer.flow_started(kind);
-        let result = self.run_locked(kind, ctx).await;
+        let result = self.run_journaled(kind, ctx).await;
         let outcome = match &result {
             Ok(()) => Outcome::Ok,
             Err(EngineError::Cancelled { .. }) => Outcome::Cancelled,
@@ -422,18 +434,15 @@ impl Inner {
         result
     }
 
-    async fn run_locked(&self, kind: FlowKind, ctx: &FlowContext) -> Result<(), EngineError> {
+    async fn run_journaled(&self, kind: FlowKind, ctx: &FlowContext) -> Result<(), EngineError> {
         let sandbox_id = ctx.sandbox_id();
-        let _lock = tokio::select! {
-            guard = self.locks.lock(sandbox_id) => guard,
-            () = ctx.cancel_token().cancelled(), if !kind.is_teardown() => {
-                return Err(EngineError::Cancelled {
-                    flow: kind,
-                    sandbox_id: sandbox_id.clone(),
-                    rollback: None,
-                });
-            }
-        };
+        if !kind.is_teardown() && ctx.cancel_token().is_cancelled() {
+            return Err(EngineError::Cancelled {
+                flow: kind,
+                sandbox_id: sandbox_id.clone(),
+                rollback: None,
+            });
+        }
         let plan = self.plan(kind)?;
         let id = blocking(|| {
             self.journal.begin(FlowStart {
@@ -664,7 +673,8 @@ impl Inner {
             FlowKind::Destroy => step.flow.destroy(ctx),
             FlowKind::Cleanup => step.flow.cleanup(ctx),
         };
-        let guarded = AssertUnwindSafe(call).catch_unwind();
+        let span = info_span!("step", step = name, stage);
+        let guarded = AssertUnwindSafe(call.instrument(span)).catch_unwind();
         let result = if kind.is_teardown() {
             guarded.await
         } else {

@@ -147,7 +147,11 @@ impl FakeFlow {
         }
         if forward {
             self.acquire(id);
-            ctx.publish(FakeOutput(self.name.clone()));
+            // The sandbox slot carries the name of the last fake to finish.
+            ctx.publish(crate::spec::SandboxProcess {
+                pid: 1,
+                runtime_handler: self.name.clone(),
+            });
         } else {
             self.release(id);
         }
@@ -155,10 +159,6 @@ impl FakeFlow {
         Ok(())
     }
 }
-
-/// What a fake publishes on create: its name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FakeOutput(pub String);
 
 #[async_trait]
 impl Flow for FakeFlow {

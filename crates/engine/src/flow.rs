@@ -1,7 +1,5 @@
 //! The [`Flow`] trait that providers implement, and the context a flow runs in.
 
-use std::any::{Any, TypeId};
-use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
@@ -11,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::StepError;
-use crate::spec::{SandboxId, SandboxSpec};
+use crate::spec::{NetworkStatus, SandboxId, SandboxProcess, SandboxSpec, StorageStatus};
 
 /// The three flows every configuration defines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -89,7 +87,41 @@ pub trait Flow: Send + Sync + 'static {
     async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError>;
 }
 
-type OutputMap = HashMap<TypeId, Box<dyn Any + Send + Sync>>;
+/// What the steps of a `create` flow produce, for later stages and for the
+/// caller that records the sandbox: one typed slot per provider kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SandboxOutputs {
+    /// Published by the network step.
+    pub network: Option<NetworkStatus>,
+    /// Published by the storage step.
+    pub storage: Option<StorageStatus>,
+    /// Published by the sandbox step.
+    pub process: Option<SandboxProcess>,
+}
+
+/// A value a step can publish: it names its slot in [`SandboxOutputs`].
+pub trait SandboxOutput: Clone + Send + Sync + 'static {
+    /// The slot this type lives in.
+    fn slot(outputs: &mut SandboxOutputs) -> &mut Option<Self>;
+}
+
+impl SandboxOutput for NetworkStatus {
+    fn slot(outputs: &mut SandboxOutputs) -> &mut Option<Self> {
+        &mut outputs.network
+    }
+}
+
+impl SandboxOutput for StorageStatus {
+    fn slot(outputs: &mut SandboxOutputs) -> &mut Option<Self> {
+        &mut outputs.storage
+    }
+}
+
+impl SandboxOutput for SandboxProcess {
+    fn slot(outputs: &mut SandboxOutputs) -> &mut Option<Self> {
+        &mut outputs.process
+    }
+}
 
 /// What a flow runs with: the sandbox, its spec, a cancellation token and a
 /// typed place where steps publish results for later stages.
@@ -98,7 +130,7 @@ pub struct FlowContext {
     spec: Arc<SandboxSpec>,
     cancel: CancellationToken,
     failover: bool,
-    outputs: Arc<Mutex<OutputMap>>,
+    outputs: Arc<Mutex<SandboxOutputs>>,
 }
 
 impl fmt::Debug for FlowContext {
@@ -162,24 +194,23 @@ impl FlowContext {
 
     /// Publishes a result for later stages (and for the caller), replacing
     /// any earlier value of the same type.
-    pub fn publish<T: Any + Send + Sync>(&self, value: T) {
-        self.lock().insert(TypeId::of::<T>(), Box::new(value));
+    pub fn publish<T: SandboxOutput>(&self, value: T) {
+        *T::slot(&mut self.lock()) = Some(value);
     }
 
     /// Reads a published result.
-    pub fn get<T: Any + Send + Sync + Clone>(&self) -> Option<T> {
-        self.lock()
-            .get(&TypeId::of::<T>())
-            .and_then(|v| v.downcast_ref::<T>())
-            .cloned()
+    pub fn get<T: SandboxOutput>(&self) -> Option<T> {
+        T::slot(&mut self.lock()).clone()
     }
 
     /// Removes and returns a published result.
-    pub fn take<T: Any + Send + Sync>(&self) -> Option<T> {
-        self.lock()
-            .remove(&TypeId::of::<T>())
-            .and_then(|v| v.downcast::<T>().ok())
-            .map(|b| *b)
+    pub fn take<T: SandboxOutput>(&self) -> Option<T> {
+        T::slot(&mut self.lock()).take()
+    }
+
+    /// Everything published so far.
+    pub fn outputs(&self) -> SandboxOutputs {
+        self.lock().clone()
     }
 
     /// A context for compensating this one: same sandbox, spec and published
@@ -195,9 +226,9 @@ impl FlowContext {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, OutputMap> {
-        // A panic while holding this lock can only come from a step's own
-        // panic inside `publish`'s insert, which leaves the map intact.
+    fn lock(&self) -> std::sync::MutexGuard<'_, SandboxOutputs> {
+        // Nothing panics while holding this lock (it only moves values in
+        // and out of their slots), so a poisoned lock still holds them intact.
         self.outputs.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -209,12 +240,18 @@ mod tests {
     #[test]
     fn outputs_are_typed() {
         let ctx = FlowContext::new(SandboxId::new_unchecked("a"), Arc::default());
-        ctx.publish(5u32);
-        ctx.publish(String::from("x"));
-        assert_eq!(ctx.get::<u32>(), Some(5));
-        assert_eq!(ctx.get::<String>().as_deref(), Some("x"));
-        assert_eq!(ctx.take::<u32>(), Some(5));
-        assert_eq!(ctx.get::<u32>(), None);
+        let process = SandboxProcess {
+            pid: 5,
+            runtime_handler: "runc".into(),
+        };
+        ctx.publish(process.clone());
+        ctx.publish(NetworkStatus::default());
+        assert_eq!(ctx.get::<SandboxProcess>(), Some(process.clone()));
+        assert_eq!(ctx.get::<NetworkStatus>(), Some(NetworkStatus::default()));
+        assert_eq!(ctx.get::<StorageStatus>(), None);
+        assert_eq!(ctx.outputs().process, Some(process.clone()));
+        assert_eq!(ctx.take::<SandboxProcess>(), Some(process));
+        assert_eq!(ctx.get::<SandboxProcess>(), None);
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! pluggable *steps*: providers implementing [`Flow`], named in a
 //! [`WorkflowConfig`] as ordered stages whose steps run in parallel. The
 //! [`Engine`] admits flows under per-flow limits without waiting (an excess
-//! request is [`EngineError::Rejected`] at once), runs them on their own
-//! tasks, rolls a failed `create` back by running `destroy` (failover),
+//! request is [`EngineError::Rejected`] at once, before the caller records
+//! anything), runs them with a span per flow and per step, rolls a failed
+//! `create` back by running `destroy` (failover),
 //! records every flow in a [`Journal`] so [`Engine::recover`] can settle
 //! whatever a crash interrupted, and reports to a [`FlowObserver`].
 //!
@@ -28,12 +29,12 @@ pub mod spec;
 pub mod fake;
 
 pub use config::{ConfigError, FlowConfig, ValidFlow, WorkflowConfig};
-pub use engine::{Engine, EngineBuilder, EngineOptions, RecoveryReport};
+pub use engine::{Admission, Engine, EngineBuilder, EngineOptions, RecoveryReport};
 pub use error::{
     chain, BoxError, EngineError, JournalError, Message, RollbackError, StepError, StepErrorKind,
     StepFailure,
 };
-pub use flow::{Flow, FlowContext, FlowKind};
+pub use flow::{Flow, FlowContext, FlowKind, SandboxOutput, SandboxOutputs};
 pub use journal::{
     FlowId, FlowRecord, FlowStart, FlowState, Journal, MemJournal, NoopJournal, StepEvent,
     StepRecord,

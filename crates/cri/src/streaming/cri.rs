@@ -36,9 +36,8 @@ impl Cri {
             return Err(CriError::invalid("container_id", "must not be empty"));
         }
         let rec = self
-            .deps()
-            .store
-            .get_container(id)?
+            .pods()
+            .container(id)?
             .ok_or_else(|| CriError::NotFound {
                 kind: "container",
                 id: id.to_owned(),
@@ -112,9 +111,8 @@ impl Cri {
             ));
         };
         let rec = self
-            .deps()
-            .store
-            .get_sandbox(&id)?
+            .pods()
+            .sandbox(&id)?
             .ok_or_else(|| CriError::NotFound {
                 kind: "pod sandbox",
                 id: r.pod_sandbox_id.clone(),

@@ -1,5 +1,12 @@
-//! Validation of CRI requests and conversion to and from the engine's and
-//! store's runtime-neutral types. CRI wire types do not leave this crate.
+//! Validation of CRI requests and conversion to and from the pod service's,
+//! engine's and store's runtime-neutral types. CRI wire types do not leave
+//! this crate.
+
+mod container;
+mod status;
+
+pub use container::container_request;
+pub use status::{container, container_matches, container_state, container_status};
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;

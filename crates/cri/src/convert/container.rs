@@ -1,0 +1,357 @@
+//! CreateContainer's request converted into the pod service's
+//! [`ContainerRequest`]: every field checked (naming it on error) before
+//! anything is built.
+
+use cubelet_engine::spec::NamespaceMode;
+use cubelet_pod::ContainerRequest;
+use cubelet_runtime::spec::{
+    ContainerSpec, DeviceSpec, MountSpec, Propagation, SeccompProfile, UserRequest,
+};
+use k8s_cri::v1 as cri;
+
+use super::{clean_absolute, clean_relative, container_resources};
+use crate::error::{CriError, CriResult};
+
+fn seccomp(field: &str, p: Option<&cri::SecurityProfile>) -> CriResult<SeccompProfile> {
+    let Some(p) = p else {
+        return Ok(SeccompProfile::Unconfined);
+    };
+    match cri::security_profile::ProfileType::try_from(p.profile_type) {
+        Ok(cri::security_profile::ProfileType::RuntimeDefault) => {
+            Ok(SeccompProfile::RuntimeDefault)
+        }
+        Ok(cri::security_profile::ProfileType::Unconfined) => Ok(SeccompProfile::Unconfined),
+        Ok(cri::security_profile::ProfileType::Localhost) => Ok(SeccompProfile::Localhost(
+            clean_absolute(field, &p.localhost_ref)?,
+        )),
+        Err(_) => Err(CriError::invalid(
+            field,
+            format!("unknown profile type {}", p.profile_type),
+        )),
+    }
+}
+
+/// The deprecated `seccomp_profile_path` string, still sent by older
+/// kubelets and cri-tools: `runtime/default`, `docker/default`,
+/// `unconfined`, `localhost/<absolute path>`; empty means unconfined.
+fn legacy_seccomp(field: &str, path: &str) -> CriResult<SeccompProfile> {
+    match path {
+        "" | "unconfined" => Ok(SeccompProfile::Unconfined),
+        "runtime/default" | "docker/default" => Ok(SeccompProfile::RuntimeDefault),
+        p => match p.strip_prefix("localhost/") {
+            Some(file) => Ok(SeccompProfile::Localhost(clean_absolute(field, file)?)),
+            None => Err(CriError::invalid(
+                field,
+                format!("{p:?}: expected runtime/default, unconfined or localhost/<path>"),
+            )),
+        },
+    }
+}
+
+fn mounts(config: &cri::ContainerConfig) -> CriResult<Vec<MountSpec>> {
+    let mut mounts = Vec::with_capacity(config.mounts.len());
+    for (i, m) in config.mounts.iter().enumerate() {
+        let propagation = match cri::MountPropagation::try_from(m.propagation) {
+            Ok(cri::MountPropagation::PropagationPrivate) => Propagation::Private,
+            Ok(cri::MountPropagation::PropagationHostToContainer) => Propagation::HostToContainer,
+            Ok(cri::MountPropagation::PropagationBidirectional) => Propagation::Bidirectional,
+            Err(_) => {
+                return Err(CriError::invalid(
+                    format!("config.mounts[{i}].propagation"),
+                    "unknown value",
+                ))
+            }
+        };
+        mounts.push(MountSpec {
+            host_path: clean_absolute(&format!("config.mounts[{i}].host_path"), &m.host_path)?,
+            container_path: clean_absolute(
+                &format!("config.mounts[{i}].container_path"),
+                &m.container_path,
+            )?,
+            readonly: m.readonly,
+            propagation,
+        });
+    }
+    Ok(mounts)
+}
+
+fn devices(config: &cri::ContainerConfig) -> CriResult<Vec<DeviceSpec>> {
+    let mut devices = Vec::with_capacity(config.devices.len());
+    for (i, d) in config.devices.iter().enumerate() {
+        devices.push(DeviceSpec {
+            host_path: clean_absolute(&format!("config.devices[{i}].host_path"), &d.host_path)?,
+            container_path: clean_absolute(
+                &format!("config.devices[{i}].container_path"),
+                &d.container_path,
+            )?,
+            permissions: d.permissions.clone(),
+        });
+    }
+    Ok(devices)
+}
+
+fn user(sc: Option<&cri::LinuxContainerSecurityContext>) -> CriResult<UserRequest> {
+    Ok(match sc {
+        Some(sc) if !sc.run_as_username.is_empty() => UserRequest::Name {
+            name: sc.run_as_username.clone(),
+            gid: sc
+                .run_as_group
+                .as_ref()
+                .and_then(|g| u32::try_from(g.value).ok()),
+        },
+        Some(sc) if sc.run_as_user.is_some() => UserRequest::Id {
+            uid: sc
+                .run_as_user
+                .as_ref()
+                .and_then(|u| u32::try_from(u.value).ok())
+                .ok_or_else(|| {
+                    CriError::invalid("config.linux.security_context.run_as_user", "out of range")
+                })?,
+            gid: sc
+                .run_as_group
+                .as_ref()
+                .and_then(|g| u32::try_from(g.value).ok()),
+        },
+        Some(sc) if sc.run_as_group.is_some() => {
+            return Err(CriError::invalid(
+                "config.linux.security_context.run_as_group",
+                "set without run_as_user or run_as_username",
+            ))
+        }
+        _ => UserRequest::Image,
+    })
+}
+
+/// A container's PID namespace when it asks for one other than the pod's.
+fn pid_namespace(
+    sc: Option<&cri::LinuxContainerSecurityContext>,
+) -> Option<(NamespaceMode, Option<String>)> {
+    let o = sc.and_then(|s| s.namespace_options.as_ref())?;
+    let mode = match cri::NamespaceMode::try_from(o.pid) {
+        Ok(cri::NamespaceMode::Container) => NamespaceMode::Container,
+        Ok(cri::NamespaceMode::Node) => NamespaceMode::Node,
+        Ok(cri::NamespaceMode::Target) => NamespaceMode::Target,
+        _ => NamespaceMode::Pod,
+    };
+    Some((mode, Some(o.target_id.clone()).filter(|t| !t.is_empty())))
+}
+
+/// Converts CreateContainer's `config`.
+pub fn container_request(config: Option<&cri::ContainerConfig>) -> CriResult<ContainerRequest> {
+    if let Some(config) = config {
+        crate::validate::container_config(config)?;
+    }
+    let config = config.ok_or_else(|| CriError::invalid("config", "missing"))?;
+    let meta = config
+        .metadata
+        .as_ref()
+        .ok_or_else(|| CriError::invalid("config.metadata", "missing"))?;
+    if meta.name.is_empty() || meta.name.contains(['/', '\0']) {
+        return Err(CriError::invalid(
+            "config.metadata.name",
+            format!("{:?} is not a valid name", meta.name),
+        ));
+    }
+    let image = config
+        .image
+        .as_ref()
+        .map(|i| i.image.clone())
+        .unwrap_or_default();
+    if image.is_empty() {
+        return Err(CriError::invalid("config.image.image", "must not be empty"));
+    }
+    let log_path = if config.log_path.is_empty() {
+        None
+    } else {
+        Some(clean_relative("config.log_path", &config.log_path)?)
+    };
+    if !config.working_dir.is_empty() {
+        clean_absolute("config.working_dir", &config.working_dir)?;
+    }
+    let mounts = mounts(config)?;
+    let devices = devices(config)?;
+    let linux = config.linux.as_ref();
+    let sc = linux.and_then(|l| l.security_context.as_ref());
+    let seccomp = match sc.and_then(|s| s.seccomp.as_ref()) {
+        Some(profile) => seccomp(
+            "config.linux.security_context.seccomp.localhost_ref",
+            Some(profile),
+        )?,
+        // Deprecated in CRI, still sent by older kubelets and cri-tools.
+        #[allow(deprecated)]
+        None => legacy_seccomp(
+            "config.linux.security_context.seccomp_profile_path",
+            sc.map_or("", |s| s.seccomp_profile_path.as_str()),
+        )?,
+    };
+    let spec = ContainerSpec {
+        command: config.command.clone(),
+        args: config.args.clone(),
+        env: config
+            .envs
+            .iter()
+            .map(|kv| (kv.key.clone(), kv.value.clone()))
+            .collect(),
+        working_dir: config.working_dir.clone(),
+        user: user(sc)?,
+        supplemental_groups: sc
+            .map(|s| {
+                s.supplemental_groups
+                    .iter()
+                    .filter_map(|g| u32::try_from(*g).ok())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        capabilities_add: sc
+            .and_then(|s| s.capabilities.as_ref())
+            .map(|c| c.add_capabilities.clone())
+            .unwrap_or_default(),
+        capabilities_drop: sc
+            .and_then(|s| s.capabilities.as_ref())
+            .map(|c| c.drop_capabilities.clone())
+            .unwrap_or_default(),
+        privileged: sc.is_some_and(|s| s.privileged),
+        readonly_rootfs: sc.is_some_and(|s| s.readonly_rootfs),
+        no_new_privs: sc.is_some_and(|s| s.no_new_privs),
+        masked_paths: sc.map(|s| s.masked_paths.clone()).filter(|p| !p.is_empty()),
+        readonly_paths: sc
+            .map(|s| s.readonly_paths.clone())
+            .filter(|p| !p.is_empty()),
+        seccomp,
+        devices,
+        mounts,
+        resources: container_resources(linux.and_then(|l| l.resources.as_ref())),
+        tty: config.tty,
+        stdin: config.stdin,
+        stdin_once: config.stdin_once,
+        labels: config
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        annotations: config
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        ..ContainerSpec::default()
+    };
+    Ok(ContainerRequest {
+        name: meta.name.clone(),
+        attempt: meta.attempt,
+        image,
+        user_specified_image: config
+            .image
+            .as_ref()
+            .map(|i| i.user_specified_image.clone())
+            .unwrap_or_default(),
+        log_path,
+        pid: pid_namespace(sc),
+        spec,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn legacy_seccomp_paths() {
+        let f = "seccomp_profile_path";
+        assert_eq!(legacy_seccomp(f, "").unwrap(), SeccompProfile::Unconfined);
+        assert_eq!(
+            legacy_seccomp(f, "unconfined").unwrap(),
+            SeccompProfile::Unconfined
+        );
+        assert_eq!(
+            legacy_seccomp(f, "docker/default").unwrap(),
+            SeccompProfile::RuntimeDefault
+        );
+        assert_eq!(
+            legacy_seccomp(f, "localhost//etc/p.json").unwrap(),
+            SeccompProfile::Localhost("/etc/p.json".into())
+        );
+        let e = legacy_seccomp(f, "/etc/p.json").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(legacy_seccomp(f, "localhost/relative.json").is_err());
+    }
+
+    fn config() -> cri::ContainerConfig {
+        cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: "app".into(),
+                attempt: 2,
+            }),
+            image: Some(cri::ImageSpec {
+                image: "busybox".into(),
+                user_specified_image: "docker.io/library/busybox:latest".into(),
+                ..Default::default()
+            }),
+            log_path: "app/2.log".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_request_keeps_what_the_client_asked_for() {
+        let mut c = config();
+        c.linux = Some(cri::LinuxContainerConfig {
+            security_context: Some(cri::LinuxContainerSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    pid: cri::NamespaceMode::Target as i32,
+                    target_id: "abc".into(),
+                    ..Default::default()
+                }),
+                run_as_user: Some(cri::Int64Value { value: 1000 }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let r = container_request(Some(&c)).unwrap();
+        assert_eq!((r.name.as_str(), r.attempt), ("app", 2));
+        assert_eq!(r.image, "busybox");
+        assert_eq!(r.user_specified_image, "docker.io/library/busybox:latest");
+        assert_eq!(
+            r.log_path.as_deref(),
+            Some(std::path::Path::new("app/2.log"))
+        );
+        assert_eq!(r.pid, Some((NamespaceMode::Target, Some("abc".into()))));
+        assert_eq!(
+            r.spec.user,
+            UserRequest::Id {
+                uid: 1000,
+                gid: None
+            }
+        );
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let field = |c: cri::ContainerConfig| match container_request(Some(&c)) {
+            Err(CriError::InvalidArgument { field, .. }) => field,
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        };
+        let mut c = config();
+        c.metadata = None;
+        assert_eq!(field(c), "config.metadata");
+        let mut c = config();
+        c.image = None;
+        assert_eq!(field(c), "config.image.image");
+        let mut c = config();
+        c.log_path = "../escape.log".into();
+        assert_eq!(field(c), "config.log_path");
+        let mut c = config();
+        c.linux = Some(cri::LinuxContainerConfig {
+            security_context: Some(cri::LinuxContainerSecurityContext {
+                run_as_group: Some(cri::Int64Value { value: 1 }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        assert_eq!(field(c), "config.linux.security_context.run_as_group");
+        assert!(matches!(
+            container_request(None),
+            Err(CriError::InvalidArgument { .. })
+        ));
+    }
+}

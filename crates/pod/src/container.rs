@@ -1,0 +1,482 @@
+//! Container transitions: create, start, stop, remove, and the calls that
+//! read or change a live container (status refresh, exec, resources, logs).
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use cubelet_engine::spec::NamespaceMode;
+use cubelet_runtime::container::{ContainerState as RtState, ExecOutput};
+use cubelet_runtime::spec::{ContainerKind, ContainerNamespaces, ContainerSpec, Resources};
+use cubelet_runtime::RuntimeError;
+use cubelet_store::{ContainerRecord, ContainerState, SandboxState};
+use tracing::{info_span, warn, Instrument};
+
+use crate::error::{PodError, PodResult};
+use crate::service::{blocking, new_id, pod_key, PodEventKind, PodService};
+
+/// A container as the client asked for it. The service completes it with
+/// what the pod and the image decide.
+#[derive(Debug, Clone, Default)]
+pub struct ContainerRequest {
+    /// Container name (metadata), unique with `attempt` in its pod.
+    pub name: String,
+    /// Restart attempt (metadata).
+    pub attempt: u32,
+    /// Image reference or id, as requested.
+    pub image: String,
+    /// The image as the user wrote it (kubelet ≥ 1.29 sends it), shown in
+    /// statuses when set.
+    pub user_specified_image: String,
+    /// Log file, relative to the pod's log directory.
+    pub log_path: Option<PathBuf>,
+    /// A PID namespace other than the pod's, and the target container for
+    /// `Target`.
+    pub pid: Option<(NamespaceMode, Option<String>)>,
+    /// Everything else. The service sets `name`, `image_ref`, `image`,
+    /// `sandbox_files`, `sysctls`, `cgroup_parent`, `namespaces`,
+    /// `hostname`, `runtime_handler`, `log_path` and `kind` itself.
+    pub spec: ContainerSpec,
+}
+
+/// What ExecSync gives back.
+pub type ExecResult = ExecOutput;
+
+/// The exit code a shell gives a command that could not be started: 127
+/// when it is not found, 126 when it cannot be executed; `None` for any
+/// other failure.
+fn exec_start_exit_code(e: &RuntimeError) -> Option<i32> {
+    let RuntimeError::Containerd {
+        op: "tasks.start",
+        source,
+    } = e
+    else {
+        return None;
+    };
+    let m = source.message();
+    if !m.contains("exec failed") {
+        return None;
+    }
+    if m.contains("executable file not found") || m.contains("no such file or directory") {
+        Some(127)
+    } else if m.contains("permission denied") || m.contains("exec format error") {
+        Some(126)
+    } else {
+        None
+    }
+}
+
+impl PodService {
+    /// CreateContainer: records the container and creates it in the runtime.
+    /// The pod's sandbox must be ready; the name (with its attempt) must be
+    /// free in the pod. Holds the pod lock throughout, so a pod being
+    /// stopped or removed never gains a container.
+    pub async fn create_container(
+        &self,
+        sandbox_id: &str,
+        req: ContainerRequest,
+    ) -> PodResult<String> {
+        let sandbox = self.require_sandbox("pod_sandbox_id", sandbox_id)?;
+        let this = self.clone();
+        let span = info_span!("create_container", sandbox_id = %sandbox.id, container = %req.name);
+        self.detached(
+            "CreateContainer",
+            async move { this.create_container_locked(sandbox, req).await }.instrument(span),
+        )
+        .await
+    }
+
+    async fn create_container_locked(
+        &self,
+        sandbox: cubelet_store::SandboxRecord,
+        req: ContainerRequest,
+    ) -> PodResult<String> {
+        let _pod = self.lock_pod(&pod_key(&sandbox.spec)).await;
+        let sandbox = self
+            .store()
+            .get_sandbox(&sandbox.id)?
+            .ok_or_else(|| PodError::NotFound {
+                kind: "pod sandbox",
+                id: sandbox.id.to_string(),
+            })?;
+        if sandbox.state != SandboxState::Ready {
+            return Err(PodError::FailedPrecondition(format!(
+                "pod sandbox {} is {}, not ready",
+                sandbox.id,
+                sandbox.state.as_str()
+            )));
+        }
+        let log_path = match &req.log_path {
+            None => None,
+            Some(rel) => Some(
+                sandbox
+                    .spec
+                    .log_directory
+                    .as_ref()
+                    .ok_or_else(|| {
+                        PodError::invalid(
+                            "config.log_path",
+                            "set, but the pod sandbox has no log_directory",
+                        )
+                    })?
+                    .join(rel),
+            ),
+        };
+        let image = self
+            .runtime()
+            .image(&req.image)
+            .await?
+            .ok_or_else(|| PodError::NotFound {
+                kind: "image",
+                id: req.image.clone(),
+            })?;
+        let infra_pid = sandbox.process.as_ref().map(|p| p.pid).ok_or_else(|| {
+            PodError::FailedPrecondition(format!("pod sandbox {} has no infra process", sandbox.id))
+        })?;
+        let mut options = sandbox.spec.namespaces.clone();
+        if let Some((mode, target)) = &req.pid {
+            options.pid = *mode;
+            options.target_id = target.clone();
+        }
+        let target_pid = match (&options.pid, &options.target_id) {
+            (NamespaceMode::Target, Some(t)) => self.require_container(t)?.pid,
+            _ => None,
+        };
+        let store = self.store();
+        if let Some(other) = store
+            .list_containers_of(&sandbox.id)?
+            .into_iter()
+            .find(|c| c.name == req.name && c.attempt == req.attempt)
+        {
+            return Err(PodError::AlreadyExists {
+                kind: "container",
+                name: format!("{}_{}", req.name, req.attempt),
+                by: other.id,
+            });
+        }
+
+        let spec = ContainerSpec {
+            name: req.name.clone(),
+            image_ref: req.image.clone(),
+            image,
+            sandbox_files: sandbox.storage.clone(),
+            sysctls: sandbox.spec.sysctls.clone(),
+            kind: ContainerKind::Container,
+            log_path: log_path.clone(),
+            cgroup_parent: sandbox.spec.cgroup_parent.clone(),
+            namespaces: ContainerNamespaces::for_pod_container(&options, infra_pid, target_pid),
+            hostname: sandbox.spec.effective_hostname().to_owned(),
+            runtime_handler: sandbox.spec.runtime_handler.clone(),
+            ..req.spec
+        };
+        let id = new_id()?;
+        // The image a status shows: what the user wrote; for a request by
+        // image id (kubelet creates by id) the image's first tag, as
+        // containerd shows, since `sha256:…` in a pod's status tells a user
+        // nothing; else the name requested.
+        let by_id =
+            req.image.trim_start_matches("sha256:") == spec.image.id.trim_start_matches("sha256:");
+        let shown = Some(req.user_specified_image.as_str())
+            .filter(|u| !u.is_empty())
+            .or_else(|| {
+                by_id
+                    .then(|| spec.image.repo_tags.first().map(String::as_str))
+                    .flatten()
+            })
+            .unwrap_or(&req.image);
+        let mut rec = ContainerRecord::new(&id, sandbox.id.clone(), &req.name, req.attempt, shown);
+        rec.image_ref = spec.image.id.clone();
+        rec.log_path = log_path;
+        rec.labels = spec.labels.clone();
+        rec.annotations = spec.annotations.clone();
+        rec.config = serde_json::json!({
+            "mounts": spec.mounts,
+            "image_repo_digest": spec.image.repo_digests.first(),
+        });
+        blocking(|| store.put_container(&rec))?;
+        if let Err(e) = self.runtime().create(&id, &spec).await {
+            // The runtime removes what it made; drop the record too.
+            blocking(|| store.delete_container(&id))?;
+            return Err(e.into());
+        }
+        self.emit(&id, &sandbox.id, PodEventKind::Created);
+        Ok(id)
+    }
+
+    /// StartContainer: a created container starts once; any other state is
+    /// `FailedPrecondition`, checked under the container's lock.
+    pub async fn start_container(&self, id: &str) -> PodResult<()> {
+        let rec = self.require_container(id)?;
+        let this = self.clone();
+        let span = info_span!("start_container", container_id = %rec.id);
+        self.detached(
+            "StartContainer",
+            async move { this.start_container_locked(rec.id).await }.instrument(span),
+        )
+        .await
+    }
+
+    async fn start_container_locked(&self, id: String) -> PodResult<()> {
+        let _lock = self.lock_container(&id).await;
+        let rec = self
+            .store()
+            .get_container(&id)?
+            .ok_or_else(|| PodError::NotFound {
+                kind: "container",
+                id: id.clone(),
+            })?;
+        if rec.state != ContainerState::Created {
+            return Err(PodError::FailedPrecondition(format!(
+                "container {} is {:?}, not created",
+                rec.id, rec.state
+            )));
+        }
+        // Taken before the task starts: a short-lived process can exit (and
+        // its exit event be applied) before `start` returns, and CRI needs
+        // started_at <= finished_at.
+        let start_time = SystemTime::now();
+        match self.runtime().start(&rec.id).await {
+            Ok(pid) => {
+                let mut started = false;
+                blocking(|| {
+                    self.store().update_container(&rec.id, |c| {
+                        // The exit event may already have landed for a short-lived process.
+                        if c.state == ContainerState::Created {
+                            c.state = ContainerState::Running;
+                            started = true;
+                        }
+                        c.pid = Some(pid);
+                        c.started_at.get_or_insert(start_time);
+                    })
+                })?;
+                if started {
+                    self.emit(&rec.id, &rec.sandbox_id, PodEventKind::Started);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let message = e.to_string();
+                blocking(|| {
+                    self.store().update_container(&rec.id, |c| {
+                        c.state = ContainerState::Exited;
+                        c.exit_code = Some(128);
+                        c.reason = Some("StartError".into());
+                        c.message = Some(message);
+                        c.finished_at = Some(SystemTime::now());
+                    })
+                })?;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// StopContainer: signals a running container, kills it after `timeout`
+    /// and records its exit. Gone or already stopped is Ok.
+    pub async fn stop_container(&self, id: &str, timeout: Duration) -> PodResult<()> {
+        let Some(rec) = self.find_container("container_id", id)? else {
+            return Ok(());
+        };
+        let this = self.clone();
+        let span = info_span!("stop_container", container_id = %rec.id);
+        self.detached(
+            "StopContainer",
+            async move { this.stop_container_in_pod(&rec.id, timeout).await }.instrument(span),
+        )
+        .await
+    }
+
+    /// Stops one container under its lock (callers may hold its pod's lock).
+    pub(crate) async fn stop_container_in_pod(&self, id: &str, timeout: Duration) -> PodResult<()> {
+        let _lock = self.lock_container(id).await;
+        let Some(rec) = self.store().get_container(id)? else {
+            return Ok(());
+        };
+        if rec.state == ContainerState::Running || rec.state == ContainerState::Unknown {
+            match self.runtime().stop(&rec.id, timeout).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.refresh_exit(&rec.id).await
+    }
+
+    /// Reads the task's exit from the runtime into the record.
+    async fn refresh_exit(&self, id: &str) -> PodResult<()> {
+        let status = match self.runtime().status(id).await {
+            Ok(s) => Some(s),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e.into()),
+        };
+        let mut stopped = None;
+        let updated = blocking(|| {
+            self.store().update_container(id, |c| {
+                let was_exited = c.state == ContainerState::Exited;
+                if let Some(s) = &status {
+                    if s.state == RtState::Exited || c.state == ContainerState::Running {
+                        if let Some(code) = s.exit_code {
+                            c.exit_code = Some(code);
+                        }
+                        c.finished_at = s.finished_at.or(c.finished_at);
+                    }
+                    if s.state == RtState::Exited {
+                        c.state = ContainerState::Exited;
+                    }
+                } else if c.state == ContainerState::Running {
+                    c.state = ContainerState::Exited;
+                    c.finished_at.get_or_insert_with(SystemTime::now);
+                }
+                if !was_exited && c.state == ContainerState::Exited {
+                    stopped = Some(c.sandbox_id.clone());
+                }
+            })
+        });
+        match updated {
+            Ok(_) => {}
+            // Removed meanwhile: nothing to refresh.
+            Err(cubelet_store::StoreError::ContainerNotFound(_)) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        if let Some(sandbox_id) = stopped {
+            self.emit(id, &sandbox_id, PodEventKind::Stopped);
+        }
+        Ok(())
+    }
+
+    /// RemoveContainer: forces a running container down, removes it from
+    /// the runtime and forgets it. Gone is Ok.
+    pub async fn remove_container(&self, id: &str) -> PodResult<()> {
+        let Some(rec) = self.find_container("container_id", id)? else {
+            return Ok(());
+        };
+        let this = self.clone();
+        let span = info_span!("remove_container", container_id = %rec.id);
+        self.detached(
+            "RemoveContainer",
+            async move { this.remove_container_in_pod(&rec.id).await }.instrument(span),
+        )
+        .await
+    }
+
+    /// Removes one container under its lock (callers may hold its pod's lock).
+    pub(crate) async fn remove_container_in_pod(&self, id: &str) -> PodResult<()> {
+        let _lock = self.lock_container(id).await;
+        let Some(rec) = self.store().get_container(id)? else {
+            return Ok(());
+        };
+        // Removing a running container forces it down, as containerd's CRI does.
+        match self.runtime().stop(&rec.id, Duration::ZERO).await {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => {
+                warn!(container_id = %rec.id, error = %cubelet_engine::chain(&e), "stop before remove")
+            }
+        }
+        self.runtime().remove(&rec.id).await?;
+        blocking(|| self.store().delete_container(&rec.id))?;
+        self.emit(&rec.id, &rec.sandbox_id, PodEventKind::Deleted);
+        Ok(())
+    }
+
+    /// ContainerStatus: the record, with a running container's exit read
+    /// from the runtime first (an exit event may not have arrived yet).
+    pub async fn container_status(&self, id: &str) -> PodResult<ContainerRecord> {
+        let rec = self.require_container(id)?;
+        if rec.state == ContainerState::Running {
+            self.refresh_exit(&rec.id).await?;
+        }
+        self.require_container(&rec.id)
+    }
+
+    fn running(&self, id: &str) -> PodResult<ContainerRecord> {
+        let rec = self.require_container(id)?;
+        if rec.state != ContainerState::Running {
+            return Err(PodError::FailedPrecondition(format!(
+                "container {} is not running",
+                rec.id
+            )));
+        }
+        Ok(rec)
+    }
+
+    /// ExecSync: runs `cmd` in a running container. A command that cannot
+    /// be started ends as a shell's would (127 not found, 126 not
+    /// executable), so a probe fails with the reason instead of the call.
+    pub async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: &[String],
+        timeout: Option<Duration>,
+    ) -> PodResult<ExecResult> {
+        let rec = self.running(id)?;
+        match self.runtime().exec_sync(&rec.id, cmd, timeout).await {
+            Ok(out) => Ok(out),
+            Err(e) if matches!(e.kind(), cubelet_engine::StepErrorKind::DeadlineExceeded) => {
+                Err(PodError::DeadlineExceeded(format!(
+                    "command {cmd:?} timed out after {}s",
+                    timeout.map_or(0, |t| t.as_secs())
+                )))
+            }
+            Err(e) => match exec_start_exit_code(&e) {
+                Some(exit_code) => Ok(ExecOutput {
+                    stdout: Vec::new(),
+                    stderr: format!("{e}\n").into_bytes(),
+                    exit_code,
+                }),
+                None => Err(e.into()),
+            },
+        }
+    }
+
+    /// UpdateContainerResources.
+    pub async fn update_resources(&self, id: &str, resources: &Resources) -> PodResult<()> {
+        let rec = self.require_container(id)?;
+        self.runtime().update_resources(&rec.id, resources).await?;
+        Ok(())
+    }
+
+    /// ReopenContainerLog: only a running container has a log to reopen.
+    pub async fn reopen_log(&self, id: &str) -> PodResult<()> {
+        let rec = self.running(id)?;
+        self.runtime().reopen_log(&rec.id).await?;
+        Ok(())
+    }
+
+    /// The id of a running container, for streaming (exec, attach).
+    pub fn running_container(&self, id: &str) -> PodResult<String> {
+        Ok(self.running(id)?.id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start_error(message: &str) -> RuntimeError {
+        RuntimeError::Containerd {
+            op: "tasks.start",
+            source: tonic_status(message),
+        }
+    }
+
+    fn tonic_status(message: &str) -> tonic::Status {
+        tonic::Status::unknown(message.to_owned())
+    }
+
+    #[test]
+    fn exec_start_failures_end_as_a_shell_would() {
+        let not_found = start_error(
+            "OCI runtime exec failed: exec: \"nope\": executable file not found in $PATH",
+        );
+        assert_eq!(exec_start_exit_code(&not_found), Some(127));
+        let denied =
+            start_error("OCI runtime exec failed: exec: \"/etc/passwd\": permission denied");
+        assert_eq!(exec_start_exit_code(&denied), Some(126));
+        assert_eq!(
+            exec_start_exit_code(&start_error("exec failed: weird")),
+            None
+        );
+        assert_eq!(exec_start_exit_code(&start_error("unrelated")), None);
+        let other = RuntimeError::FailedPrecondition("x".into());
+        assert_eq!(exec_start_exit_code(&other), None);
+    }
+}

@@ -1,0 +1,78 @@
+//! The runtime's events (exits, OOM kills) applied to the records.
+
+use std::time::SystemTime;
+
+use cubelet_engine::SandboxId;
+use cubelet_runtime::events::{ContainerEvent, ContainerEventKind};
+use cubelet_store::{ContainerState, SandboxState, StoreError};
+use tracing::warn;
+
+use crate::service::{blocking, PodEventKind, PodService};
+
+impl PodService {
+    /// Applies a containerd event: a container's exit or OOM kill goes into
+    /// its record; the exit of a pod's infra process makes the pod not ready.
+    pub fn apply_event(&self, event: &ContainerEvent) {
+        let store = self.store();
+        // (sandbox, state before) of a container this exit stopped.
+        let mut stopped = None;
+        let result = match &event.kind {
+            ContainerEventKind::Exited {
+                code, at, exec_id, ..
+            } if exec_id.is_empty() => blocking(|| {
+                store.update_container(&event.id, |c| {
+                    if c.state != ContainerState::Exited {
+                        stopped = Some((c.sandbox_id.clone(), c.state));
+                    }
+                    c.state = ContainerState::Exited;
+                    c.exit_code = Some(i32::try_from(*code).unwrap_or(i32::MAX));
+                    c.finished_at = Some(at.unwrap_or_else(SystemTime::now));
+                })
+            }),
+            ContainerEventKind::Oom => blocking(|| {
+                store.update_container(&event.id, |c| {
+                    c.reason = Some("OOMKilled".into());
+                })
+            }),
+            _ => return,
+        };
+        if let Some((sandbox_id, before)) = stopped {
+            // The exit overtook StartContainer's own update: it did start.
+            if before == ContainerState::Created {
+                self.emit(&event.id, &sandbox_id, PodEventKind::Started);
+            }
+            self.emit(&event.id, &sandbox_id, PodEventKind::Stopped);
+        }
+        match result {
+            Ok(_) => {}
+            // Not a container: the infra process of a sandbox, or one removed.
+            Err(StoreError::ContainerNotFound(_)) => self.infra_exited(event),
+            Err(e) => {
+                warn!(container_id = %event.id, error = %cubelet_engine::chain(&e), "apply event")
+            }
+        }
+    }
+
+    /// The infra process of a sandbox exited: the pod is not ready.
+    fn infra_exited(&self, event: &ContainerEvent) {
+        let ContainerEventKind::Exited { exec_id, .. } = &event.kind else {
+            return;
+        };
+        let Some(id) = SandboxId::parse(&event.id).filter(|_| exec_id.is_empty()) else {
+            return;
+        };
+        let result = blocking(|| {
+            self.store().update_sandbox(&id, |r| {
+                if r.state == SandboxState::Ready {
+                    r.state = SandboxState::NotReady;
+                }
+            })
+        });
+        match result {
+            Ok(_) | Err(StoreError::SandboxNotFound(_)) => {}
+            Err(e) => {
+                warn!(sandbox_id = %id, error = %cubelet_engine::chain(&e), "apply infra exit")
+            }
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! An in-memory [`Runtime`] for unit tests of the lifecycle rules: it keeps
+//! containers and tasks in a map, counts calls, and fails or slows down
+//! the calls a test asks it to.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use cubelet_runtime::container::{ContainerState, ContainerStatus, ExecOutput};
+use cubelet_runtime::events::{ContainerEvent, ContainerEventKind};
+use cubelet_runtime::spec::{ContainerSpec, Resources};
+use cubelet_runtime::types::ImageInfo;
+use cubelet_runtime::RuntimeError;
+
+use crate::runtime::Runtime;
+
+/// Builds the error a failing call returns.
+type ErrorFn = Box<dyn Fn(&str) -> RuntimeError + Send + Sync>;
+
+/// One container the fake holds.
+#[derive(Debug, Clone)]
+pub struct FakeContainer {
+    /// What it was created with.
+    pub spec: ContainerSpec,
+    /// Its task's state.
+    pub state: ContainerState,
+    /// Host pid while running.
+    pub pid: u32,
+    /// Exit code once exited.
+    pub exit_code: Option<i32>,
+    /// When it exited.
+    pub finished_at: Option<SystemTime>,
+    /// Limits last set by an update.
+    pub resources: Option<Resources>,
+}
+
+#[derive(Default)]
+struct State {
+    images: HashMap<String, ImageInfo>,
+    containers: BTreeMap<String, FakeContainer>,
+    /// Ids the fake reports as running infra processes (sandboxes).
+    infra: BTreeMap<String, ContainerState>,
+    calls: BTreeMap<&'static str, u32>,
+    failures: HashMap<&'static str, Vec<ErrorFn>>,
+    delays: HashMap<&'static str, Duration>,
+    exec: Option<Result<ExecOutput, String>>,
+    orphan_shims: usize,
+    next_pid: u32,
+}
+
+/// The fake runtime. Cheap to clone; clones share state.
+#[derive(Clone, Default)]
+pub struct FakeRuntime {
+    state: Arc<Mutex<State>>,
+}
+
+impl std::fmt::Debug for FakeRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeRuntime").finish_non_exhaustive()
+    }
+}
+
+impl FakeRuntime {
+    /// A runtime with handlers `runc` (the default) and `kata`, and no images.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes `info` findable by `reference` and by its id.
+    pub fn add_image(&self, reference: &str, info: ImageInfo) {
+        let mut s = self.lock();
+        s.images.insert(info.id.clone(), info.clone());
+        s.images.insert(reference.to_owned(), info);
+    }
+
+    /// The next call to `op` (`create`, `start`, `stop`, `status`, `remove`,
+    /// `exec_sync`, `update_resources`, `reopen_log`, `reattach`, `image`)
+    /// fails with the error `make` builds from the id.
+    pub fn fail_next(
+        &self,
+        op: &'static str,
+        make: impl Fn(&str) -> RuntimeError + Send + Sync + 'static,
+    ) {
+        self.lock()
+            .failures
+            .entry(op)
+            .or_default()
+            .push(Box::new(make));
+    }
+
+    /// Every call to `op` waits `delay` first (to widen race windows).
+    pub fn delay(&self, op: &'static str, delay: Duration) {
+        self.lock().delays.insert(op, delay);
+    }
+
+    /// How many times `op` was called.
+    pub fn calls(&self, op: &str) -> u32 {
+        self.lock().calls.get(op).copied().unwrap_or(0)
+    }
+
+    /// A copy of one container.
+    pub fn container(&self, id: &str) -> Option<FakeContainer> {
+        self.lock().containers.get(id).cloned()
+    }
+
+    /// Ids of every container the fake holds.
+    pub fn container_ids(&self) -> Vec<String> {
+        self.lock().containers.keys().cloned().collect()
+    }
+
+    /// Reports `id` (a sandbox) as a running infra process.
+    pub fn set_infra_running(&self, id: &str) {
+        self.lock()
+            .infra
+            .insert(id.to_owned(), ContainerState::Running);
+    }
+
+    /// The task of `id` exits with `code`; returns the event containerd would send.
+    pub fn exit(&self, id: &str, code: u32) -> ContainerEvent {
+        let at = SystemTime::now();
+        let mut s = self.lock();
+        if let Some(c) = s.containers.get_mut(id) {
+            c.state = ContainerState::Exited;
+            c.exit_code = Some(i32::try_from(code).unwrap_or(i32::MAX));
+            c.finished_at = Some(at);
+        }
+        if let Some(state) = s.infra.get_mut(id) {
+            *state = ContainerState::Exited;
+        }
+        ContainerEvent {
+            id: id.to_owned(),
+            kind: ContainerEventKind::Exited {
+                code,
+                at: Some(at),
+                exec_id: String::new(),
+                pid: 0,
+            },
+        }
+    }
+
+    /// The runtime forgets `id` altogether (as if containerd lost it).
+    pub fn forget(&self, id: &str) {
+        let mut s = self.lock();
+        s.containers.remove(id);
+        s.infra.remove(id);
+    }
+
+    /// What ExecSync returns next: output, or an error message
+    /// (`tasks.start` failing with it).
+    pub fn set_exec(&self, result: Result<ExecOutput, String>) {
+        self.lock().exec = Some(result);
+    }
+
+    /// How many orphan shims the next reap finds.
+    pub fn set_orphan_shims(&self, n: usize) {
+        self.lock().orphan_shims = n;
+    }
+
+    /// Counts the call, sleeps its delay, and returns its injected failure.
+    async fn enter(&self, op: &'static str, id: &str) -> Result<(), RuntimeError> {
+        let delay = {
+            let mut s = self.lock();
+            *s.calls.entry(op).or_default() += 1;
+            s.delays.get(op).copied()
+        };
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+        let mut s = self.lock();
+        match s.failures.get_mut(op) {
+            Some(queue) if !queue.is_empty() => Err(queue.remove(0)(id)),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn not_found(id: &str) -> RuntimeError {
+    RuntimeError::NotFound {
+        kind: "container",
+        id: id.to_owned(),
+    }
+}
+
+#[async_trait]
+impl Runtime for FakeRuntime {
+    fn default_handler(&self) -> String {
+        "runc".to_owned()
+    }
+
+    fn handlers(&self) -> Vec<String> {
+        vec!["runc".to_owned(), "kata".to_owned()]
+    }
+
+    async fn image(&self, reference: &str) -> Result<Option<ImageInfo>, RuntimeError> {
+        self.enter("image", reference).await?;
+        Ok(self.lock().images.get(reference).cloned())
+    }
+
+    async fn create(&self, id: &str, spec: &ContainerSpec) -> Result<(), RuntimeError> {
+        self.enter("create", id).await?;
+        let mut s = self.lock();
+        if s.containers.contains_key(id) {
+            return Err(RuntimeError::AlreadyExists {
+                kind: "container",
+                id: id.to_owned(),
+            });
+        }
+        s.containers.insert(
+            id.to_owned(),
+            FakeContainer {
+                spec: spec.clone(),
+                state: ContainerState::Created,
+                pid: 0,
+                exit_code: None,
+                finished_at: None,
+                resources: None,
+            },
+        );
+        Ok(())
+    }
+
+    async fn start(&self, id: &str) -> Result<u32, RuntimeError> {
+        self.enter("start", id).await?;
+        let mut s = self.lock();
+        s.next_pid += 1;
+        let pid = 1000 + s.next_pid;
+        let c = s.containers.get_mut(id).ok_or_else(|| not_found(id))?;
+        if c.state != ContainerState::Created {
+            return Err(RuntimeError::FailedPrecondition(format!(
+                "task {id} is {:?}, cannot start",
+                c.state
+            )));
+        }
+        c.state = ContainerState::Running;
+        c.pid = pid;
+        Ok(pid)
+    }
+
+    async fn stop(&self, id: &str, _timeout: Duration) -> Result<(), RuntimeError> {
+        self.enter("stop", id).await?;
+        let mut s = self.lock();
+        let c = s.containers.get_mut(id).ok_or_else(|| not_found(id))?;
+        if c.state == ContainerState::Running {
+            c.state = ContainerState::Exited;
+            c.exit_code = Some(137);
+            c.finished_at = Some(SystemTime::now());
+        }
+        Ok(())
+    }
+
+    async fn status(&self, id: &str) -> Result<ContainerStatus, RuntimeError> {
+        self.enter("status", id).await?;
+        let s = self.lock();
+        if let Some(state) = s.infra.get(id) {
+            return Ok(ContainerStatus {
+                id: id.to_owned(),
+                state: *state,
+                pid: 1,
+                exit_code: None,
+                created_at: None,
+                started_at: None,
+                finished_at: None,
+                image_ref: String::new(),
+                log_path: None,
+                runtime_handler: "runc".to_owned(),
+                labels: BTreeMap::new(),
+            });
+        }
+        let c = s.containers.get(id).ok_or_else(|| not_found(id))?;
+        Ok(ContainerStatus {
+            id: id.to_owned(),
+            state: c.state,
+            pid: c.pid,
+            exit_code: c.exit_code,
+            created_at: None,
+            started_at: None,
+            finished_at: c.finished_at,
+            image_ref: c.spec.image_ref.clone(),
+            log_path: c.spec.log_path.clone(),
+            runtime_handler: c.spec.runtime_handler.clone(),
+            labels: c.spec.labels.clone(),
+        })
+    }
+
+    async fn remove(&self, id: &str) -> Result<(), RuntimeError> {
+        self.enter("remove", id).await?;
+        self.lock().containers.remove(id);
+        Ok(())
+    }
+
+    async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: &[String],
+        timeout: Option<Duration>,
+    ) -> Result<ExecOutput, RuntimeError> {
+        self.enter("exec_sync", id).await?;
+        let exec = self.lock().exec.take();
+        match exec {
+            Some(Ok(out)) => Ok(out),
+            Some(Err(message)) => Err(RuntimeError::Containerd {
+                op: "tasks.start",
+                source: tonic::Status::unknown(message),
+            }),
+            None if cmd.first().is_some_and(|c| c == "sleep") => Err(RuntimeError::Timeout {
+                op: "exec",
+                id: id.to_owned(),
+                timeout: timeout.unwrap_or_default(),
+            }),
+            None => Ok(ExecOutput {
+                stdout: cmd.join(" ").into_bytes(),
+                stderr: Vec::new(),
+                exit_code: 0,
+            }),
+        }
+    }
+
+    async fn update_resources(&self, id: &str, resources: &Resources) -> Result<(), RuntimeError> {
+        self.enter("update_resources", id).await?;
+        let mut s = self.lock();
+        let c = s.containers.get_mut(id).ok_or_else(|| not_found(id))?;
+        c.resources = Some(resources.clone());
+        Ok(())
+    }
+
+    async fn reopen_log(&self, id: &str) -> Result<(), RuntimeError> {
+        self.enter("reopen_log", id).await
+    }
+
+    async fn reattach(&self, id: &str) -> Result<(), RuntimeError> {
+        self.enter("reattach", id).await
+    }
+
+    async fn reap_orphan_shims(&self) -> Result<usize, RuntimeError> {
+        self.enter("reap_orphan_shims", "").await?;
+        Ok(std::mem::take(&mut self.lock().orphan_shims))
+    }
+}

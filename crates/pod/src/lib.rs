@@ -1,0 +1,34 @@
+//! Cubelet's pod lifecycle service.
+//!
+//! [`PodService`] owns every pod and container state transition: run, stop
+//! and remove a pod sandbox (the engine's `create`, `destroy` and `cleanup`
+//! flows), create, start, stop and remove its containers (through the
+//! [`Runtime`] trait, containerd in production), containerd's exit and OOM
+//! events, reconciliation after a restart, and the garbage collector's work
+//! list. State lives in the store; lifecycle events go to subscribers.
+//!
+//! It knows no wire format: the CRI edge (`cubelet-cri`) converts requests
+//! into this crate's types and its errors into gRPC statuses; the binary
+//! and the GC call it directly. With the `fake` feature, [`fake::FakeRuntime`]
+//! stands in for containerd so the lifecycle rules are unit-tested without
+//! root.
+
+mod container;
+mod error;
+mod events;
+mod reconcile;
+mod runtime;
+mod sandbox;
+mod service;
+
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
+
+#[cfg(test)]
+mod tests;
+
+pub use container::{ContainerRequest, ExecResult};
+pub use error::{PodError, PodResult};
+pub use reconcile::ReconcileReport;
+pub use runtime::{Containerd, Runtime};
+pub use service::{PodDeps, PodEvent, PodEventKind, PodService, EVENT_BUFFER};

@@ -1,0 +1,124 @@
+//! Reconciliation after a restart: settle the flows a crash interrupted,
+//! then bring the records in line with what the runtime still runs.
+
+use cubelet_engine::{EngineError, FlowKind, SandboxId};
+use cubelet_runtime::container::ContainerState as RtState;
+use cubelet_store::{ContainerState, SandboxState};
+use tracing::{info, warn};
+
+use crate::error::PodResult;
+use crate::service::{blocking, PodService};
+
+/// What [`PodService::reconcile`] did.
+#[derive(Debug, Default)]
+pub struct ReconcileReport {
+    /// Interrupted flows that recovery settled, with the teardown that ran.
+    pub settled: Vec<(SandboxId, FlowKind)>,
+    /// Sandboxes whose recovery failed; the GC retries them.
+    pub failed: Vec<(SandboxId, EngineError)>,
+    /// Sandboxes whose create never finished, now left to the GC.
+    pub abandoned: usize,
+    /// Ready sandboxes whose infra process is gone, now not ready.
+    pub not_ready: usize,
+    /// Running containers whose output was picked up again.
+    pub reattached: usize,
+    /// Containers the runtime no longer knows, now `Unknown`.
+    pub lost: usize,
+    /// Shims stopped because the runtime had no task for them.
+    pub shims_reaped: usize,
+}
+
+impl PodService {
+    /// Runs once at start, before the CRI socket is served.
+    pub async fn reconcile(&self) -> PodResult<ReconcileReport> {
+        let recovery = self.engine().recover().await?;
+        let mut report = ReconcileReport {
+            settled: recovery.settled,
+            failed: recovery.failed,
+            ..Default::default()
+        };
+        for (id, flow) in &report.settled {
+            info!(sandbox_id = %id, flow = %flow, "recovered interrupted flow");
+        }
+        for (id, err) in &report.failed {
+            warn!(sandbox_id = %id, error = %cubelet_engine::chain(err), "recovery failed; left for GC");
+        }
+        let store = self.store();
+        for rec in store.list_sandboxes()? {
+            match rec.state {
+                // Its create never finished: recovery destroyed what it built;
+                // the GC removes the rest. kubelet never learned its id.
+                SandboxState::Creating => {
+                    blocking(|| {
+                        store.update_sandbox(&rec.id, |r| {
+                            r.state = SandboxState::NeedsCleanup;
+                            r.last_error = Some("agent restarted during create".into());
+                        })
+                    })?;
+                    report.abandoned += 1;
+                }
+                SandboxState::Ready => {
+                    let alive = matches!(
+                        self.runtime().status(rec.id.as_str()).await,
+                        Ok(s) if s.state == RtState::Running
+                    );
+                    if !alive {
+                        warn!(sandbox_id = %rec.id, "infra process gone; sandbox not ready");
+                        blocking(|| {
+                            store.update_sandbox(&rec.id, |r| r.state = SandboxState::NotReady)
+                        })?;
+                        report.not_ready += 1;
+                    }
+                }
+                SandboxState::NotReady | SandboxState::NeedsCleanup => {}
+            }
+        }
+        for c in store.list_containers()? {
+            match self.runtime().status(&c.id).await {
+                Ok(s) if s.state == RtState::Running => {
+                    match self.runtime().reattach(&c.id).await {
+                        Ok(()) => report.reattached += 1,
+                        Err(e) => {
+                            warn!(container_id = %c.id, error = %cubelet_engine::chain(&e), "reattach logs")
+                        }
+                    }
+                }
+                Ok(s) => {
+                    blocking(|| {
+                        store.update_container(&c.id, |r| {
+                            if r.state == ContainerState::Running {
+                                r.state = ContainerState::Exited;
+                                r.exit_code = s.exit_code.or(r.exit_code);
+                                r.finished_at = s.finished_at.or(r.finished_at);
+                            }
+                        })
+                    })?;
+                }
+                Err(e) if e.is_not_found() => {
+                    blocking(|| {
+                        store.update_container(&c.id, |r| {
+                            if r.state != ContainerState::Exited {
+                                r.state = ContainerState::Unknown;
+                            }
+                        })
+                    })?;
+                    report.lost += 1;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // Shims of creates the restart rolled back, which containerd forgot
+        // (the GC catches the ones still too young here).
+        match self.runtime().reap_orphan_shims().await {
+            Ok(n) => report.shims_reaped = n,
+            Err(e) => warn!(error = %cubelet_engine::chain(&e), "reaping orphan shims"),
+        }
+        if report.shims_reaped > 0 {
+            info!(
+                shims = report.shims_reaped,
+                "stopped shims containerd has no task for"
+            );
+        }
+        Ok(report)
+    }
+}

@@ -1,0 +1,318 @@
+//! The [`PodService`] object: what it is built from, its locks, its event
+//! channel, and the lookups every call shares.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use cubelet_engine::{Engine, KeyedGuard, KeyedLocks, SandboxId};
+use cubelet_store::{ContainerRecord, SandboxRecord, Store};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn, Instrument};
+
+use crate::error::{PodError, PodResult};
+use crate::runtime::Runtime;
+
+/// Events buffered per subscriber before the oldest are dropped.
+pub const EVENT_BUFFER: usize = 1024;
+
+/// What happened to a container (or to a pod's sandbox, whose "container"
+/// id is the sandbox id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodEventKind {
+    /// Created.
+    Created,
+    /// Started.
+    Started,
+    /// Stopped (exited).
+    Stopped,
+    /// Removed.
+    Deleted,
+}
+
+/// A lifecycle event, with the pod and its containers as they were when it
+/// happened (read only while someone listens).
+#[derive(Debug, Clone)]
+pub struct PodEvent {
+    /// The container, or the sandbox id for the pod's own events.
+    pub container_id: String,
+    /// The pod.
+    pub sandbox_id: SandboxId,
+    /// What happened.
+    pub kind: PodEventKind,
+    /// When.
+    pub at: SystemTime,
+    /// The pod's record at that moment (`None` once removed).
+    pub sandbox: Option<SandboxRecord>,
+    /// The pod's containers at that moment.
+    pub containers: Vec<ContainerRecord>,
+}
+
+/// What the pod service is built from.
+pub struct PodDeps {
+    /// The workflow engine (sandbox flows).
+    pub engine: Engine,
+    /// Node state.
+    pub store: Arc<Store>,
+    /// Containers, tasks and images.
+    pub runtime: Arc<dyn Runtime>,
+    /// Cancelled at shutdown: forward steps of flows in flight stop and roll back.
+    pub shutdown: CancellationToken,
+}
+
+impl fmt::Debug for PodDeps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PodDeps")
+            .field("engine", &self.engine)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) deps: PodDeps,
+    /// One lock per pod (namespace, name, attempt): every sandbox-level
+    /// transition — run, stop, remove, creating a container in it — holds it.
+    pub(crate) pod_locks: KeyedLocks<String>,
+    /// One lock per container id: start, stop, remove.
+    pub(crate) container_locks: KeyedLocks<String>,
+    pub(crate) events: broadcast::Sender<PodEvent>,
+}
+
+/// Owns every pod and container state transition: RunPodSandbox through
+/// RemoveContainer, containerd's exit events, reconciliation after a
+/// restart and the GC's work list. Cheap to clone.
+///
+/// Rules every call follows:
+/// - **Admission before persistence:** a sandbox flow is admitted by the
+///   engine before anything is recorded, so a rejected call writes nothing.
+/// - **Locks, then checks:** a call takes its pod lock (always before any
+///   container lock) or container lock, then reads the record again and
+///   checks the state it needs; nothing decided before the lock counts.
+/// - **One cancellation model:** a mutating call runs on a task of its own
+///   and to its end even if the client gives up (a retry then finds the
+///   result); only shutdown cancels, through the flows' token.
+#[derive(Clone)]
+pub struct PodService {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl fmt::Debug for PodService {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PodService").finish_non_exhaustive()
+    }
+}
+
+/// The pod lock's key of a pod.
+pub(crate) fn pod_key(spec: &cubelet_engine::SandboxSpec) -> String {
+    format!("{}/{}/{}", spec.namespace, spec.name, spec.attempt)
+}
+
+/// A fresh 64-hex-character id, as containerd makes them.
+pub(crate) fn new_id() -> PodResult<String> {
+    let mut buf = [0u8; 32];
+    getrandom::fill(&mut buf)
+        .map_err(|e| PodError::FailedPrecondition(format!("no randomness for an id: {e}")))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Runs a durable store write (an fsync) without stalling the other tasks
+/// of a multi-threaded runtime's worker; on a current-thread runtime
+/// (tests) it just runs.
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
+impl PodService {
+    /// Builds the service.
+    pub fn new(deps: PodDeps) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                deps,
+                pod_locks: KeyedLocks::default(),
+                container_locks: KeyedLocks::default(),
+                events: broadcast::channel(EVENT_BUFFER).0,
+            }),
+        }
+    }
+
+    pub(crate) fn deps(&self) -> &PodDeps {
+        &self.inner.deps
+    }
+
+    pub(crate) fn store(&self) -> &Store {
+        &self.inner.deps.store
+    }
+
+    pub(crate) fn runtime(&self) -> &dyn Runtime {
+        &*self.inner.deps.runtime
+    }
+
+    /// The engine the sandbox flows run on.
+    pub fn engine(&self) -> &Engine {
+        &self.inner.deps.engine
+    }
+
+    /// Every lifecycle event from now on. A subscriber that falls behind
+    /// loses the oldest ([`broadcast::error::RecvError::Lagged`]).
+    pub fn subscribe(&self) -> broadcast::Receiver<PodEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// Runs `work` on a task of its own and waits for it: the client giving
+    /// up (this future dropped) does not stop it.
+    pub(crate) async fn detached<T, F>(&self, what: &'static str, work: F) -> PodResult<T>
+    where
+        T: Send + 'static,
+        F: Future<Output = PodResult<T>> + Send + 'static,
+    {
+        tokio::spawn(work.in_current_span())
+            .await
+            .map_err(|e| PodError::TaskDied {
+                what,
+                reason: e.to_string(),
+            })?
+    }
+
+    pub(crate) async fn lock_pod(&self, key: &str) -> KeyedGuard<'_, String> {
+        self.inner.pod_locks.lock(&key.to_owned()).await
+    }
+
+    pub(crate) async fn lock_container(&self, id: &str) -> KeyedGuard<'_, String> {
+        self.inner.container_locks.lock(&id.to_owned()).await
+    }
+
+    /// Publishes a lifecycle event; never waits, a no-op without listeners.
+    pub(crate) fn emit(&self, container_id: &str, sandbox_id: &SandboxId, kind: PodEventKind) {
+        let tx = &self.inner.events;
+        if tx.receiver_count() == 0 {
+            return;
+        }
+        let sandbox = self.store().get_sandbox(sandbox_id).unwrap_or_else(|e| {
+            warn!(sandbox_id = %sandbox_id, error = %e, "event: read sandbox");
+            None
+        });
+        let containers = self
+            .store()
+            .list_containers_of(sandbox_id)
+            .unwrap_or_else(|e| {
+                warn!(sandbox_id = %sandbox_id, error = %e, "event: read containers");
+                Vec::new()
+            });
+        debug!(container_id, event = ?kind, "container event");
+        // Fails only when every subscriber left in the meantime.
+        let _ = tx.send(PodEvent {
+            container_id: container_id.to_owned(),
+            sandbox_id: sandbox_id.clone(),
+            kind,
+            at: SystemTime::now(),
+            sandbox,
+            containers,
+        });
+    }
+
+    /// Parses a sandbox or container id from a request field.
+    pub fn parse_id(field: &str, id: &str) -> PodResult<SandboxId> {
+        if id.is_empty() {
+            return Err(PodError::invalid(field, "must not be empty"));
+        }
+        SandboxId::parse(id).ok_or_else(|| {
+            PodError::invalid(
+                field,
+                format!("{id:?} is not a valid id (1-64 of [0-9a-z_-])"),
+            )
+        })
+    }
+
+    /// Looks a sandbox up by a full or unique-prefix id (`field` names the
+    /// request field in errors).
+    pub fn find_sandbox(&self, field: &str, id: &str) -> PodResult<Option<SandboxRecord>> {
+        let parsed = Self::parse_id(field, id)?;
+        if let Some(rec) = self.store().get_sandbox(&parsed)? {
+            return Ok(Some(rec));
+        }
+        let mut matches = self
+            .store()
+            .list_sandboxes()?
+            .into_iter()
+            .filter(|r| r.id.as_str().starts_with(id));
+        match (matches.next(), matches.next()) {
+            (Some(rec), None) => Ok(Some(rec)),
+            (Some(_), Some(_)) => Err(PodError::invalid(field, format!("{id:?} is ambiguous"))),
+            _ => Ok(None),
+        }
+    }
+
+    /// [`PodService::find_sandbox`], with absence an error.
+    pub fn require_sandbox(&self, field: &str, id: &str) -> PodResult<SandboxRecord> {
+        self.find_sandbox(field, id)?
+            .ok_or_else(|| PodError::NotFound {
+                kind: "pod sandbox",
+                id: id.to_owned(),
+            })
+    }
+
+    /// Looks a container up by a full or unique-prefix id.
+    pub fn find_container(&self, field: &str, id: &str) -> PodResult<Option<ContainerRecord>> {
+        Self::parse_id(field, id)?;
+        if let Some(rec) = self.store().get_container(id)? {
+            return Ok(Some(rec));
+        }
+        let mut m = self
+            .store()
+            .list_containers()?
+            .into_iter()
+            .filter(|c| c.id.starts_with(id));
+        match (m.next(), m.next()) {
+            (Some(c), None) => Ok(Some(c)),
+            (Some(_), Some(_)) => Err(PodError::invalid(field, format!("{id:?} is ambiguous"))),
+            _ => Ok(None),
+        }
+    }
+
+    /// [`PodService::find_container`] of `container_id`, with absence an error.
+    pub fn require_container(&self, id: &str) -> PodResult<ContainerRecord> {
+        self.find_container("container_id", id)?
+            .ok_or_else(|| PodError::NotFound {
+                kind: "container",
+                id: id.to_owned(),
+            })
+    }
+
+    /// Every sandbox record.
+    pub fn list_sandboxes(&self) -> PodResult<Vec<SandboxRecord>> {
+        Ok(self.store().list_sandboxes()?)
+    }
+
+    /// Every container record.
+    pub fn list_containers(&self) -> PodResult<Vec<ContainerRecord>> {
+        Ok(self.store().list_containers()?)
+    }
+
+    /// The containers of one sandbox.
+    pub fn containers_of(&self, sandbox_id: &SandboxId) -> PodResult<Vec<ContainerRecord>> {
+        Ok(self.store().list_containers_of(sandbox_id)?)
+    }
+
+    /// A container record by its exact id.
+    pub fn container(&self, id: &str) -> PodResult<Option<ContainerRecord>> {
+        Ok(self.store().get_container(id)?)
+    }
+
+    /// A sandbox record by its exact id.
+    pub fn sandbox(&self, id: &SandboxId) -> PodResult<Option<SandboxRecord>> {
+        Ok(self.store().get_sandbox(id)?)
+    }
+
+    /// The flows the journal holds for a sandbox, oldest first.
+    pub fn history(&self, id: &SandboxId) -> Vec<cubelet_engine::FlowRecord> {
+        self.engine()
+            .journal()
+            .sandbox_history(id)
+            .unwrap_or_default()
+    }
+}
