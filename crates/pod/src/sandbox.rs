@@ -21,7 +21,7 @@ impl PodService {
             requested.to_owned()
         };
         let mut known = self.runtime().handlers();
-        if known.iter().any(|h| *h == name) {
+        if known.contains(&name) {
             return Ok(name);
         }
         known.sort();

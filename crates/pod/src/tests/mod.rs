@@ -1,4 +1,7 @@
 //! Unit tests of the lifecycle rules: a real engine with fake providers, a
-//! real store in a temporary directory, the fake runtime.
+//! real store in a temporary directory, and the fake runtime. No root needed.
 
+mod container;
 mod harness;
+mod reconcile;
+mod sandbox;

@@ -1,0 +1,766 @@
+//! Container rules: create, start, stop, remove, status, exec, updates,
+//! and the runtime's events.
+
+use std::time::Duration;
+
+use cubelet_engine::fake::Behavior;
+use cubelet_engine::spec::NamespaceMode;
+use cubelet_engine::FlowKind;
+use cubelet_runtime::container::{ContainerState as RtState, ExecOutput};
+use cubelet_runtime::events::{ContainerEvent, ContainerEventKind};
+use cubelet_runtime::spec::{NamespaceJoin, Resources};
+use cubelet_runtime::RuntimeError;
+use cubelet_store::{ContainerState, SandboxState};
+
+use super::harness::{busybox, drain, request, within, Rig};
+use crate::{PodError, PodEventKind};
+
+fn failed(message: &'static str) -> impl Fn(&str) -> RuntimeError + Send + Sync {
+    move |_| RuntimeError::FailedPrecondition(message.to_owned())
+}
+
+#[tokio::test]
+async fn create_records_the_container_and_completes_it_from_the_pod() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.created(&sb, "app").await;
+    let rec = r.container(&id).unwrap();
+    assert_eq!(rec.state, ContainerState::Created);
+    assert_eq!(rec.sandbox_id, sb);
+    assert_eq!(rec.image_ref, "sha256:1111");
+    let spec = r.runtime.container(&id).unwrap().spec;
+    assert_eq!(spec.name, "app");
+    assert_eq!(spec.hostname, "web");
+    assert_eq!(spec.runtime_handler, "runc");
+    assert_eq!(spec.cgroup_parent.as_deref(), Some("/kubepods/pod-test"));
+    assert_eq!(spec.sysctls.len(), 1);
+    assert_eq!(
+        spec.log_path.as_deref(),
+        Some(std::path::Path::new("/var/log/pods/test_web/app/0.log"))
+    );
+    // The fake sandbox step's infra process is pid 1.
+    assert_eq!(
+        spec.namespaces.network,
+        NamespaceJoin::Path("/proc/1/ns/net".into())
+    );
+    assert_eq!(
+        spec.namespaces.pid,
+        NamespaceJoin::Path("/proc/1/ns/pid".into())
+    );
+}
+
+#[tokio::test]
+async fn create_in_an_unknown_pod_is_not_found() {
+    let r = Rig::new();
+    let err = r
+        .pods
+        .create_container(&"a".repeat(64), request("app"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PodError::NotFound {
+                kind: "pod sandbox",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn create_in_a_stopped_pod_is_failed_precondition() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    r.pods.stop_sandbox(sb.as_str()).await.unwrap();
+    let err = r
+        .pods
+        .create_container(sb.as_str(), request("app"))
+        .await
+        .unwrap_err();
+    match err {
+        PodError::FailedPrecondition(m) => assert!(m.contains("not ready"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(r.runtime.container_ids().is_empty());
+}
+
+#[tokio::test]
+async fn a_name_and_attempt_in_use_is_already_exists() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let first = r.created(&sb, "app").await;
+    match r
+        .pods
+        .create_container(sb.as_str(), request("app"))
+        .await
+        .unwrap_err()
+    {
+        PodError::AlreadyExists { kind, name, by } => {
+            assert_eq!((kind, name.as_str()), ("container", "app_0"));
+            assert_eq!(by, first);
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut next = request("app");
+    next.attempt = 1;
+    r.pods.create_container(sb.as_str(), next).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_creates_of_one_name_make_one_container() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    r.runtime.delay("create", Duration::from_millis(10));
+    let calls: Vec<_> = (0..8)
+        .map(|_| {
+            let pods = r.pods.clone();
+            let sb = sb.clone();
+            tokio::spawn(async move { pods.create_container(sb.as_str(), request("app")).await })
+        })
+        .collect();
+    let mut ok = 0;
+    for c in calls {
+        match within("create", c).await.unwrap() {
+            Ok(_) => ok += 1,
+            Err(PodError::AlreadyExists { .. }) => {}
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(ok, 1);
+    assert_eq!(r.pods.containers_of(&sb).unwrap().len(), 1);
+    assert_eq!(r.runtime.calls("create"), 1);
+}
+
+#[tokio::test]
+async fn a_missing_image_is_not_found_and_records_nothing() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let mut req = request("app");
+    req.image = "nginx".into();
+    let err = r.pods.create_container(sb.as_str(), req).await.unwrap_err();
+    assert!(
+        matches!(err, PodError::NotFound { kind: "image", ref id } if id == "nginx"),
+        "{err:?}"
+    );
+    assert!(r.pods.list_containers().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_runtime_create_failure_drops_the_record() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    r.runtime.fail_next("create", failed("snapshot failed"));
+    let err = r
+        .pods
+        .create_container(sb.as_str(), request("app"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("snapshot failed"));
+    assert!(r.pods.list_containers().unwrap().is_empty());
+    // The name is free again.
+    r.created(&sb, "app").await;
+}
+
+#[tokio::test]
+async fn a_log_path_without_a_log_directory_is_invalid() {
+    let r = Rig::new();
+    let mut spec = super::harness::spec("web");
+    spec.log_directory = None;
+    let sb = r.pods.run_sandbox(spec).await.unwrap();
+    match r
+        .pods
+        .create_container(sb.as_str(), request("app"))
+        .await
+        .unwrap_err()
+    {
+        PodError::InvalidArgument { field, .. } => assert_eq!(field, "config.log_path"),
+        other => panic!("{other:?}"),
+    }
+    let mut no_log = request("app");
+    no_log.log_path = None;
+    let id = r.pods.create_container(sb.as_str(), no_log).await.unwrap();
+    assert!(r.container(&id).unwrap().log_path.is_none());
+}
+
+#[tokio::test]
+async fn the_image_shown_is_what_the_user_wrote_else_a_tag_for_an_id() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let mut by_user = request("a");
+    by_user.user_specified_image = "busybox:1.36".into();
+    let a = r.pods.create_container(sb.as_str(), by_user).await.unwrap();
+    assert_eq!(r.container(&a).unwrap().image, "busybox:1.36");
+    let mut by_id = request("b");
+    by_id.image = "sha256:1111".into();
+    let b = r.pods.create_container(sb.as_str(), by_id).await.unwrap();
+    assert_eq!(
+        r.container(&b).unwrap().image,
+        "127.0.0.1:5000/busybox:latest"
+    );
+    let c = r.created(&sb, "c").await;
+    assert_eq!(r.container(&c).unwrap().image, "busybox");
+    assert_eq!(
+        r.container(&c).unwrap().config["image_repo_digest"],
+        busybox().repo_digests[0]
+    );
+}
+
+#[tokio::test]
+async fn a_target_pid_namespace_joins_the_target_container() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let target = r.running(&sb, "main").await;
+    let pid = r.container(&target).unwrap().pid.unwrap();
+    let mut req = request("debug");
+    req.pid = Some((NamespaceMode::Target, Some(target.clone())));
+    let id = r.pods.create_container(sb.as_str(), req).await.unwrap();
+    let spec = r.runtime.container(&id).unwrap().spec;
+    assert_eq!(
+        spec.namespaces.pid,
+        NamespaceJoin::Path(format!("/proc/{pid}/ns/pid").into())
+    );
+    let mut own = request("own");
+    own.pid = Some((NamespaceMode::Container, None));
+    let id = r.pods.create_container(sb.as_str(), own).await.unwrap();
+    assert_eq!(
+        r.runtime.container(&id).unwrap().spec.namespaces.pid,
+        NamespaceJoin::New
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pod_being_stopped_gains_no_container() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    r.fake("sandbox").set(
+        FlowKind::Destroy,
+        Behavior::Delay(Duration::from_millis(50)),
+    );
+    let pods = r.pods.clone();
+    let id = sb.clone();
+    let stop = tokio::spawn(async move { pods.stop_sandbox(id.as_str()).await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let err = r
+        .pods
+        .create_container(sb.as_str(), request("late"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PodError::FailedPrecondition(_)), "{err:?}");
+    within("stop", stop).await.unwrap().unwrap();
+    assert!(r.runtime.container_ids().is_empty());
+}
+
+#[tokio::test]
+async fn start_runs_a_created_container() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.created(&sb, "app").await;
+    let mut rx = r.pods.subscribe();
+    r.pods.start_container(&id).await.unwrap();
+    let rec = r.container(&id).unwrap();
+    assert_eq!(rec.state, ContainerState::Running);
+    assert!(rec.pid.is_some_and(|p| p > 1000));
+    assert!(rec.started_at.is_some());
+    assert_eq!(drain(&mut rx), [(id, PodEventKind::Started)]);
+}
+
+#[tokio::test]
+async fn starting_twice_is_refused_and_the_container_keeps_running() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    match r.pods.start_container(&id).await.unwrap_err() {
+        PodError::FailedPrecondition(m) => assert!(m.contains("not created"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let rec = r.container(&id).unwrap();
+    assert_eq!(rec.state, ContainerState::Running);
+    assert_eq!(rec.exit_code, None);
+    assert_eq!(r.runtime.calls("start"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_concurrent_starts_start_once_and_it_stays_running() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.created(&sb, "app").await;
+    // A slow start widens the window the old check-before-lock left open.
+    r.runtime.delay("start", Duration::from_millis(20));
+    let calls: Vec<_> = (0..8)
+        .map(|_| {
+            let pods = r.pods.clone();
+            let id = id.clone();
+            tokio::spawn(async move { pods.start_container(&id).await })
+        })
+        .collect();
+    let mut ok = 0;
+    for c in calls {
+        match within("start", c).await.unwrap() {
+            Ok(()) => ok += 1,
+            Err(PodError::FailedPrecondition(_)) => {}
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(ok, 1);
+    assert_eq!(r.runtime.calls("start"), 1, "one start reached the runtime");
+    let rec = r.container(&id).unwrap();
+    assert_eq!(rec.state, ContainerState::Running);
+    assert_eq!(rec.reason, None);
+    assert_eq!(rec.exit_code, None);
+}
+
+#[tokio::test]
+async fn a_failed_start_is_recorded_as_start_error_128() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.created(&sb, "app").await;
+    r.runtime
+        .fail_next("start", failed("exec: \"nope\": not found"));
+    r.pods.start_container(&id).await.unwrap_err();
+    let rec = r.container(&id).unwrap();
+    assert_eq!(rec.state, ContainerState::Exited);
+    assert_eq!(rec.exit_code, Some(128));
+    assert_eq!(rec.reason.as_deref(), Some("StartError"));
+    assert!(rec.message.unwrap().contains("nope"));
+    assert!(rec.finished_at.is_some());
+}
+
+#[tokio::test]
+async fn starting_an_unknown_container_is_not_found() {
+    let r = Rig::new();
+    let err = r.pods.start_container(&"c".repeat(64)).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PodError::NotFound {
+                kind: "container",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    match r.pods.start_container("").await.unwrap_err() {
+        PodError::InvalidArgument { field, .. } => assert_eq!(field, "container_id"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exit_that_overtakes_start_is_kept() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.created(&sb, "app").await;
+    let mut rx = r.pods.subscribe();
+    // The process exits at once: containerd's exit event is applied while
+    // StartContainer is still on its way back from the runtime.
+    r.runtime.delay("start", Duration::from_millis(40));
+    let pods = r.pods.clone();
+    let starting = id.clone();
+    let start = tokio::spawn(async move { pods.start_container(&starting).await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    r.pods.apply_event(&ContainerEvent {
+        id: id.clone(),
+        kind: ContainerEventKind::Exited {
+            code: 3,
+            at: None,
+            exec_id: String::new(),
+            pid: 7,
+        },
+    });
+    within("start", start).await.unwrap().unwrap();
+    let rec = r.container(&id).unwrap();
+    assert_eq!(
+        rec.state,
+        ContainerState::Exited,
+        "the start does not undo the exit"
+    );
+    assert_eq!(rec.exit_code, Some(3));
+    assert!(rec.pid.is_some() && rec.started_at.is_some());
+    assert!(rec.started_at <= rec.finished_at);
+    assert_eq!(
+        drain(&mut rx),
+        [
+            (id.clone(), PodEventKind::Started),
+            (id, PodEventKind::Stopped)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn stop_records_the_exit() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    let mut rx = r.pods.subscribe();
+    r.pods
+        .stop_container(&id, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let rec = r.container(&id).unwrap();
+    assert_eq!(rec.state, ContainerState::Exited);
+    assert_eq!(rec.exit_code, Some(137));
+    assert!(rec.finished_at.is_some());
+    assert_eq!(drain(&mut rx), [(id, PodEventKind::Stopped)]);
+}
+
+#[tokio::test]
+async fn stopping_a_stopped_created_or_unknown_container_is_ok() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    r.pods.stop_container(&id, Duration::ZERO).await.unwrap();
+    r.pods.stop_container(&id, Duration::ZERO).await.unwrap();
+    assert_eq!(
+        r.runtime.calls("stop"),
+        1,
+        "only a running container is signalled"
+    );
+    let created = r.created(&sb, "idle").await;
+    r.pods
+        .stop_container(&created, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.container(&created).unwrap().state,
+        ContainerState::Created
+    );
+    r.pods
+        .stop_container(&"d".repeat(64), Duration::ZERO)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn stop_of_a_task_the_runtime_lost_records_an_exit() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    r.runtime.forget(&id);
+    r.pods.stop_container(&id, Duration::ZERO).await.unwrap();
+    let rec = r.container(&id).unwrap();
+    assert_eq!(rec.state, ContainerState::Exited);
+    assert!(rec.finished_at.is_some());
+}
+
+#[tokio::test]
+async fn a_stop_the_runtime_refuses_is_returned_and_nothing_changes() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    r.runtime.fail_next("stop", failed("kill refused"));
+    let err = r
+        .pods
+        .stop_container(&id, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("kill refused"));
+    assert_eq!(r.container(&id).unwrap().state, ContainerState::Running);
+}
+
+#[tokio::test]
+async fn remove_forces_a_running_container_down_and_forgets_it() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    let mut rx = r.pods.subscribe();
+    r.pods.remove_container(&id).await.unwrap();
+    assert!(r.container(&id).is_none());
+    assert!(r.runtime.container(&id).is_none());
+    assert_eq!(r.runtime.calls("stop"), 1);
+    assert_eq!(drain(&mut rx), [(id, PodEventKind::Deleted)]);
+}
+
+#[tokio::test]
+async fn removing_twice_or_an_unknown_container_is_ok() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.created(&sb, "app").await;
+    r.pods.remove_container(&id).await.unwrap();
+    r.pods.remove_container(&id).await.unwrap();
+    r.pods.remove_container(&"b".repeat(64)).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_remove_the_runtime_refuses_keeps_the_record() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.created(&sb, "app").await;
+    r.runtime.fail_next("remove", failed("snapshot busy"));
+    r.pods.remove_container(&id).await.unwrap_err();
+    assert!(r.container(&id).is_some());
+    r.pods.remove_container(&id).await.unwrap();
+    assert!(r.container(&id).is_none());
+}
+
+#[tokio::test]
+async fn a_failed_stop_before_remove_does_not_stop_the_remove() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    r.runtime.fail_next("stop", failed("kill refused"));
+    r.pods.remove_container(&id).await.unwrap();
+    assert!(r.container(&id).is_none());
+}
+
+#[tokio::test]
+async fn status_reads_an_exit_the_events_have_not_brought_yet() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    let _ = r.runtime.exit(&id, 2); // the event is never applied
+    let rec = r.pods.container_status(&id).await.unwrap();
+    assert_eq!(rec.state, ContainerState::Exited);
+    assert_eq!(rec.exit_code, Some(2));
+}
+
+#[tokio::test]
+async fn status_of_an_unknown_container_is_not_found() {
+    let r = Rig::new();
+    let err = r.pods.container_status(&"9".repeat(64)).await.unwrap_err();
+    assert!(matches!(
+        err,
+        PodError::NotFound {
+            kind: "container",
+            ..
+        }
+    ));
+}
+
+#[tokio::test]
+async fn status_of_a_created_container_asks_the_runtime_nothing() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.created(&sb, "app").await;
+    let before = r.runtime.calls("status");
+    assert_eq!(
+        r.pods.container_status(&id).await.unwrap().state,
+        ContainerState::Created
+    );
+    assert_eq!(r.runtime.calls("status"), before);
+}
+
+#[tokio::test]
+async fn exec_sync_returns_the_output() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    let out = r
+        .pods
+        .exec_sync(&id, &["echo".into(), "hi".into()], None)
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, b"echo hi");
+    assert_eq!(out.exit_code, 0);
+}
+
+#[tokio::test]
+async fn exec_in_a_container_that_is_not_running_is_failed_precondition() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.created(&sb, "app").await;
+    let err = r
+        .pods
+        .exec_sync(&id, &["true".into()], None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PodError::FailedPrecondition(_)), "{err:?}");
+    assert_eq!(r.runtime.calls("exec_sync"), 0);
+}
+
+#[tokio::test]
+async fn a_command_that_cannot_start_exits_as_a_shell_would() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    r.runtime.set_exec(Err(
+        "OCI runtime exec failed: exec: \"nope\": executable file not found in $PATH".into(),
+    ));
+    let out = r.pods.exec_sync(&id, &["nope".into()], None).await.unwrap();
+    assert_eq!(out.exit_code, 127);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
+    r.runtime.set_exec(Err(
+        "OCI runtime exec failed: exec: \"/etc\": permission denied".into(),
+    ));
+    assert_eq!(
+        r.pods
+            .exec_sync(&id, &["/etc".into()], None)
+            .await
+            .unwrap()
+            .exit_code,
+        126
+    );
+    r.runtime.set_exec(Ok(ExecOutput {
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+        exit_code: 4,
+    }));
+    assert_eq!(
+        r.pods
+            .exec_sync(&id, &["false".into()], None)
+            .await
+            .unwrap()
+            .exit_code,
+        4
+    );
+}
+
+#[tokio::test]
+async fn an_exec_past_its_timeout_is_deadline_exceeded() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    let err = r
+        .pods
+        .exec_sync(
+            &id,
+            &["sleep".into(), "9".into()],
+            Some(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap_err();
+    match err {
+        PodError::DeadlineExceeded(m) => assert!(m.contains("timed out after 1s"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn other_exec_failures_are_errors() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    r.runtime.set_exec(Err("shim died".into()));
+    assert!(matches!(
+        r.pods.exec_sync(&id, &["true".into()], None).await,
+        Err(PodError::Runtime(_))
+    ));
+}
+
+#[tokio::test]
+async fn an_update_reaches_the_runtime() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    let res = Resources {
+        cpu_shares: 512,
+        ..Default::default()
+    };
+    r.pods.update_resources(&id, &res).await.unwrap();
+    assert_eq!(r.runtime.container(&id).unwrap().resources, Some(res));
+    let err = r
+        .pods
+        .update_resources(&"7".repeat(64), &Resources::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PodError::NotFound { .. }));
+}
+
+#[tokio::test]
+async fn only_a_running_container_reopens_its_log() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.created(&sb, "app").await;
+    assert!(matches!(
+        r.pods.reopen_log(&id).await,
+        Err(PodError::FailedPrecondition(_))
+    ));
+    r.pods.start_container(&id).await.unwrap();
+    r.pods.reopen_log(&id).await.unwrap();
+    assert_eq!(r.runtime.calls("reopen_log"), 1);
+    assert_eq!(r.pods.running_container(&id).unwrap(), id);
+}
+
+fn exited(id: &str, code: u32, exec_id: &str) -> ContainerEvent {
+    ContainerEvent {
+        id: id.to_owned(),
+        kind: ContainerEventKind::Exited {
+            code,
+            at: None,
+            exec_id: exec_id.to_owned(),
+            pid: 1,
+        },
+    }
+}
+
+#[tokio::test]
+async fn an_exit_event_records_the_code_once() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    let mut rx = r.pods.subscribe();
+    r.pods.apply_event(&exited(&id, 1, ""));
+    r.pods.apply_event(&exited(&id, 1, ""));
+    let rec = r.container(&id).unwrap();
+    assert_eq!(
+        (rec.state, rec.exit_code),
+        (ContainerState::Exited, Some(1))
+    );
+    assert_eq!(
+        drain(&mut rx),
+        [(id, PodEventKind::Stopped)],
+        "one event for two exits"
+    );
+}
+
+#[tokio::test]
+async fn an_exec_process_exit_changes_nothing() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    r.pods.apply_event(&exited(&id, 1, "exec-1"));
+    assert_eq!(r.container(&id).unwrap().state, ContainerState::Running);
+}
+
+#[tokio::test]
+async fn an_oom_kill_is_the_reason() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    r.pods.apply_event(&ContainerEvent {
+        id: id.clone(),
+        kind: ContainerEventKind::Oom,
+    });
+    r.pods.apply_event(&exited(&id, 137, ""));
+    let rec = r.container(&id).unwrap();
+    assert_eq!(rec.reason.as_deref(), Some("OOMKilled"));
+    assert_eq!(rec.exit_code, Some(137));
+}
+
+#[tokio::test]
+async fn the_infra_process_exiting_makes_the_pod_not_ready() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    r.pods.apply_event(&exited(sb.as_str(), 0, ""));
+    assert_eq!(r.sandbox(&sb).unwrap().state, SandboxState::NotReady);
+    // An exec in the infra container changes nothing.
+    let other = r.ready_pod("other").await;
+    r.pods.apply_event(&exited(other.as_str(), 0, "exec"));
+    assert_eq!(r.sandbox(&other).unwrap().state, SandboxState::Ready);
+}
+
+#[tokio::test]
+async fn events_for_unknown_ids_are_ignored() {
+    let r = Rig::new();
+    r.pods.apply_event(&exited(&"f".repeat(64), 0, ""));
+    r.pods.apply_event(&exited("NOT A VALID ID", 0, ""));
+    r.pods.apply_event(&ContainerEvent {
+        id: "gone".into(),
+        kind: ContainerEventKind::Oom,
+    });
+    assert!(r.pods.list_sandboxes().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn the_runtime_state_of_a_fake_container_follows_the_calls() {
+    // The fake must behave like containerd for the rules above to mean anything.
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.created(&sb, "app").await;
+    assert_eq!(r.runtime.container(&id).unwrap().state, RtState::Created);
+    r.pods.start_container(&id).await.unwrap();
+    assert_eq!(r.runtime.container(&id).unwrap().state, RtState::Running);
+    r.pods.stop_container(&id, Duration::ZERO).await.unwrap();
+    assert_eq!(r.runtime.container(&id).unwrap().state, RtState::Exited);
+}
