@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use bytes::Bytes;
+use futures::Stream;
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Response, StatusCode};
@@ -18,8 +19,6 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-
-use futures::Stream;
 use oci_spec::distribution::Reference;
 use oci_spec::image::{ImageManifest, MediaType, Platform};
 

@@ -33,5 +33,5 @@ pub use error::RegistryError;
 pub use hosts::{hosts_for, RegistryHost};
 pub use oci_spec::distribution::Reference;
 pub use platform::{host_platform, PlatformName};
-pub use reference::{parse_reference, validate_digest, ReferenceExt, DEFAULT_REGISTRY};
+pub use reference::{parse_reference, ReferenceExt, DEFAULT_REGISTRY};
 pub use tls::{ClientCertFiles, TlsOptions};

@@ -121,7 +121,7 @@ impl ReferenceExt for Reference {
 }
 
 /// Checks that `d` is a `sha256:<64 lowercase hex>` digest.
-pub fn validate_digest(d: &str) -> Result<(), String> {
+fn validate_digest(d: &str) -> Result<(), String> {
     match d.strip_prefix("sha256:") {
         Some(h) if h.len() == 64 && h.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')) => Ok(()),
         Some(_) => Err("invalid sha256 digest".to_owned()),
