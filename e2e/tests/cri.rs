@@ -311,6 +311,39 @@ async fn images(d: &Daemon) -> anyhow::Result<()> {
     .context("RemoveImage of an unknown image")?;
     // Pull by digest.
     ensure!(d.pull(&digest).await? == r1, "pull by digest");
+
+    // Malformed references are the caller's error, naming the field; an
+    // unknown tag is NotFound.
+    for bad in [
+        "Busybox",
+        "busybox@sha256:abc",
+        "../busybox",
+        "127.0.0.1:5000/a//b",
+    ] {
+        let r = im
+            .pull_image(PullImageRequest {
+                image: Some(image_spec(bad)),
+                auth: None,
+                sandbox_config: None,
+            })
+            .await;
+        expect_code(r, Code::InvalidArgument, "image reference", bad)?;
+        let r = im
+            .image_status(ImageStatusRequest {
+                image: Some(image_spec(bad)),
+                verbose: false,
+            })
+            .await;
+        expect_code(r, Code::InvalidArgument, "image reference", bad)?;
+    }
+    let r = im
+        .pull_image(PullImageRequest {
+            image: Some(image_spec("127.0.0.1:5000/busybox:absent")),
+            auth: None,
+            sandbox_config: None,
+        })
+        .await;
+    expect_code(r, Code::NotFound, "busybox:absent", "unknown tag")?;
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! The runtime crate's error type.
 
 use cubelet_engine::{StepError, StepErrorKind};
+use cubelet_registry::RegistryError;
 
 /// Errors of the containerd runtime.
 ///
@@ -82,33 +83,6 @@ pub enum RuntimeError {
         #[source]
         source: serde_json::Error,
     },
-    /// An HTTP exchange with a registry failed below the HTTP level.
-    #[error("registry request {url}")]
-    RegistryHttp {
-        /// URL requested.
-        url: String,
-        /// Why.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    /// A registry answered with an unexpected HTTP status.
-    #[error("registry {url} answered {status}: {body}")]
-    RegistryStatus {
-        /// URL requested.
-        url: String,
-        /// HTTP status code.
-        status: u16,
-        /// Start of the response body.
-        body: String,
-    },
-    /// A registry refused access (bad or missing credentials).
-    #[error("registry {url} denied access: {reason}")]
-    Unauthorized {
-        /// URL requested.
-        url: String,
-        /// What the registry or the token server said.
-        reason: String,
-    },
     /// Downloaded or imported content does not match its digest.
     #[error("content {digest} does not match its digest (got {actual})")]
     DigestMismatch {
@@ -125,39 +99,11 @@ pub enum RuntimeError {
         /// What is wrong.
         reason: String,
     },
-    /// A registry host config file (`hosts.toml`) could not be parsed.
-    #[error("registry host config {path}")]
-    HostsConfig {
-        /// Path of the file.
-        path: String,
-        /// Why.
-        #[source]
-        source: toml::de::Error,
-    },
-    /// A TLS file named by a registry host config (`ca`, `client`) is
-    /// missing or unusable.
-    #[error("registry tls {what} {path}")]
-    RegistryTlsFile {
-        /// Which file (`CA certificate`, `client certificate`, `client key`).
-        what: &'static str,
-        /// Path of the file.
-        path: String,
-        /// Why.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    /// A registry's TLS server certificate was not accepted.
-    #[error(
-        "registry {url}: server certificate not trusted (give its CA with `ca`, \
-         or set `skip_verify`, in the registry's hosts.toml)"
-    )]
-    RegistryCertificate {
-        /// URL requested.
-        url: String,
-        /// What rustls found wrong with the certificate.
-        #[source]
-        source: rustls::Error,
-    },
+    /// The registry client failed (HTTP, auth, TLS, hosts.toml, documents).
+    /// Its bad-argument, not-found, digest and image-format errors become
+    /// the variants of those names instead.
+    #[error(transparent)]
+    Registry(RegistryError),
 }
 
 /// `map_err` adapter: [`RuntimeError::containerd`] for `op`.
@@ -229,6 +175,7 @@ impl RuntimeError {
             RuntimeError::FailedPrecondition(_) => StepErrorKind::FailedPrecondition,
             RuntimeError::Timeout { .. } => StepErrorKind::DeadlineExceeded,
             RuntimeError::ImageFormat { .. } => StepErrorKind::FailedPrecondition,
+            RuntimeError::Registry(RegistryError::TlsSetup(_)) => StepErrorKind::FailedPrecondition,
             RuntimeError::Containerd { source, .. } => match source.code() {
                 tonic::Code::NotFound => StepErrorKind::NotFound,
                 tonic::Code::AlreadyExists => StepErrorKind::AlreadyExists,
@@ -239,6 +186,24 @@ impl RuntimeError {
                 _ => StepErrorKind::Internal,
             },
             _ => StepErrorKind::Internal,
+        }
+    }
+}
+
+impl From<RegistryError> for RuntimeError {
+    fn from(e: RegistryError) -> Self {
+        match e {
+            RegistryError::InvalidArgument { field, reason } => {
+                RuntimeError::InvalidArgument { field, reason }
+            }
+            RegistryError::NotFound { kind, id } => RuntimeError::NotFound { kind, id },
+            RegistryError::DigestMismatch { digest, actual } => {
+                RuntimeError::DigestMismatch { digest, actual }
+            }
+            RegistryError::ImageFormat { reference, reason } => {
+                RuntimeError::ImageFormat { reference, reason }
+            }
+            other => RuntimeError::Registry(other),
         }
     }
 }
@@ -274,5 +239,46 @@ mod tests {
             }
         ));
         assert_eq!(e.kind(), StepErrorKind::Internal);
+    }
+
+    #[test]
+    fn registry_errors_keep_their_kind_and_message() {
+        let e = RuntimeError::from(RegistryError::InvalidArgument {
+            field: "image reference".to_owned(),
+            reason: "\"Busybox\": invalid".to_owned(),
+        });
+        assert!(
+            matches!(&e, RuntimeError::InvalidArgument { field, .. } if field == "image reference")
+        );
+        assert_eq!(e.kind(), StepErrorKind::InvalidArgument);
+        let e = RuntimeError::from(RegistryError::NotFound {
+            kind: "blob",
+            id: "u".to_owned(),
+        });
+        assert!(e.is_not_found());
+        assert_eq!(e.kind(), StepErrorKind::NotFound);
+        let e = RuntimeError::from(RegistryError::ImageFormat {
+            reference: "r".to_owned(),
+            reason: "x".to_owned(),
+        });
+        assert_eq!(e.kind(), StepErrorKind::FailedPrecondition);
+        let e = RuntimeError::from(RegistryError::DigestMismatch {
+            digest: "a".to_owned(),
+            actual: "b".to_owned(),
+        });
+        assert!(matches!(e, RuntimeError::DigestMismatch { .. }));
+        let e = RuntimeError::from(RegistryError::TlsSetup(rustls::Error::General("x".into())));
+        assert_eq!(e.kind(), StepErrorKind::FailedPrecondition);
+        assert_eq!(
+            cubelet_engine::chain(&e),
+            "registry TLS setup: unexpected error: x"
+        );
+        let e = RuntimeError::from(RegistryError::Status {
+            url: "http://r/v2/".to_owned(),
+            status: 500,
+            body: "oops".to_owned(),
+        });
+        assert_eq!(e.kind(), StepErrorKind::Internal);
+        assert_eq!(e.to_string(), "registry http://r/v2/ answered 500: oops");
     }
 }

@@ -3,9 +3,11 @@
 //! Owns everything that talks to containerd over its gRPC API, in Cubelet's
 //! own containerd namespace: image pull and unpack, the pod infra (pause)
 //! image, containers and tasks, stdio FIFOs and CRI log files, exit events,
-//! and the `sandbox` flow provider. Containerd's protobuf types stay inside
-//! this crate (converted in `convert.rs`-style helpers); it knows nothing of
-//! CRI wire types, of the store or of the other providers.
+//! and the `sandbox` flow provider. Registries are spoken to through the
+//! `cubelet-registry` crate, whose oci-spec image types this crate stores.
+//! Containerd's protobuf types stay inside this crate (converted in
+//! `convert.rs`-style helpers); it knows nothing of CRI wire types, of the
+//! store or of the other providers.
 
 pub mod cgroups;
 pub mod client;
@@ -18,7 +20,6 @@ pub mod inventory;
 pub mod io;
 pub mod logs;
 pub mod pause;
-pub mod registry;
 pub mod sandbox;
 pub mod shims;
 pub mod spec;
@@ -26,4 +27,6 @@ pub mod stats;
 pub mod types;
 
 pub use client::Containerd;
+/// The OCI distribution client images are pulled with.
+pub use cubelet_registry as registry;
 pub use error::RuntimeError;

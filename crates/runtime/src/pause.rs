@@ -11,16 +11,14 @@ use std::io::Write as _;
 use std::path::Path;
 
 use bytes::Bytes;
+use cubelet_registry::media::{digest, sha256_digest};
+use cubelet_registry::{Fetched, ImageDocuments};
+use oci_spec::image::{Descriptor, ImageManifestBuilder, MediaType, Platform};
 use serde_json::json;
 
 use crate::error::RuntimeError;
 use crate::image::content::Store;
-use crate::image::oci::{
-    self, Manifest, MEDIA_OCI_CONFIG, MEDIA_OCI_LAYER_GZIP, MEDIA_OCI_MANIFEST,
-};
-use crate::image::{
-    layer_descriptor, unpack, ImageDocs, ImageService, LABEL_MANAGED, LABEL_PINNED,
-};
+use crate::image::{unpack, ImageService, LABEL_MANAGED, LABEL_PINNED};
 use crate::types::ImageInfo;
 
 /// Repository of the built-in pause image.
@@ -37,7 +35,8 @@ pub fn pause_image_ref() -> String {
 #[derive(Debug)]
 struct PauseBlobs {
     layer: Bytes,
-    docs: ImageDocs,
+    layer_digest: String,
+    docs: ImageDocuments,
 }
 
 fn io_err<'a>(
@@ -51,8 +50,22 @@ fn io_err<'a>(
     }
 }
 
-/// Builds the image blobs from the binary at `binary` (blocking).
-fn build(binary: &Path) -> Result<PauseBlobs, RuntimeError> {
+/// A descriptor of `size` bytes of `media_type` content with `digest`.
+fn descriptor(
+    media_type: MediaType,
+    digest_str: &str,
+    size: usize,
+) -> Result<Descriptor, RuntimeError> {
+    Ok(Descriptor::new(
+        media_type,
+        u64::try_from(size).unwrap_or(u64::MAX),
+        digest(digest_str)?,
+    ))
+}
+
+/// Builds the image blobs for `platform` from the binary at `binary`
+/// (blocking).
+fn build(binary: &Path, platform: &Platform) -> Result<PauseBlobs, RuntimeError> {
     let bin = std::fs::read(binary).map_err(io_err("read pause binary", binary))?;
     let mut tar = tar::Builder::new(Vec::new());
     let mut header = tar::Header::new_ustar();
@@ -71,7 +84,7 @@ fn build(binary: &Path) -> Result<PauseBlobs, RuntimeError> {
     let tar = tar
         .into_inner()
         .map_err(io_err("build pause layer", binary))?;
-    let diff_id = oci::sha256_digest(&tar);
+    let diff_id = sha256_digest(&tar);
     // mtime 0 and no file name keep the gzip stream deterministic.
     let mut gz = flate2::GzBuilder::new()
         .mtime(0)
@@ -82,32 +95,44 @@ fn build(binary: &Path) -> Result<PauseBlobs, RuntimeError> {
         gz.finish()
             .map_err(io_err("compress pause layer", binary))?,
     );
-    let layer_digest = oci::sha256_digest(&layer);
+    let layer_digest = sha256_digest(&layer);
 
-    let config = json!({
-        "architecture": oci::ARCH,
-        "os": oci::OS,
+    let mut config = json!({
+        "architecture": platform.architecture().to_string(),
+        "os": platform.os().to_string(),
         "config": { "Entrypoint": [PAUSE_PATH], "WorkingDir": "/", "StopSignal": "SIGTERM",
                     "Labels": { "io.cubelet.pause": "true" } },
         "rootfs": { "type": "layers", "diff_ids": [diff_id] },
     });
+    if let (Some(variant), Some(map)) = (platform.variant(), config.as_object_mut()) {
+        map.insert("variant".to_owned(), variant.as_str().into());
+    }
     let config = Bytes::from(
         serde_json::to_vec(&config).map_err(|source| RuntimeError::Json {
             what: "pause config",
             source,
         })?,
     );
-    let config_digest = oci::sha256_digest(&config);
-    let manifest = Manifest {
-        schema_version: 2,
-        media_type: Some(MEDIA_OCI_MANIFEST.to_owned()),
-        config: layer_descriptor(MEDIA_OCI_CONFIG, &config_digest, config.len()),
-        layers: vec![layer_descriptor(
-            MEDIA_OCI_LAYER_GZIP,
+    let config_digest = sha256_digest(&config);
+    let bad = |e: oci_spec::OciSpecError| RuntimeError::ImageFormat {
+        reference: pause_image_ref(),
+        reason: e.to_string(),
+    };
+    let manifest = ImageManifestBuilder::default()
+        .schema_version(2u32)
+        .media_type(MediaType::ImageManifest)
+        .config(descriptor(
+            MediaType::ImageConfig,
+            &config_digest,
+            config.len(),
+        )?)
+        .layers(vec![descriptor(
+            MediaType::ImageLayerGzip,
             &layer_digest,
             layer.len(),
-        )],
-    };
+        )?])
+        .build()
+        .map_err(bad)?;
     let manifest_bytes =
         Bytes::from(
             serde_json::to_vec(&manifest).map_err(|source| RuntimeError::Json {
@@ -115,17 +140,18 @@ fn build(binary: &Path) -> Result<PauseBlobs, RuntimeError> {
                 source,
             })?,
         );
-    let manifest_digest = oci::sha256_digest(&manifest_bytes);
+    let manifest_doc = Fetched {
+        media_type: MediaType::ImageManifest,
+        digest: sha256_digest(&manifest_bytes),
+        data: manifest_bytes,
+    };
     Ok(PauseBlobs {
         layer,
-        docs: ImageDocs {
-            top: (
-                MEDIA_OCI_MANIFEST.to_owned(),
-                manifest_digest.clone(),
-                manifest_bytes.clone(),
-            ),
+        layer_digest,
+        docs: ImageDocuments {
+            top: manifest_doc.clone(),
             index_pick: None,
-            manifest: (manifest_digest, manifest_bytes),
+            manifest: manifest_doc,
             parsed: manifest,
             config,
         },
@@ -139,7 +165,8 @@ pub async fn ensure_pause_image(
     binary: &Path,
 ) -> Result<ImageInfo, RuntimeError> {
     let path = binary.to_path_buf();
-    let blobs = tokio::task::spawn_blocking(move || build(&path))
+    let platform = images.platform().clone();
+    let blobs = tokio::task::spawn_blocking(move || build(&path, &platform))
         .await
         .map_err(|e| RuntimeError::Io {
             op: "build pause image",
@@ -149,7 +176,7 @@ pub async fn ensure_pause_image(
     let name = pause_image_ref();
     if let Some(info) = images.status(&name).await? {
         let store = Store::new(images.containerd());
-        if info.target_digest == blobs.docs.top.1
+        if info.target_digest == blobs.docs.top.digest
             && info.pinned
             && unpack::snapshot_exists(&store, images.snapshotter(), &info.chain_id).await?
         {
@@ -158,9 +185,8 @@ pub async fn ensure_pause_image(
     }
     let store = Store::leased(images.containerd(), "pause").await?;
     let result = async {
-        let layer = &blobs.docs.parsed.layers[0];
         store
-            .put(&layer.digest, blobs.layer.clone(), HashMap::new())
+            .put(&blobs.layer_digest, blobs.layer.clone(), HashMap::new())
             .await?;
         let labels = HashMap::from([
             (LABEL_MANAGED.to_owned(), "managed".to_owned()),
@@ -184,27 +210,77 @@ pub async fn ensure_pause_image(
 mod tests {
     use super::*;
 
-    #[test]
-    fn build_is_deterministic() {
+    use cubelet_registry::media::{decode_config, decode_manifest};
+    use cubelet_registry::platform::oci_platform;
+
+    fn fake_binary() -> (tempfile::TempDir, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let bin = dir.path().join("pause");
         std::fs::write(&bin, b"\x7fELF not really").unwrap();
-        let a = build(&bin).unwrap();
-        let b = build(&bin).unwrap();
-        assert_eq!(a.docs.top.1, b.docs.top.1);
+        (dir, bin)
+    }
+
+    #[test]
+    fn build_is_deterministic() {
+        let (_dir, bin) = fake_binary();
+        let host = cubelet_registry::host_platform();
+        let a = build(&bin, &host).unwrap();
+        let b = build(&bin, &host).unwrap();
+        assert_eq!(a.docs.top.digest, b.docs.top.digest);
         assert_eq!(a.layer, b.layer);
-        let cfg: oci::ConfigFile = serde_json::from_slice(&a.docs.config).unwrap();
+        let cfg = decode_config(&a.docs.config).unwrap();
         assert_eq!(
-            cfg.config.unwrap().entrypoint.unwrap(),
+            cfg.config().as_ref().unwrap().entrypoint().clone().unwrap(),
             vec![PAUSE_PATH.to_owned()]
         );
-        assert_eq!(cfg.rootfs.diff_ids.len(), 1);
-        assert_eq!(a.docs.parsed.layers[0].digest, oci::sha256_digest(&a.layer));
+        assert_eq!(cfg.rootfs().diff_ids().len(), 1);
+        assert_eq!(cfg.architecture(), host.architecture());
+        assert_eq!(
+            a.docs.parsed.layers()[0].digest().to_string(),
+            sha256_digest(&a.layer)
+        );
+        assert_eq!(
+            decode_manifest(&a.docs.manifest.data).unwrap(),
+            a.docs.parsed
+        );
+    }
+
+    /// The documents are byte for byte what Cubelet wrote before it used
+    /// oci-spec's types, so a node keeps its pause image across the upgrade.
+    #[test]
+    fn amd64_documents_are_unchanged() {
+        let (_dir, bin) = fake_binary();
+        let a = build(&bin, &oci_platform("x86_64", "")).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&a.docs.config),
+            r#"{"architecture":"amd64","config":{"Entrypoint":["/pause"],"Labels":{"io.cubelet.pause":"true"},"StopSignal":"SIGTERM","WorkingDir":"/"},"os":"linux","rootfs":{"diff_ids":["sha256:0c381adee8f41b9393e58afe2720f08c48cdc3f778abcb55fc09528264c53aeb"],"type":"layers"}}"#
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&a.docs.manifest.data),
+            r#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:5f8dfd4c4758010acfa2df54d1bdda7c2e6688cf6735202a9d768ac48cb76e6b","size":263},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:41793f4f374b555d51a33def0219daed344de27808ac6d9a4e7ee6971bf22afc","size":99}]}"#
+        );
+        assert_eq!(
+            a.docs.top.digest,
+            "sha256:a4f36c819c17c25a1e05b5e9d9801317760d490acd11b1df7691c69768640385"
+        );
+    }
+
+    #[test]
+    fn other_platforms_name_their_variant() {
+        let (_dir, bin) = fake_binary();
+        let a = build(&bin, &oci_platform("aarch64", "")).unwrap();
+        let cfg = decode_config(&a.docs.config).unwrap();
+        assert_eq!(cfg.architecture().to_string(), "arm64");
+        assert_eq!(cfg.variant().as_deref(), Some("v8"));
     }
 
     #[test]
     fn missing_binary_is_an_io_error_naming_it() {
-        let err = build(Path::new("/nonexistent/cubelet-pause")).unwrap_err();
+        let err = build(
+            Path::new("/nonexistent/cubelet-pause"),
+            &cubelet_registry::host_platform(),
+        )
+        .unwrap_err();
         assert!(
             err.to_string().contains("/nonexistent/cubelet-pause"),
             "{err}"

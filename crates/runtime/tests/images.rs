@@ -24,6 +24,7 @@ use containerd_client::services::v1::{
 };
 use cubelet_runtime::image::{ImageService, DEFAULT_SNAPSHOTTER};
 use cubelet_runtime::pause::{ensure_pause_image, pause_image_ref};
+use cubelet_runtime::registry::RegistryError;
 use cubelet_runtime::{Containerd, RuntimeError};
 
 const DEFAULT_SOCKET: &str = "/run/cubelet-test/containerd/containerd.sock";
@@ -740,7 +741,10 @@ async fn pull_over_https_with_ca_or_skip_verify() {
         .unwrap_err();
     let chain = error_chain(&err);
     assert!(
-        matches!(err, RuntimeError::RegistryCertificate { .. }),
+        matches!(
+            err,
+            RuntimeError::Registry(RegistryError::Certificate { .. })
+        ),
         "{chain}"
     );
     assert!(

@@ -315,35 +315,3 @@ impl Store {
         }
     }
 }
-
-/// Turns a hyper body into a stream of byte chunks.
-pub(crate) fn body_stream(
-    url: String,
-    body: hyper::body::Incoming,
-) -> impl Stream<Item = Result<Bytes, RuntimeError>> + Send {
-    futures::stream::unfold(Some(body), move |state| {
-        let url = url.clone();
-        async move {
-            let mut body = state?;
-            loop {
-                match http_body_util::BodyExt::frame(&mut body).await {
-                    None => return None,
-                    Some(Err(e)) => {
-                        return Some((
-                            Err(RuntimeError::RegistryHttp {
-                                url,
-                                source: e.into(),
-                            }),
-                            None,
-                        ))
-                    }
-                    Some(Ok(frame)) => {
-                        if let Ok(data) = frame.into_data() {
-                            return Some((Ok(data), Some(body)));
-                        }
-                    }
-                }
-            }
-        }
-    })
-}

@@ -8,33 +8,28 @@
 
 pub(crate) mod content;
 mod fs;
-pub(crate) mod oci;
-mod reference;
 pub(crate) mod unpack;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use bytes::Bytes;
 use containerd_client::services::v1::{
     CreateImageRequest, DeleteImageRequest, Image, ListImagesRequest, UpdateImageRequest,
 };
 use containerd_client::types::Descriptor as PbDescriptor;
+use cubelet_registry::media::{self, decode_config, decode_index, decode_manifest};
+use cubelet_registry::platform::{config_matches, pick_manifest};
+use cubelet_registry::{host_platform, hosts_for, parse_reference, ImageDocuments, RegistryClient};
+use futures::TryStreamExt as _;
+use oci_spec::image::{Config, MediaType, Platform};
 
+pub use cubelet_registry::RegistryAuth;
 pub use fs::{usage, FsUsage};
-pub use oci::{
-    MEDIA_DOCKER_LIST, MEDIA_DOCKER_MANIFEST, MEDIA_OCI_CONFIG, MEDIA_OCI_INDEX,
-    MEDIA_OCI_LAYER_GZIP, MEDIA_OCI_MANIFEST,
-};
-pub use reference::{Reference, DEFAULT_REGISTRY};
 
 use crate::client::Containerd;
 use crate::error::RuntimeError;
-pub use crate::registry::RegistryAuth;
-use crate::registry::{hosts_for, RegistryClient};
 use crate::types::{ImageConfig, ImageInfo};
 use content::Store;
-use oci::{ConfigFile, Descriptor, Index, Manifest};
 
 /// Snapshotter used unless configured otherwise.
 pub const DEFAULT_SNAPSHOTTER: &str = "overlayfs";
@@ -43,12 +38,13 @@ pub const LABEL_PINNED: &str = "io.cri-containerd.pinned";
 /// Image-record label marking images managed by a CRI runtime.
 pub const LABEL_MANAGED: &str = "io.cri-containerd.image";
 
-/// Image operations on one containerd namespace.
+/// Image operations on one containerd namespace, for the host's platform.
 #[derive(Debug, Clone)]
 pub struct ImageService {
     cd: Containerd,
     registry_config_dir: PathBuf,
     snapshotter: String,
+    platform: Platform,
 }
 
 /// One image (grouped by config digest) with the records naming it.
@@ -58,19 +54,6 @@ struct Resolved {
     records: Vec<String>,
 }
 
-/// What a pull fetched: the top-level descriptor and the image documents.
-#[derive(Debug)]
-pub(crate) struct ImageDocs {
-    /// Top-level (index or manifest) media type, digest and bytes.
-    pub(crate) top: (String, String, Bytes),
-    /// Index position of the chosen manifest, when `top` is an index.
-    pub(crate) index_pick: Option<usize>,
-    /// The chosen manifest's digest and bytes (equal to `top` without an index).
-    pub(crate) manifest: (String, Bytes),
-    pub(crate) parsed: Manifest,
-    pub(crate) config: Bytes,
-}
-
 fn pb_descriptor(media_type: &str, digest: &str, size: usize) -> PbDescriptor {
     PbDescriptor {
         media_type: media_type.to_owned(),
@@ -78,13 +61,6 @@ fn pb_descriptor(media_type: &str, digest: &str, size: usize) -> PbDescriptor {
         size: i64::try_from(size).unwrap_or(i64::MAX),
         annotations: HashMap::new(),
     }
-}
-
-fn json<T: serde::de::DeserializeOwned>(
-    what: &'static str,
-    data: &[u8],
-) -> Result<T, RuntimeError> {
-    serde_json::from_slice(data).map_err(|source| RuntimeError::Json { what, source })
 }
 
 fn is_image_id(s: &str) -> Option<String> {
@@ -100,6 +76,7 @@ impl ImageService {
             cd: containerd,
             registry_config_dir: registry_config_dir.into(),
             snapshotter: DEFAULT_SNAPSHOTTER.to_owned(),
+            platform: host_platform(),
         }
     }
 
@@ -119,6 +96,11 @@ impl ImageService {
         &self.cd
     }
 
+    /// The platform images are pulled and run for (the host's).
+    pub fn platform(&self) -> &Platform {
+        &self.platform
+    }
+
     /// Pulls `reference` (normalised as containerd does), stores it in the
     /// content store, unpacks it and records it under its normalised name
     /// (and `repo@digest`). Pulling what is already present is cheap and
@@ -128,62 +110,35 @@ impl ImageService {
         reference: &str,
         auth: Option<RegistryAuth>,
     ) -> Result<ImageInfo, RuntimeError> {
-        let r = Reference::parse(reference)?;
+        let r = parse_reference(reference)?;
         let name = r.to_string();
-        let hosts = hosts_for(&self.registry_config_dir, &r.registry)?;
-        let client = RegistryClient::new(hosts, &r.repository, auth)?;
+        let hosts = hosts_for(&self.registry_config_dir, r.registry())?;
+        let client = RegistryClient::new(hosts, r.repository(), auth)?;
         let not_found = || RuntimeError::NotFound {
             kind: "image",
             id: reference.to_owned(),
         };
-        let (host, top) = client.resolve(r.object()).await?.ok_or_else(not_found)?;
-        tracing::debug!(%name, digest = %top.digest, media_type = %top.media_type, "resolved");
-
-        let (index_pick, manifest) = if oci::is_index(&top.media_type) {
-            let index: Index = json("image index", &top.data)?;
-            let pick = index
-                .pick_platform()
-                .ok_or_else(|| RuntimeError::ImageFormat {
-                    reference: name.clone(),
-                    reason: format!("no {}/{} manifest in the index", oci::OS, oci::ARCH),
-                })?;
-            let digest = &index.manifests[pick].digest;
-            let m = client.manifest(host, digest).await?.ok_or_else(not_found)?;
-            (Some(pick), (m.digest, m.data))
-        } else if oci::is_manifest(&top.media_type) {
-            (None, (top.digest.clone(), top.data.clone()))
-        } else {
-            return Err(RuntimeError::ImageFormat {
-                reference: name,
-                reason: format!("unsupported manifest media type {:?}", top.media_type),
-            });
-        };
-        let parsed: Manifest = json("image manifest", &manifest.1)?;
-        let config = client.blob_bytes(host, &parsed.config.digest).await?;
-        let docs = ImageDocs {
-            top: (top.media_type, top.digest, top.data),
-            index_pick,
-            manifest,
-            parsed,
-            config,
-        };
+        let (host, docs) = client
+            .fetch_image(&r, &self.platform)
+            .await?
+            .ok_or_else(not_found)?;
 
         let store = Store::leased(&self.cd, "pull").await?;
         let result = async {
-            for layer in &docs.parsed.layers {
-                if store.reuse(&layer.digest, &HashMap::new()).await? {
+            for layer in docs.parsed.layers() {
+                let digest = layer.digest().to_string();
+                if store.reuse(&digest, &HashMap::new()).await? {
                     continue;
                 }
-                let (url, body) = client.blob(host, &layer.digest).await?;
-                let size = u64::try_from(layer.size).unwrap_or(0);
-                let stream = content::body_stream(url, body);
+                let body = client.blob_stream(host, &digest).await?;
+                let stream = body.map_err(RuntimeError::from);
                 store
-                    .write(&layer.digest, size, HashMap::new(), stream)
+                    .write(&digest, layer.size(), HashMap::new(), stream)
                     .await?;
             }
             let mut names = vec![name.clone()];
-            if r.digest.is_none() {
-                names.push(r.with_digest(&docs.top.1).to_string());
+            if r.digest().is_none() {
+                names.push(r.clone_with_digest(docs.top.digest.clone()).to_string());
             }
             let labels = HashMap::from([(LABEL_MANAGED.to_owned(), "managed".to_owned())]);
             self.commit(&store, &names, &docs, labels).await
@@ -202,60 +157,64 @@ impl ImageService {
         &self,
         store: &Store,
         names: &[String],
-        docs: &ImageDocs,
+        docs: &ImageDocuments,
         labels: HashMap<String, String>,
     ) -> Result<(), RuntimeError> {
         let name = names.first().cloned().unwrap_or_default();
-        let config: ConfigFile = json("image config", &docs.config)?;
-        if config.os != oci::OS
-            || (config.architecture != oci::ARCH && !config.architecture.is_empty())
-        {
+        let config = decode_config(&docs.config)?;
+        if !config_matches(&config, &self.platform) {
             return Err(RuntimeError::ImageFormat {
                 reference: name,
-                reason: format!("image is for {}/{}", config.os, config.architecture),
+                reason: format!("image is for {}/{}", config.os(), config.architecture()),
             });
         }
-        let config_digest = &docs.parsed.config.digest;
+        let config_digest = docs.parsed.config().digest().to_string();
         store
-            .put(config_digest, docs.config.clone(), HashMap::new())
+            .put(&config_digest, docs.config.clone(), HashMap::new())
             .await?;
 
         let mut mlabels = HashMap::from([(
             "containerd.io/gc.ref.content.config".to_owned(),
             config_digest.clone(),
         )]);
-        for (i, l) in docs.parsed.layers.iter().enumerate() {
+        for (i, l) in docs.parsed.layers().iter().enumerate() {
             mlabels.insert(
                 format!("containerd.io/gc.ref.content.l.{i}"),
-                l.digest.clone(),
+                l.digest().to_string(),
             );
         }
         store
-            .put(&docs.manifest.0, docs.manifest.1.clone(), mlabels)
+            .put(&docs.manifest.digest, docs.manifest.data.clone(), mlabels)
             .await?;
         if let Some(pick) = docs.index_pick {
             let ilabels = HashMap::from([(
                 format!("containerd.io/gc.ref.content.m.{pick}"),
-                docs.manifest.0.clone(),
+                docs.manifest.digest.clone(),
             )]);
-            store.put(&docs.top.1, docs.top.2.clone(), ilabels).await?;
+            store
+                .put(&docs.top.digest, docs.top.data.clone(), ilabels)
+                .await?;
         }
 
         let top_chain = unpack::unpack(
             store,
             &self.snapshotter,
             &name,
-            &docs.parsed.layers,
-            &config.rootfs.diff_ids,
+            docs.parsed.layers(),
+            config.rootfs().diff_ids(),
         )
         .await?;
         let snap_label = HashMap::from([(
             format!("containerd.io/gc.ref.snapshot.{}", self.snapshotter),
             top_chain,
         )]);
-        store.set_labels(config_digest, &snap_label).await?;
+        store.set_labels(&config_digest, &snap_label).await?;
 
-        let target = pb_descriptor(&docs.top.0, &docs.top.1, docs.top.2.len());
+        let target = pb_descriptor(
+            docs.top.media_type.as_ref(),
+            &docs.top.digest,
+            docs.top.data.len(),
+        );
         for n in names {
             self.put_record(store, n, &target, &labels).await?;
         }
@@ -360,7 +319,7 @@ impl ImageService {
         if let Some(id) = is_image_id(reference_or_id) {
             return Ok(all.into_iter().find(|r| r.info.id == id));
         }
-        let name = Reference::parse(reference_or_id)?.to_string();
+        let name = parse_reference(reference_or_id)?.to_string();
         Ok(all.into_iter().find(|r| r.records.contains(&name)))
     }
 
@@ -394,12 +353,12 @@ impl ImageService {
             entry.records.push(image.name.clone());
             entry.info.pinned |= resolved.pinned;
             let target = image.target.map(|t| t.digest).unwrap_or_default();
-            if let Ok(r) = Reference::parse(&image.name) {
-                let digest_ref = r.with_digest(&target).to_string();
+            if let Ok(r) = parse_reference(&image.name) {
+                let digest_ref = r.clone_with_digest(target.clone()).to_string();
                 if !entry.info.repo_digests.contains(&digest_ref) {
                     entry.info.repo_digests.push(digest_ref);
                 }
-                if r.digest.is_none() && !entry.info.repo_tags.contains(&image.name) {
+                if r.digest().is_none() && !entry.info.repo_tags.contains(&image.name) {
                     entry.info.repo_tags.push(image.name.clone());
                     target.clone_into(&mut entry.info.target_digest);
                 }
@@ -422,31 +381,27 @@ impl ImageService {
                 reason: "record has no target".to_owned(),
             })?;
         let mut manifest_digest = target.digest.clone();
-        if oci::is_index(&target.media_type) {
-            let index: Index = json("image index", &store.read(&target.digest).await?)?;
-            let pick = index
-                .pick_platform()
-                .ok_or_else(|| RuntimeError::ImageFormat {
-                    reference: image.name.clone(),
-                    reason: "no linux/amd64 manifest".to_owned(),
-                })?;
-            manifest_digest.clone_from(&index.manifests[pick].digest);
+        if media::is_index(&MediaType::from(target.media_type.as_str())) {
+            let index = decode_index(&store.read(&target.digest).await?)?;
+            let (_, entry) = pick_manifest(&index, &self.platform, &image.name)?;
+            manifest_digest = entry.digest().to_string();
         }
-        let manifest: Manifest = json("image manifest", &store.read(&manifest_digest).await?)?;
-        let config: ConfigFile = json("image config", &store.read(&manifest.config.digest).await?)?;
-        let chain = oci::chain_ids(&config.rootfs.diff_ids);
+        let manifest = decode_manifest(&store.read(&manifest_digest).await?)?;
+        let config_digest = manifest.config().digest().to_string();
+        let config = decode_config(&store.read(&config_digest).await?)?;
+        let chain = unpack::chain_ids(config.rootfs().diff_ids());
         Ok(ImageInfo {
-            id: manifest.config.digest.clone(),
+            id: config_digest,
             repo_tags: Vec::new(),
             repo_digests: Vec::new(),
-            size: manifest
-                .layers
-                .iter()
-                .map(|l| u64::try_from(l.size).unwrap_or(0))
-                .sum(),
+            size: manifest.layers().iter().map(|l| l.size()).sum(),
             target_digest: target.digest.clone(),
             chain_id: chain.last().cloned().unwrap_or_default(),
-            config: config.config.map(ImageConfig::from).unwrap_or_default(),
+            config: config
+                .config()
+                .as_ref()
+                .map(ImageConfig::from)
+                .unwrap_or_default(),
             pinned: image
                 .labels
                 .get(LABEL_PINNED)
@@ -455,12 +410,81 @@ impl ImageService {
     }
 }
 
-/// Builds the descriptor for a layer stored by the caller (used by `pause`).
-pub(crate) fn layer_descriptor(media_type: &str, digest: &str, size: usize) -> Descriptor {
-    Descriptor {
-        media_type: media_type.to_owned(),
-        digest: digest.to_owned(),
-        size: i64::try_from(size).unwrap_or(i64::MAX),
-        platform: None,
+impl From<&Config> for ImageConfig {
+    fn from(c: &Config) -> Self {
+        Self {
+            user: c.user().clone().unwrap_or_default(),
+            env: c.env().clone().unwrap_or_default(),
+            entrypoint: c.entrypoint().clone().unwrap_or_default(),
+            cmd: c.cmd().clone().unwrap_or_default(),
+            working_dir: c.working_dir().clone().unwrap_or_default(),
+            labels: c.labels().clone().unwrap_or_default().into_iter().collect(),
+            stop_signal: c.stop_signal().clone().unwrap_or_default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_maps_to_image_config() {
+        let cfg = decode_config(
+            br#"{"architecture":"amd64","os":"linux","config":{"User":"1000","Env":["A=b"],"Cmd":["sh"]},
+               "rootfs":{"type":"layers","diff_ids":["sha256:aa"]}}"#,
+        )
+        .unwrap();
+        let ic: ImageConfig = cfg
+            .config()
+            .as_ref()
+            .map(ImageConfig::from)
+            .unwrap_or_default();
+        assert_eq!(ic.user, "1000");
+        assert_eq!(ic.env, vec!["A=b".to_owned()]);
+        assert_eq!(ic.cmd, vec!["sh".to_owned()]);
+        assert!(ic.entrypoint.is_empty());
+    }
+
+    #[test]
+    fn every_config_field_and_the_labels_map_over() {
+        let cfg = decode_config(
+            br#"{"architecture":"amd64","os":"linux","config":{"User":"a:b","Env":["A=b","C=d"],
+               "Entrypoint":["/bin/x"],"Cmd":["-v"],"WorkingDir":"/w","StopSignal":"SIGINT",
+               "Labels":{"z":"1","a":"2"}},"rootfs":{"type":"layers","diff_ids":[]}}"#,
+        )
+        .unwrap();
+        let ic = cfg
+            .config()
+            .as_ref()
+            .map(ImageConfig::from)
+            .unwrap_or_default();
+        assert_eq!(
+            ic,
+            ImageConfig {
+                user: "a:b".to_owned(),
+                env: vec!["A=b".to_owned(), "C=d".to_owned()],
+                entrypoint: vec!["/bin/x".to_owned()],
+                cmd: vec!["-v".to_owned()],
+                working_dir: "/w".to_owned(),
+                labels: BTreeMap::from([
+                    ("a".to_owned(), "2".to_owned()),
+                    ("z".to_owned(), "1".to_owned())
+                ]),
+                stop_signal: "SIGINT".to_owned(),
+            }
+        );
+        // No `config` at all: every field empty.
+        let bare = decode_config(
+            br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            bare.config()
+                .as_ref()
+                .map(ImageConfig::from)
+                .unwrap_or_default(),
+            ImageConfig::default()
+        );
     }
 }

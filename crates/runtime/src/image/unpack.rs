@@ -9,9 +9,25 @@ use containerd_client::services::v1::snapshots::{
 use containerd_client::services::v1::ApplyRequest;
 use containerd_client::types::Descriptor as PbDescriptor;
 
+use cubelet_registry::media::sha256_digest;
+use oci_spec::image::Descriptor;
+
 use super::content::{unique, Store};
-use super::oci::{chain_ids, Descriptor};
 use crate::error::RuntimeError;
+
+/// Chain ids of a layer stack: `chain[0] = diff[0]`,
+/// `chain[n] = sha256(chain[n-1] + " " + diff[n])`.
+pub(crate) fn chain_ids(diff_ids: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(diff_ids.len());
+    for d in diff_ids {
+        let next = match out.last() {
+            None => d.clone(),
+            Some(parent) => sha256_digest(format!("{parent} {d}").as_bytes()),
+        };
+        out.push(next);
+    }
+    out
+}
 
 /// True if snapshot `key` exists in `snapshotter`.
 pub(crate) async fn snapshot_exists(
@@ -96,9 +112,9 @@ async fn apply_and_commit(
 ) -> Result<(), RuntimeError> {
     let cd = store.containerd();
     let desc = PbDescriptor {
-        media_type: layer.media_type.clone(),
-        digest: layer.digest.clone(),
-        size: layer.size,
+        media_type: layer.media_type().to_string(),
+        digest: layer.digest().to_string(),
+        size: i64::try_from(layer.size()).unwrap_or(i64::MAX),
         annotations: HashMap::new(),
     };
     let applied = cd
@@ -118,7 +134,7 @@ async fn apply_and_commit(
     if applied != diff_id {
         return Err(RuntimeError::DigestMismatch {
             digest: diff_id.to_owned(),
-            actual: format!("{applied} (uncompressed layer {})", layer.digest),
+            actual: format!("{applied} (uncompressed layer {})", layer.digest()),
         });
     }
     let commit = CommitSnapshotRequest {
@@ -141,5 +157,20 @@ async fn apply_and_commit(
             Ok(())
         }
         Err(s) => Err(RuntimeError::containerd("snapshots.commit", s)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_ids_follow_the_oci_definition() {
+        let a = sha256_digest(b"a");
+        let b = sha256_digest(b"b");
+        let chain = chain_ids(&[a.clone(), b.clone()]);
+        assert_eq!(chain[0], a);
+        assert_eq!(chain[1], sha256_digest(format!("{a} {b}").as_bytes()));
+        assert!(chain_ids(&[]).is_empty());
     }
 }

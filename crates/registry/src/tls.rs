@@ -20,7 +20,7 @@ use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
-use crate::error::RuntimeError;
+use crate::error::RegistryError;
 
 /// CA bundles of the common distributions, tried in order (as OpenSSL's
 /// probe does); Debian's first.
@@ -161,14 +161,14 @@ fn add_system_pem(roots: &mut RootCertStore, path: &Path) {
 /// A client config builder for `provider` with TLS 1.2 and 1.3.
 fn versions(
     provider: Arc<CryptoProvider>,
-) -> Result<rustls::ConfigBuilder<ClientConfig, rustls::WantsVerifier>, RuntimeError> {
+) -> Result<rustls::ConfigBuilder<ClientConfig, rustls::WantsVerifier>, RegistryError> {
     ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| RuntimeError::FailedPrecondition(format!("registry TLS setup: {e}")))
+        .map_err(RegistryError::TlsSetup)
 }
 
 /// The configuration of hosts without TLS options, built once.
-pub(crate) fn default_config() -> Result<TlsConfig, RuntimeError> {
+pub(crate) fn default_config() -> Result<TlsConfig, RegistryError> {
     static DEFAULT: OnceLock<TlsConfig> = OnceLock::new();
     if let Some(c) = DEFAULT.get() {
         return Ok(c.clone());
@@ -181,7 +181,7 @@ pub(crate) fn default_config() -> Result<TlsConfig, RuntimeError> {
 
 /// Builds the client configuration for `options`, reading its files now:
 /// a missing or unusable file is an error naming it.
-pub(crate) fn client_config(options: &TlsOptions) -> Result<TlsConfig, RuntimeError> {
+pub(crate) fn client_config(options: &TlsOptions) -> Result<TlsConfig, RegistryError> {
     if options.is_default() {
         return default_config();
     }
@@ -223,15 +223,15 @@ fn tls_file(
     what: &'static str,
     path: &Path,
     source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-) -> RuntimeError {
-    RuntimeError::RegistryTlsFile {
+) -> RegistryError {
+    RegistryError::TlsFile {
         what,
         path: path.display().to_string(),
         source: source.into(),
     }
 }
 
-fn read_file(what: &'static str, path: &Path) -> Result<Vec<u8>, RuntimeError> {
+fn read_file(what: &'static str, path: &Path) -> Result<Vec<u8>, RegistryError> {
     std::fs::read(path).map_err(|e| tls_file(what, path, e))
 }
 
@@ -239,7 +239,7 @@ fn read_file(what: &'static str, path: &Path) -> Result<Vec<u8>, RuntimeError> {
 fn read_certs(
     what: &'static str,
     path: &Path,
-) -> Result<Vec<CertificateDer<'static>>, RuntimeError> {
+) -> Result<Vec<CertificateDer<'static>>, RegistryError> {
     let data = read_file(what, path)?;
     let certs = CertificateDer::pem_slice_iter(&data)
         .collect::<Result<Vec<_>, _>>()
@@ -253,7 +253,7 @@ fn read_certs(
 fn client_key(
     files: &ClientCertFiles,
     provider: &CryptoProvider,
-) -> Result<Arc<CertifiedKey>, RuntimeError> {
+) -> Result<Arc<CertifiedKey>, RegistryError> {
     let chain = read_certs("client certificate", &files.cert)?;
     let key_path = files.key.as_deref().unwrap_or(&files.cert);
     let key = PrivateKeyDer::from_pem_slice(&read_file("client key", key_path)?)
@@ -385,7 +385,7 @@ mod tests {
         })
         .unwrap_err();
         assert!(
-            matches!(&err, RuntimeError::RegistryTlsFile { path, .. } if *path == empty.display().to_string()),
+            matches!(&err, RegistryError::TlsFile { path, .. } if *path == empty.display().to_string()),
             "{err:?}"
         );
     }

@@ -32,8 +32,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::tls::{self, ClientCertFiles, TlsConfig, TlsOptions};
-use crate::error::RuntimeError;
+use crate::error::RegistryError;
+use crate::tls::{self, ClientCertFiles, TlsConfig, TlsOptions};
 
 /// One endpoint that can serve a registry's repositories.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,7 +76,7 @@ impl RegistryHost {
 
     /// The client configuration for this host's TLS settings (loaded by
     /// [`hosts_for`]; built from them now for a host made otherwise).
-    pub(super) fn tls_config(&self) -> Result<TlsConfig, RuntimeError> {
+    pub(crate) fn tls_config(&self) -> Result<TlsConfig, RegistryError> {
         match &self.tls_config {
             Some(c) => Ok(c.clone()),
             None => tls::client_config(&self.tls),
@@ -278,14 +278,14 @@ fn default_host(
 
 /// The hosts to try for `registry`, in order, with their TLS files read:
 /// a missing or unusable `ca` or `client` file is an error naming it.
-pub fn hosts_for(config_dir: &Path, registry: &str) -> Result<Vec<RegistryHost>, RuntimeError> {
+pub fn hosts_for(config_dir: &Path, registry: &str) -> Result<Vec<RegistryHost>, RegistryError> {
     // The registry names a directory under `config_dir`: never a way out.
     if registry.is_empty()
         || registry == "."
         || registry == ".."
         || registry.contains(['/', '\\', '\0'])
     {
-        return Err(RuntimeError::InvalidArgument {
+        return Err(RegistryError::InvalidArgument {
             field: "registry".to_owned(),
             reason: format!("{registry:?} is not a registry host"),
         });
@@ -295,7 +295,7 @@ pub fn hosts_for(config_dir: &Path, registry: &str) -> Result<Vec<RegistryHost>,
         Ok(t) => Some(t),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(source) => {
-            return Err(RuntimeError::Io {
+            return Err(RegistryError::Io {
                 op: "read registry host config",
                 path: path.display().to_string(),
                 source,
@@ -306,7 +306,7 @@ pub fn hosts_for(config_dir: &Path, registry: &str) -> Result<Vec<RegistryHost>,
         Some(text) => parse_hosts_file(&path, &text, registry)?,
         None => vec![
             default_host(registry, false, None, Default::default()).map_err(|reason| {
-                RuntimeError::InvalidArgument {
+                RegistryError::InvalidArgument {
                     field: "registry".to_owned(),
                     reason,
                 }
@@ -334,13 +334,13 @@ fn parse_hosts_file(
     path: &Path,
     text: &str,
     registry: &str,
-) -> Result<Vec<RegistryHost>, RuntimeError> {
+) -> Result<Vec<RegistryHost>, RegistryError> {
     let base = path.parent().unwrap_or(Path::new("/"));
-    let bad = |reason: String| RuntimeError::InvalidArgument {
+    let bad = |reason: String| RegistryError::InvalidArgument {
         field: format!("registry host config {}", path.display()),
         reason,
     };
-    let file: HostsFile = toml::from_str(text).map_err(|source| RuntimeError::HostsConfig {
+    let file: HostsFile = toml::from_str(text).map_err(|source| RegistryError::HostsConfig {
         path: path.display().to_string(),
         source,
     })?;
@@ -350,7 +350,7 @@ fn parse_hosts_file(
             value
                 .clone()
                 .try_into()
-                .map_err(|source| RuntimeError::HostsConfig {
+                .map_err(|source| RegistryError::HostsConfig {
                     path: path.display().to_string(),
                     source,
                 })?;
@@ -428,7 +428,7 @@ mod tests {
         assert!(h[0].tls().is_default());
     }
 
-    fn parse(dir: &Path, registry: &str, text: &str) -> Result<Vec<RegistryHost>, RuntimeError> {
+    fn parse(dir: &Path, registry: &str, text: &str) -> Result<Vec<RegistryHost>, RegistryError> {
         parse_hosts_file(&dir.join(registry).join("hosts.toml"), text, registry)
     }
 
@@ -530,7 +530,7 @@ client = "both.pem"
         assert!(err.to_string().contains("hosts.toml"), "{err}");
         assert!(format!("{err:?}").contains("client pair"), "{err:?}");
         let err = parse(dir, "r.example", "ca = 5\n").unwrap_err();
-        assert!(matches!(err, RuntimeError::HostsConfig { .. }), "{err:?}");
+        assert!(matches!(err, RegistryError::HostsConfig { .. }), "{err:?}");
     }
 
     #[test]
@@ -565,7 +565,7 @@ skip_verify = true
         let err = hosts_for(dir.path(), "r.example").unwrap_err();
         let want = dir.path().join("r.example/missing-ca.pem");
         assert!(
-            matches!(&err, RuntimeError::RegistryTlsFile { what: "CA certificate", path, .. }
+            matches!(&err, RegistryError::TlsFile { what: "CA certificate", path, .. }
                 if *path == want.display().to_string()),
             "{err:?}"
         );

@@ -1,24 +1,17 @@
-//! A client for the OCI distribution (Docker registry v2) API, on hyper:
-//! manifest resolution, blob download, token and Basic auth, redirects and
-//! `hosts.toml` mirrors. It only speaks HTTP(S); putting content into
-//! containerd is the `image` module's job.
+//! The distribution (Docker registry v2) API client, on hyper: manifest
+//! resolution, blob download, token and Basic auth, redirects and
+//! `hosts.toml` mirrors, and resolving a reference to the image documents of
+//! a platform.
 //!
-//! HTTPS goes through hyper-rustls (ring): server certificates are checked
-//! against the system's roots, read once per process, plus the `ca` files of
-//! the host's `hosts.toml`; `skip_verify` and client certificates (`client`)
-//! are honoured as containerd does (see [`hosts_for`]). Plain `http://`
-//! hosts work as they are. A [`RegistryClient`] keeps one hyper client per
-//! distinct TLS setting of its hosts; redirects (to blob storage, say) and
-//! token requests use the client of the host that led to them.
-
-mod auth;
-mod hosts;
-mod tls;
+//! A [`RegistryClient`] keeps one hyper client per distinct TLS setting of
+//! its hosts; redirects (to blob storage, say) and token requests use the
+//! client of the host that led to them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use bytes::Bytes;
+use futures::Stream;
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Response, StatusCode};
@@ -26,13 +19,16 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use oci_spec::distribution::Reference;
+use oci_spec::image::{ImageManifest, MediaType, Platform};
 
-pub use auth::RegistryAuth;
-pub use hosts::{hosts_for, RegistryHost};
-pub use tls::{ClientCertFiles, TlsOptions};
-
-use crate::error::RuntimeError;
-use crate::image::oci::{self, MANIFEST_ACCEPT};
+use crate::auth::{self, RegistryAuth};
+use crate::error::RegistryError;
+use crate::hosts::RegistryHost;
+use crate::media::{self, MANIFEST_ACCEPT};
+use crate::platform::pick_manifest;
+use crate::reference::ReferenceExt as _;
+use crate::tls::{self, TlsOptions};
 
 /// Largest manifest or index accepted (as containerd: 4 MiB).
 const MAX_MANIFEST: usize = 4 << 20;
@@ -44,12 +40,28 @@ type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 /// A manifest or small blob read from a registry.
 #[derive(Debug, Clone)]
 pub struct Fetched {
-    /// Media type (from `Content-Type` for manifests).
-    pub media_type: String,
+    /// Media type (from `Content-Type` for manifests, else the document's
+    /// own `mediaType`).
+    pub media_type: MediaType,
     /// `sha256:` digest of `data`.
     pub digest: String,
     /// The bytes.
     pub data: Bytes,
+}
+
+/// The documents of one image, as a pull needs them before any layer.
+#[derive(Debug, Clone)]
+pub struct ImageDocuments {
+    /// The document the reference resolved to: an index or a manifest.
+    pub top: Fetched,
+    /// Position of the chosen manifest in the index, when `top` is one.
+    pub index_pick: Option<usize>,
+    /// The chosen manifest (`top` itself without an index).
+    pub manifest: Fetched,
+    /// `manifest`, decoded.
+    pub parsed: ImageManifest,
+    /// The config blob `parsed` names.
+    pub config: Bytes,
 }
 
 /// A registry client for one repository, over its ordered hosts.
@@ -82,7 +94,7 @@ impl RegistryClient {
         hosts: Vec<RegistryHost>,
         repository: &str,
         auth: Option<RegistryAuth>,
-    ) -> Result<Self, RuntimeError> {
+    ) -> Result<Self, RegistryError> {
         let mut clients = HashMap::new();
         for h in &hosts {
             if !clients.contains_key(h.tls()) {
@@ -107,7 +119,7 @@ impl RegistryClient {
     /// Resolves `object` (a tag or a digest) to a manifest or index, trying
     /// each capable host in order. Returns the index of the host that
     /// answered, or `None` if every host said the manifest does not exist.
-    pub async fn resolve(&self, object: &str) -> Result<Option<(usize, Fetched)>, RuntimeError> {
+    pub async fn resolve(&self, object: &str) -> Result<Option<(usize, Fetched)>, RegistryError> {
         let by_digest = object.starts_with("sha256:");
         let mut last_err = None;
         for (i, host) in self.hosts.iter().enumerate() {
@@ -134,7 +146,7 @@ impl RegistryClient {
         &self,
         host: usize,
         object: &str,
-    ) -> Result<Option<Fetched>, RuntimeError> {
+    ) -> Result<Option<Fetched>, RegistryError> {
         let h = self.host(host)?;
         let url = h.url(&self.repository, "manifests", object);
         let resp = self.send(h, &url, Some(MANIFEST_ACCEPT)).await?;
@@ -149,15 +161,16 @@ impl RegistryClient {
             .map(|v| v.split(';').next().unwrap_or(v).trim().to_owned())
             .unwrap_or_default();
         let data = read_limited(&url, resp.into_body(), MAX_MANIFEST).await?;
-        let digest = oci::sha256_digest(&data);
+        let digest = media::sha256_digest(&data);
         if object.starts_with("sha256:") && digest != object {
-            return Err(RuntimeError::DigestMismatch {
+            return Err(RegistryError::DigestMismatch {
                 digest: object.to_owned(),
                 actual: digest,
             });
         }
         // Fall back to the document's own mediaType if the header is generic.
-        let media_type = if oci::is_index(&media_type) || oci::is_manifest(&media_type) {
+        let media_type = MediaType::from(media_type.as_str());
+        let media_type = if media::is_index(&media_type) || media::is_manifest(&media_type) {
             media_type
         } else {
             serde_json::from_slice::<serde_json::Value>(&data)
@@ -165,7 +178,7 @@ impl RegistryClient {
                 .and_then(|v| {
                     v.get("mediaType")
                         .and_then(|m| m.as_str())
-                        .map(str::to_owned)
+                        .map(MediaType::from)
                 })
                 .unwrap_or(media_type)
         };
@@ -177,12 +190,12 @@ impl RegistryClient {
     }
 
     /// Fetches a small blob (a config) whole and checks its digest.
-    pub async fn blob_bytes(&self, host: usize, digest: &str) -> Result<Bytes, RuntimeError> {
+    pub async fn blob_bytes(&self, host: usize, digest: &str) -> Result<Bytes, RegistryError> {
         let (url, body) = self.blob(host, digest).await?;
         let data = read_limited(&url, body, MAX_MANIFEST * 4).await?;
-        let actual = oci::sha256_digest(&data);
+        let actual = media::sha256_digest(&data);
         if actual != digest {
-            return Err(RuntimeError::DigestMismatch {
+            return Err(RegistryError::DigestMismatch {
                 digest: digest.to_owned(),
                 actual,
             });
@@ -190,17 +203,72 @@ impl RegistryClient {
         Ok(data)
     }
 
-    /// Starts downloading blob `digest`; the caller streams and verifies the body.
-    pub async fn blob(
+    /// Starts downloading blob `digest` from host `host`: a stream of its
+    /// bytes, which the caller verifies against the digest.
+    pub async fn blob_stream(
         &self,
         host: usize,
         digest: &str,
-    ) -> Result<(String, Incoming), RuntimeError> {
+    ) -> Result<impl Stream<Item = Result<Bytes, RegistryError>> + Send, RegistryError> {
+        let (url, body) = self.blob(host, digest).await?;
+        Ok(body_stream(url, body))
+    }
+
+    /// Resolves `reference` and fetches the image manifest for `platform`
+    /// (through the index, if the reference names one) and its config.
+    /// Returns the host that answered with the documents, or `None` if the
+    /// registry has no such manifest.
+    pub async fn fetch_image(
+        &self,
+        reference: &Reference,
+        platform: &Platform,
+    ) -> Result<Option<(usize, ImageDocuments)>, RegistryError> {
+        let name = reference.to_string();
+        let Some((host, top)) = self.resolve(reference.object()).await? else {
+            return Ok(None);
+        };
+        tracing::debug!(%name, digest = %top.digest, media_type = %top.media_type, "resolved");
+        let (index_pick, manifest) = if media::is_index(&top.media_type) {
+            let index = media::decode_index(&top.data)?;
+            let (pick, entry) = pick_manifest(&index, platform, &name)?;
+            let Some(m) = self.manifest(host, entry.digest().as_ref()).await? else {
+                return Ok(None);
+            };
+            (Some(pick), m)
+        } else if media::is_manifest(&top.media_type) {
+            (None, top.clone())
+        } else {
+            return Err(RegistryError::ImageFormat {
+                reference: name,
+                reason: format!(
+                    "unsupported manifest media type {:?}",
+                    top.media_type.as_ref()
+                ),
+            });
+        };
+        let parsed = media::decode_manifest(&manifest.data)?;
+        let config = self
+            .blob_bytes(host, parsed.config().digest().as_ref())
+            .await?;
+        Ok(Some((
+            host,
+            ImageDocuments {
+                top,
+                index_pick,
+                manifest,
+                parsed,
+                config,
+            },
+        )))
+    }
+
+    /// Starts downloading blob `digest`; the caller reads the body.
+    async fn blob(&self, host: usize, digest: &str) -> Result<(String, Incoming), RegistryError> {
         let h = self.host(host)?;
         let url = h.url(&self.repository, "blobs", digest);
         let resp = self.send(h, &url, None).await?;
         if resp.status() == StatusCode::NOT_FOUND {
-            return Err(RuntimeError::NotFound {
+            return Err(RegistryError::NotFound {
                 kind: "blob",
                 id: url,
             });
@@ -209,20 +277,20 @@ impl RegistryClient {
         Ok((url, resp.into_body()))
     }
 
-    fn host(&self, i: usize) -> Result<&RegistryHost, RuntimeError> {
+    fn host(&self, i: usize) -> Result<&RegistryHost, RegistryError> {
         self.hosts
             .get(i)
-            .ok_or_else(|| RuntimeError::InvalidArgument {
+            .ok_or_else(|| RegistryError::InvalidArgument {
                 field: "registry host".to_owned(),
                 reason: format!("no host #{i}"),
             })
     }
 
     /// The hyper client for `host`'s TLS setting.
-    fn client(&self, host: &RegistryHost) -> Result<&HttpsClient, RuntimeError> {
+    fn client(&self, host: &RegistryHost) -> Result<&HttpsClient, RegistryError> {
         self.clients
             .get(host.tls())
-            .ok_or_else(|| RuntimeError::InvalidArgument {
+            .ok_or_else(|| RegistryError::InvalidArgument {
                 field: "registry host".to_owned(),
                 reason: format!("no client for the TLS settings of {}", host.authority),
             })
@@ -258,7 +326,7 @@ impl RegistryClient {
         host: &RegistryHost,
         url: &str,
         accept: Option<&str>,
-    ) -> Result<Response<Incoming>, RuntimeError> {
+    ) -> Result<Response<Incoming>, RegistryError> {
         let client = self.client(host)?;
         let mut url = url.to_owned();
         let mut authed = false;
@@ -267,7 +335,7 @@ impl RegistryClient {
             url = self.after_fallback(url);
             let uri: http::Uri =
                 url.parse()
-                    .map_err(|e: http::uri::InvalidUri| RuntimeError::RegistryHttp {
+                    .map_err(|e: http::uri::InvalidUri| RegistryError::Http {
                         url: url.clone(),
                         source: e.into(),
                     })?;
@@ -286,12 +354,12 @@ impl RegistryClient {
             if let Some(a) = self.cached_auth(&authority) {
                 req = req.header(http::header::AUTHORIZATION, a);
             }
-            let req =
-                req.body(Full::new(Bytes::new()))
-                    .map_err(|e| RuntimeError::RegistryHttp {
-                        url: url.clone(),
-                        source: e.into(),
-                    })?;
+            let req = req
+                .body(Full::new(Bytes::new()))
+                .map_err(|e| RegistryError::Http {
+                    url: url.clone(),
+                    source: e.into(),
+                })?;
             let resp = match client.request(req).await {
                 Ok(resp) => resp,
                 Err(e)
@@ -329,7 +397,7 @@ impl RegistryClient {
             }
             if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
                 let body = body_text(resp.into_body()).await;
-                return Err(RuntimeError::Unauthorized { url, reason: body });
+                return Err(RegistryError::Unauthorized { url, reason: body });
             }
             if status.is_redirection() {
                 let Some(loc) = resp
@@ -341,7 +409,7 @@ impl RegistryClient {
                 };
                 redirects += 1;
                 if redirects > MAX_REDIRECTS {
-                    return Err(RuntimeError::RegistryStatus {
+                    return Err(RegistryError::Status {
                         url,
                         status: status.as_u16(),
                         body: "too many redirects".to_owned(),
@@ -366,7 +434,7 @@ impl RegistryClient {
         client: &HttpsClient,
         url: &str,
         challenge: Option<auth::Challenge>,
-    ) -> Result<String, RuntimeError> {
+    ) -> Result<String, RegistryError> {
         let auth = self.auth.clone().unwrap_or_default();
         if !auth.registry_token.is_empty() {
             return Ok(format!("Bearer {}", auth.registry_token));
@@ -374,7 +442,7 @@ impl RegistryClient {
         match challenge {
             Some(auth::Challenge::Basic) => {
                 auth.basic_header()
-                    .ok_or_else(|| RuntimeError::Unauthorized {
+                    .ok_or_else(|| RegistryError::Unauthorized {
                         url: url.to_owned(),
                         reason: "registry wants Basic auth and no credentials were given"
                             .to_owned(),
@@ -391,7 +459,7 @@ impl RegistryClient {
                     .await?;
                 Ok(format!("Bearer {token}"))
             }
-            None => Err(RuntimeError::Unauthorized {
+            None => Err(RegistryError::Unauthorized {
                 url: url.to_owned(),
                 reason: "401 without a usable WWW-Authenticate challenge".to_owned(),
             }),
@@ -406,7 +474,7 @@ impl RegistryClient {
         service: Option<&str>,
         scope: &str,
         auth: &RegistryAuth,
-    ) -> Result<String, RuntimeError> {
+    ) -> Result<String, RegistryError> {
         let mut query = vec![("scope", scope.to_owned())];
         if let Some(s) = service {
             query.push(("service", s.to_owned()));
@@ -434,7 +502,7 @@ impl RegistryClient {
             }
             b.body(Full::new(Bytes::new()))
         }
-        .map_err(|e| RuntimeError::RegistryHttp {
+        .map_err(|e| RegistryError::Http {
             url: realm.to_owned(),
             source: e.into(),
         })?;
@@ -447,7 +515,7 @@ impl RegistryClient {
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
         ) {
             let body = body_text(resp.into_body()).await;
-            return Err(RuntimeError::Unauthorized {
+            return Err(RegistryError::Unauthorized {
                 url: realm.to_owned(),
                 reason: body,
             });
@@ -461,7 +529,7 @@ impl RegistryClient {
             #[serde(default)]
             access_token: String,
         }
-        let t: Token = serde_json::from_slice(&data).map_err(|source| RuntimeError::Json {
+        let t: Token = serde_json::from_slice(&data).map_err(|source| RegistryError::Json {
             what: "registry token response",
             source,
         })?;
@@ -471,7 +539,7 @@ impl RegistryClient {
             t.access_token
         };
         if token.is_empty() {
-            return Err(RuntimeError::Unauthorized {
+            return Err(RegistryError::Unauthorized {
                 url: realm.to_owned(),
                 reason: "token server returned no token".to_owned(),
             });
@@ -480,16 +548,48 @@ impl RegistryClient {
     }
 }
 
+/// Turns a hyper body into a stream of byte chunks.
+fn body_stream(
+    url: String,
+    body: Incoming,
+) -> impl Stream<Item = Result<Bytes, RegistryError>> + Send {
+    futures::stream::unfold(Some(body), move |state| {
+        let url = url.clone();
+        async move {
+            let mut body = state?;
+            loop {
+                match body.frame().await {
+                    None => return None,
+                    Some(Err(e)) => {
+                        return Some((
+                            Err(RegistryError::Http {
+                                url,
+                                source: e.into(),
+                            }),
+                            None,
+                        ))
+                    }
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            return Some((Ok(data), Some(body)));
+                        }
+                    }
+                }
+            }
+        }
+    })
+}
+
 /// Maps a failed request: a rejected server certificate gets its own error
 /// (saying how to trust it), the rest keep the whole cause chain.
-fn request_error(url: &str, e: hyper_util::client::legacy::Error) -> RuntimeError {
+fn request_error(url: &str, e: hyper_util::client::legacy::Error) -> RegistryError {
     if let Some(err @ rustls::Error::InvalidCertificate(_)) = tls::find_rustls_error(&e) {
-        return RuntimeError::RegistryCertificate {
+        return RegistryError::Certificate {
             url: url.to_owned(),
             source: err.clone(),
         };
     }
-    RuntimeError::RegistryHttp {
+    RegistryError::Http {
         url: url.to_owned(),
         source: e.into(),
     }
@@ -534,13 +634,13 @@ fn form_encode(pairs: &[(&str, String)]) -> String {
 async fn check_status(
     url: &str,
     resp: Response<Incoming>,
-) -> Result<Response<Incoming>, RuntimeError> {
+) -> Result<Response<Incoming>, RegistryError> {
     if resp.status().is_success() {
         return Ok(resp);
     }
     let status = resp.status().as_u16();
     let body = body_text(resp.into_body()).await;
-    Err(RuntimeError::RegistryStatus {
+    Err(RegistryError::Status {
         url: url.to_owned(),
         status,
         body,
@@ -557,16 +657,16 @@ async fn body_text(body: Incoming) -> String {
     }
 }
 
-async fn read_limited(url: &str, mut body: Incoming, limit: usize) -> Result<Bytes, RuntimeError> {
+async fn read_limited(url: &str, mut body: Incoming, limit: usize) -> Result<Bytes, RegistryError> {
     let mut buf = Vec::new();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| RuntimeError::RegistryHttp {
+        let frame = frame.map_err(|e| RegistryError::Http {
             url: url.to_owned(),
             source: e.into(),
         })?;
         if let Ok(data) = frame.into_data() {
             if buf.len() + data.len() > limit {
-                return Err(RuntimeError::RegistryStatus {
+                return Err(RegistryError::Status {
                     url: url.to_owned(),
                     status: 200,
                     body: format!("response larger than {limit} bytes"),
@@ -620,10 +720,7 @@ mod tests {
         let e = https_get(format!("https://127.0.0.1:{port}/v2/")).await;
         assert!(speaks_no_tls(&e, true), "{e:?}");
         server.await.unwrap();
-        assert!(matches!(
-            request_error("u", e),
-            RuntimeError::RegistryHttp { .. }
-        ));
+        assert!(matches!(request_error("u", e), RegistryError::Http { .. }));
 
         // Nothing listens on a just-closed port: that means "no TLS" only
         // when the URL named no port (443 implied, 80 may serve HTTP).
