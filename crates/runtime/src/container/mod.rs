@@ -96,7 +96,7 @@ pub struct RuntimeConfig {
 }
 
 impl RuntimeConfig {
-    /// A config with one `runc` handler and the defaults of DESIGN.md.
+    /// A config with one `runc` handler and the defaults of docs/DESIGN.md.
     pub fn new(state_dir: PathBuf) -> Self {
         Self {
             state_dir,
