@@ -68,7 +68,7 @@ TEMPLATES = CHART / "templates"
 UNIT_IN_CHART = CHART / "files" / "cubelet.service"
 UNIT_IN_HACK = ROOT / "hack" / "cubelet.service"
 
-# Metric names of DESIGN.md ("Metrics") plus the GC, event and storage
+# Metric names of docs/DESIGN.md ("Metrics") plus the GC, event and storage
 # metrics the daemon also exports.
 KNOWN_METRICS = {
     "cubelet_flow_duration_seconds",
@@ -1350,7 +1350,7 @@ def check_dashboard(report, path, dash):
     report.check(f"{rel(path)} has queries", bool(names), "no cubelet_* metric in any expr")
     for name in sorted(names):
         report.check(f"{rel(path)} metric {name} is known", known_metric(name),
-                     "not a Cubelet metric (DESIGN.md, Metrics)")
+                     "not a Cubelet metric (docs/DESIGN.md, Metrics)")
     for name in DASHBOARD_REQUIRED:
         report.check(f"{rel(path)} charts {name}", name in names, "no panel queries it")
     panels = dash.get("panels", [])

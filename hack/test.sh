@@ -40,6 +40,8 @@ done
 
 log "chart checks"
 python3 "$HACK_DIR/check-chart.py"
+log "crate graph (docs/DESIGN.md against cargo metadata)"
+python3 "$HACK_DIR/check-crate-graph.py"
 "$HACK_DIR/build-installer-image.sh" debug >/dev/null
 
 log "cargo test"

@@ -9,8 +9,8 @@
 //!
 //! It must not know about CRI, containerd, the store or any provider: it only
 //! receives label values (flow, step, method, code, state, kind) and numbers.
-//! Metric names are a contract (see DESIGN.md "Metrics"); sandbox ids never
-//! appear in a label. Metrics are registered in a registry passed in by the
+//! Metric names are a contract (see docs/DESIGN.md, "Metrics"); sandbox ids
+//! never appear in a label. Metrics are registered in a registry passed in by the
 //! caller, never in the process-global default registry.
 
 mod error;

@@ -1,8 +1,9 @@
 //! Connecting to a port inside a pod's network namespace.
 //!
-//! Entering a namespace is the network crate's business (DESIGN.md: the only
-//! crate that calls setns), so the streaming server gets a [`PodDialer`]
-//! from the binary, which wires in `cubelet_network::connect_in_netns`.
+//! Entering a namespace is the network crate's business (docs/DESIGN.md:
+//! the only crate that calls setns), so the streaming server gets a
+//! [`PodDialer`] from the binary, which wires in
+//! `cubelet_network::connect_in_netns`.
 
 use std::fmt;
 use std::io;

@@ -1,0 +1,186 @@
+//! Processes run in a running container (`ExecSync`), their output capped.
+
+use std::time::{Duration, SystemTime};
+
+use containerd_client::services::v1::{DeleteProcessRequest, ExecProcessRequest, StartRequest};
+use nix::sys::signal::Signal;
+use tokio::io::AsyncReadExt;
+use tokio::task::JoinHandle;
+
+use super::{json_any, unix_nanos, ContainerRuntime, PROCESS_TYPE_URL};
+use crate::error::{cd, cd_process, RuntimeError};
+use crate::io::{self as fifo_io, Fifos};
+
+/// Most output `exec_sync` keeps per stream (as containerd's CRI plugin).
+pub const MAX_EXEC_OUTPUT: usize = 16 * 1024 * 1024;
+
+/// Output of [`ContainerRuntime::exec_sync`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// Standard output (capped at [`MAX_EXEC_OUTPUT`]).
+    pub stdout: Vec<u8>,
+    /// Standard error (capped at [`MAX_EXEC_OUTPUT`]).
+    pub stderr: Vec<u8>,
+    /// Exit code.
+    pub exit_code: i32,
+}
+
+impl ContainerRuntime {
+    /// Runs `cmd` in the running container and collects its output. On
+    /// timeout the process is killed and [`RuntimeError::Timeout`] returned.
+    pub async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: &[String],
+        timeout: Option<Duration>,
+    ) -> Result<ExecOutput, RuntimeError> {
+        if cmd.is_empty() {
+            return Err(RuntimeError::InvalidArgument {
+                field: "cmd".to_owned(),
+                reason: "empty command".to_owned(),
+            });
+        }
+        let container = self.get_container(id).await?;
+        let any = container.spec.as_ref().ok_or_else(|| {
+            RuntimeError::FailedPrecondition(format!("container {id} has no spec"))
+        })?;
+        let spec: oci_spec::runtime::Spec =
+            serde_json::from_slice(&any.value).map_err(|source| RuntimeError::Json {
+                what: "oci spec",
+                source,
+            })?;
+        let mut process = spec.process().clone().ok_or_else(|| {
+            RuntimeError::FailedPrecondition(format!("container {id} spec has no process"))
+        })?;
+        process.set_args(Some(cmd.to_vec()));
+        process.set_terminal(Some(false));
+        let exec_id = format!("exec-{}", unix_nanos(SystemTime::now()));
+        let fifos = Fifos::create(self.io_dir(id).join(&exec_id), false, false)?;
+        let result = self
+            .exec_inner(id, &exec_id, &process, &fifos, timeout)
+            .await;
+        let _ = fifo_io::remove_dir(&fifos.dir);
+        result
+    }
+
+    async fn exec_inner(
+        &self,
+        id: &str,
+        exec_id: &str,
+        process: &oci_spec::runtime::Process,
+        fifos: &Fifos,
+        timeout: Option<Duration>,
+    ) -> Result<ExecOutput, RuntimeError> {
+        let keepers = fifos.keep_open()?;
+        let (_, stdout, stderr) = fifos.wire();
+        self.client
+            .tasks()
+            .exec(self.client.request(ExecProcessRequest {
+                container_id: id.to_owned(),
+                stdin: String::new(),
+                stdout,
+                stderr,
+                terminal: false,
+                spec: Some(json_any(PROCESS_TYPE_URL, "process spec", process)?),
+                exec_id: exec_id.to_owned(),
+            }))
+            .await
+            .map_err(cd_process("tasks.exec", id))?;
+        let res = self.exec_run(id, exec_id, fifos, keepers, timeout).await;
+        let del = self
+            .client
+            .tasks()
+            .delete_process(self.client.request(DeleteProcessRequest {
+                container_id: id.to_owned(),
+                exec_id: exec_id.to_owned(),
+            }))
+            .await;
+        if let Err(s) = del {
+            if s.code() != tonic::Code::NotFound {
+                tracing::warn!(container = id, exec_id, error = %s, "deleting exec process failed");
+            }
+        }
+        res
+    }
+
+    async fn exec_run(
+        &self,
+        id: &str,
+        exec_id: &str,
+        fifos: &Fifos,
+        keepers: fifo_io::Keepers,
+        timeout: Option<Duration>,
+    ) -> Result<ExecOutput, RuntimeError> {
+        self.client
+            .tasks()
+            .start(self.client.request(StartRequest {
+                container_id: id.to_owned(),
+                exec_id: exec_id.to_owned(),
+            }))
+            .await
+            .map_err(cd("tasks.start"))?;
+        // The shim opened its write ends when the process started.
+        let readers = fifos.open_readers()?;
+        drop(keepers);
+        let out = tokio::spawn(read_capped(readers.stdout));
+        let err = readers.stderr.map(|r| tokio::spawn(read_capped(r)));
+        let waited = match timeout.filter(|t| !t.is_zero()) {
+            Some(t) => match tokio::time::timeout(t, self.wait(id, exec_id)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.kill(id, exec_id, Signal::SIGKILL).await?;
+                    let _ = self.wait(id, exec_id).await;
+                    out.abort();
+                    if let Some(e) = err {
+                        e.abort();
+                    }
+                    return Err(RuntimeError::Timeout {
+                        op: "exec",
+                        id: id.to_owned(),
+                        timeout: t,
+                    });
+                }
+            },
+            None => self.wait(id, exec_id).await,
+        };
+        let (code, _) = waited?;
+        let stdout = collect(out).await;
+        let stderr = match err {
+            Some(e) => collect(e).await,
+            None => Vec::new(),
+        };
+        Ok(ExecOutput {
+            stdout,
+            stderr,
+            exit_code: i32::try_from(code).unwrap_or(i32::MAX),
+        })
+    }
+}
+
+async fn read_capped(mut r: tokio::net::unix::pipe::Receiver) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = MAX_EXEC_OUTPUT.saturating_sub(out.len());
+                out.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+    out
+}
+
+async fn collect(mut h: JoinHandle<Vec<u8>>) -> Vec<u8> {
+    // Output ends when the shim closes the FIFOs after the process exits; a
+    // background child still holding them must not hang the call.
+    match tokio::time::timeout(Duration::from_secs(5), &mut h).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(_)) => Vec::new(),
+        Err(_) => {
+            h.abort();
+            Vec::new()
+        }
+    }
+}

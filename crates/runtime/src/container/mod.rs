@@ -1,0 +1,363 @@
+//! Containers and their tasks on containerd: create, start, stop, remove,
+//! status, exec, resource updates and log reopening.
+//!
+//! A container is a containerd container record (OCI spec, runtime handler,
+//! rootfs snapshot keyed by the container id) plus, once started, a task
+//! whose stdout/stderr FIFOs are copied into the CRI log file. Everything is
+//! derived from the container id, so every teardown is idempotent and works
+//! after an agent restart ([`ContainerRuntime::reattach`] resumes logging).
+//!
+//! [`ContainerRuntime`] is one type; its methods live by what they touch:
+//! the container record (create, remove, status, resource updates) in
+//! `record`, the task and its log copying (start, stop, reattach) in
+//! `task`, and processes run in the container in `exec`.
+
+mod exec;
+mod record;
+mod task;
+
+pub use exec::{ExecOutput, MAX_EXEC_OUTPUT};
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use containerd_client::services::v1::{Container, GetContainerRequest, GetRequest};
+use prost_types::Any;
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+
+use crate::cgroups::CgroupSupport;
+use crate::client::Containerd;
+use crate::error::{cd_container, RuntimeError};
+use crate::logs::LogSink;
+
+/// Type URL of an OCI runtime spec in containerd.
+pub const SPEC_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Spec";
+/// Type URL of an OCI process spec (exec).
+pub const PROCESS_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Process";
+/// Type URL of OCI Linux resources (task update).
+pub const RESOURCES_TYPE_URL: &str =
+    "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources";
+/// Type URL of runc shim options.
+pub const RUNC_OPTIONS_TYPE_URL: &str = "containerd.runc.v1.Options";
+
+/// Label prefix of Cubelet's own container labels.
+pub const LABEL_PREFIX: &str = "io.cubelet.runtime/";
+/// The label containerd's CRI plugin puts on its containers (`sandbox` or
+/// `container`). The cAdvisor inside kubelet attributes network stats to a
+/// pod only from a container labelled `sandbox` (its containerd handler's
+/// `needNet`), so Cubelet writes it too; CRI clients never see it.
+pub const KIND_LABEL: &str = "io.cri-containerd.kind";
+const LABEL_NAME: &str = "io.cubelet.runtime/name";
+const LABEL_LOG: &str = "io.cubelet.runtime/log-path";
+const LABEL_HANDLER: &str = "io.cubelet.runtime/handler";
+const LABEL_STOP_SIGNAL: &str = "io.cubelet.runtime/stop-signal";
+const LABEL_STDIN: &str = "io.cubelet.runtime/stdin";
+const LABEL_TTY: &str = "io.cubelet.runtime/tty";
+const LABEL_STDIN_ONCE: &str = "io.cubelet.runtime/stdin-once";
+const LABEL_STARTED: &str = "io.cubelet.runtime/started-at";
+
+/// A runtime handler (RuntimeClass) backed by a containerd runtime.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandlerConfig {
+    /// Containerd runtime type, e.g. `io.containerd.runc.v2`.
+    pub runtime_type: String,
+    /// OCI runtime binary (runc options `BinaryName`); `None` = the shim's default.
+    pub binary: Option<PathBuf>,
+    /// OCI runtime state root (runc options `Root`); `None` = the shim's default.
+    pub root: Option<PathBuf>,
+}
+
+impl Default for HandlerConfig {
+    fn default() -> Self {
+        Self {
+            runtime_type: "io.containerd.runc.v2".to_owned(),
+            binary: None,
+            root: None,
+        }
+    }
+}
+
+/// Configuration of the container runtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    /// Volatile state (FIFOs under `io/`, temporary rootfs mounts under `mnt/`).
+    pub state_dir: PathBuf,
+    /// Handlers by name.
+    pub handlers: BTreeMap<String, HandlerConfig>,
+    /// Handler used when a request names none.
+    pub default_handler: String,
+    /// Raise `oom_score_adj` requests below the agent's own to it.
+    pub restrict_oom_score_adj: bool,
+    /// Snapshotter for container rootfs.
+    pub snapshotter: String,
+}
+
+impl RuntimeConfig {
+    /// A config with one `runc` handler and the defaults of docs/DESIGN.md.
+    pub fn new(state_dir: PathBuf) -> Self {
+        Self {
+            state_dir,
+            handlers: BTreeMap::from([("runc".to_owned(), HandlerConfig::default())]),
+            default_handler: "runc".to_owned(),
+            restrict_oom_score_adj: true,
+            snapshotter: "overlayfs".to_owned(),
+        }
+    }
+}
+
+/// State of a container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ContainerState {
+    /// Created, not started.
+    Created,
+    /// Running.
+    Running,
+    /// Exited.
+    Exited,
+    /// Containerd reports something else (paused, unknown).
+    Unknown,
+}
+
+/// What [`ContainerRuntime::status`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerStatus {
+    /// Container id.
+    pub id: String,
+    /// State.
+    pub state: ContainerState,
+    /// Host pid of the init process (0 when none).
+    pub pid: u32,
+    /// Exit code, once exited.
+    pub exit_code: Option<i32>,
+    /// When the container record was created.
+    pub created_at: Option<SystemTime>,
+    /// When the task was started.
+    pub started_at: Option<SystemTime>,
+    /// When the task exited.
+    pub finished_at: Option<SystemTime>,
+    /// Image reference the container was created from.
+    pub image_ref: String,
+    /// CRI log path.
+    pub log_path: Option<PathBuf>,
+    /// Runtime handler name.
+    pub runtime_handler: String,
+    /// Labels given at creation (Cubelet's own labels removed).
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug)]
+struct Live {
+    sink: Arc<LogSink>,
+    copiers: Vec<JoinHandle<()>>,
+    /// The agent's writer on the stdin FIFO: keeps the container from
+    /// reading end-of-file between attach sessions.
+    stdin_keeper: Option<tokio::net::unix::pipe::Sender>,
+}
+
+/// Containers and tasks on containerd.
+#[derive(Debug)]
+pub struct ContainerRuntime {
+    client: Containerd,
+    config: RuntimeConfig,
+    cgroups: Arc<CgroupSupport>,
+    live: Mutex<HashMap<String, Live>>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RuncOptions {
+    #[prost(string, tag = "6")]
+    binary_name: String,
+    #[prost(string, tag = "7")]
+    root: String,
+}
+
+fn ts_to_system(ts: Option<&prost_types::Timestamp>) -> Option<SystemTime> {
+    let ts = ts?;
+    if ts.seconds <= 0 {
+        return None;
+    }
+    Some(
+        UNIX_EPOCH
+            + Duration::new(
+                u64::try_from(ts.seconds).ok()?,
+                u32::try_from(ts.nanos).unwrap_or(0),
+            ),
+    )
+}
+
+fn json_any<T: Serialize>(type_url: &str, what: &'static str, v: &T) -> Result<Any, RuntimeError> {
+    let value = serde_json::to_vec(v).map_err(|source| RuntimeError::Json { what, source })?;
+    Ok(Any {
+        type_url: type_url.to_owned(),
+        value,
+    })
+}
+
+impl ContainerRuntime {
+    /// A runtime over `client` with `config`, fitting container resources
+    /// to this host's cgroups (detected; hugetlb limits without the
+    /// controller tolerated).
+    pub fn new(client: Containerd, config: RuntimeConfig) -> Self {
+        let cgroups = CgroupSupport::detect(true).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cgroup controllers not detected; container resources go to the runtime as requested");
+            CgroupSupport::permissive()
+        });
+        Self::with_cgroups(client, config, Arc::new(cgroups))
+    }
+
+    /// A runtime fitting container resources to `cgroups`.
+    pub fn with_cgroups(
+        client: Containerd,
+        config: RuntimeConfig,
+        cgroups: Arc<CgroupSupport>,
+    ) -> Self {
+        Self {
+            client,
+            config,
+            cgroups,
+            live: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// What the host's cgroups can enforce.
+    pub fn cgroups(&self) -> &CgroupSupport {
+        &self.cgroups
+    }
+
+    /// The containerd connection.
+    pub fn client(&self) -> &Containerd {
+        &self.client
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.config
+    }
+
+    /// Resolves a handler name (empty = the default) to its name and config.
+    pub fn handler(&self, name: &str) -> Result<(&str, &HandlerConfig), RuntimeError> {
+        let name = if name.is_empty() {
+            self.config.default_handler.as_str()
+        } else {
+            name
+        };
+        self.config
+            .handlers
+            .get_key_value(name)
+            .map(|(k, v)| (k.as_str(), v))
+            .ok_or_else(|| RuntimeError::InvalidArgument {
+                field: "runtime_handler".to_owned(),
+                reason: format!("no runtime handler {name:?} is configured"),
+            })
+    }
+
+    fn runtime_options(handler: &HandlerConfig) -> Option<Any> {
+        if handler.binary.is_none() && handler.root.is_none() {
+            return None;
+        }
+        let opts = RuncOptions {
+            binary_name: handler
+                .binary
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            root: handler
+                .root
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+        };
+        Some(Any {
+            type_url: RUNC_OPTIONS_TYPE_URL.to_owned(),
+            value: prost::Message::encode_to_vec(&opts),
+        })
+    }
+
+    fn io_dir(&self, id: &str) -> PathBuf {
+        self.config.state_dir.join("io").join(id)
+    }
+
+    fn lock_live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
+        // A poisoned map only means a panic elsewhere while holding it; the
+        // map itself is still consistent (every update is one insert/remove).
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn get_container(&self, id: &str) -> Result<Container, RuntimeError> {
+        let resp = self
+            .client
+            .containers()
+            .get(
+                self.client
+                    .request(GetContainerRequest { id: id.to_owned() }),
+            )
+            .await
+            .map_err(cd_container("containers.get", id))?;
+        resp.into_inner()
+            .container
+            .ok_or_else(|| RuntimeError::NotFound {
+                kind: "container",
+                id: id.to_owned(),
+            })
+    }
+
+    async fn get_task(
+        &self,
+        id: &str,
+    ) -> Result<Option<containerd_client::types::v1::Process>, RuntimeError> {
+        match self
+            .client
+            .tasks()
+            .get(self.client.request(GetRequest {
+                container_id: id.to_owned(),
+                exec_id: String::new(),
+            }))
+            .await
+        {
+            Ok(r) => Ok(r.into_inner().process),
+            Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
+            Err(s) => Err(RuntimeError::containerd("tasks.get", s)),
+        }
+    }
+}
+
+fn unix_nanos(t: SystemTime) -> u128 {
+    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runc_options_encode_root_and_binary() {
+        let any = ContainerRuntime::runtime_options(&HandlerConfig {
+            runtime_type: "io.containerd.runc.v2".into(),
+            binary: Some("/usr/sbin/runc".into()),
+            root: Some("/run/x".into()),
+        })
+        .unwrap();
+        assert_eq!(any.type_url, RUNC_OPTIONS_TYPE_URL);
+        // field 6 (binary_name), length-delimited: tag byte 0x32; field 7: 0x3a.
+        assert_eq!(any.value[0], 0x32);
+        let decoded: RuncOptions = prost::Message::decode(any.value.as_slice()).unwrap();
+        assert_eq!(decoded.root, "/run/x");
+        assert!(ContainerRuntime::runtime_options(&HandlerConfig::default()).is_none());
+    }
+
+    #[test]
+    fn timestamps_convert() {
+        let ts = prost_types::Timestamp {
+            seconds: 10,
+            nanos: 5,
+        };
+        assert_eq!(
+            ts_to_system(Some(&ts)),
+            Some(UNIX_EPOCH + Duration::new(10, 5))
+        );
+        assert_eq!(ts_to_system(Some(&prost_types::Timestamp::default())), None);
+    }
+}

@@ -1,0 +1,389 @@
+//! The container's task: start (FIFOs, log copiers), stop with the stop
+//! signal, delete, log reattach after a restart and reopen after rotation.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use containerd_client::services::v1::snapshots::MountsRequest;
+use containerd_client::services::v1::{
+    Container, CreateTaskRequest, DeleteTaskRequest, KillRequest, StartRequest,
+    UpdateContainerRequest, WaitRequest,
+};
+use containerd_client::types::v1::Status as TaskStatus;
+use nix::sys::signal::Signal;
+use tokio::task::JoinHandle;
+
+use super::{
+    ts_to_system, unix_nanos, ContainerRuntime, Live, LABEL_LOG, LABEL_STARTED, LABEL_STDIN,
+    LABEL_STDIN_ONCE, LABEL_STOP_SIGNAL, LABEL_TTY,
+};
+use crate::error::{cd, RuntimeError};
+use crate::io::{self as fifo_io, Fifos};
+use crate::logs::{copy_stream, LogSink, Stream};
+
+impl ContainerRuntime {
+    /// Ends an attach session's input: for a container created with
+    /// `stdin_once`, closes its stdin so the process reads end-of-file, as
+    /// containerd's CRI does: the agent drops its own writer on the stdin
+    /// FIFO, then asks the shim to close its writer (`Tasks.CloseIO`). Other
+    /// containers keep their stdin open for the next attach.
+    pub async fn attach_stdin_closed(&self, id: &str) -> Result<(), RuntimeError> {
+        let container = self.get_container(id).await?;
+        if container
+            .labels
+            .get(LABEL_STDIN_ONCE)
+            .is_none_or(|v| v != "true")
+        {
+            return Ok(());
+        }
+        let keeper = self
+            .lock_live()
+            .get_mut(id)
+            .and_then(|l| l.stdin_keeper.take());
+        drop(keeper);
+        self.client
+            .tasks()
+            .close_io(
+                self.client
+                    .request(containerd_client::services::v1::CloseIoRequest {
+                        container_id: id.to_owned(),
+                        exec_id: String::new(),
+                        stdin: true,
+                    }),
+            )
+            .await
+            .map_err(|s| RuntimeError::containerd("tasks.close_io", s))?;
+        Ok(())
+    }
+
+    /// Starts container `id`: FIFOs, log copier, task create and start.
+    /// Returns the host pid of the container's init process.
+    pub async fn start(&self, id: &str) -> Result<u32, RuntimeError> {
+        let container = self.get_container(id).await?;
+        let stdin = container
+            .labels
+            .get(LABEL_STDIN)
+            .is_some_and(|v| v == "true");
+        let tty = container.labels.get(LABEL_TTY).is_some_and(|v| v == "true");
+        let log_path = container.labels.get(LABEL_LOG).map(PathBuf::from);
+        let mounts = self
+            .client
+            .snapshots()
+            .mounts(self.client.request(MountsRequest {
+                snapshotter: container.snapshotter.clone(),
+                key: container.snapshot_key.clone(),
+            }))
+            .await
+            .map_err(cd("snapshots.mounts"))?
+            .into_inner()
+            .mounts;
+        let fifos = Fifos::create(self.io_dir(id), stdin, tty)?;
+        let sink = Arc::new(LogSink::open(log_path).await?);
+        let keepers = fifos.keep_open()?;
+        let (stdin_path, stdout_path, stderr_path) = fifos.wire();
+        let options = container.runtime.as_ref().and_then(|r| r.options.clone());
+        let created = self
+            .client
+            .tasks()
+            .create(self.client.request(CreateTaskRequest {
+                container_id: id.to_owned(),
+                rootfs: mounts,
+                stdin: stdin_path,
+                stdout: stdout_path,
+                stderr: stderr_path,
+                terminal: tty,
+                options,
+                ..Default::default()
+            }))
+            .await
+            .map_err(cd("tasks.create"));
+        let created = match created {
+            Ok(c) => c.into_inner(),
+            Err(e) => {
+                let _ = fifo_io::remove_dir(&fifos.dir);
+                return Err(e);
+            }
+        };
+        let readers = fifos.open_readers();
+        let stdin_keeper = keepers.stdin;
+        let readers = match readers {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self.delete_task(id).await;
+                return Err(e);
+            }
+        };
+        let copiers = spawn_copiers(id, readers, &sink);
+        self.lock_live().insert(
+            id.to_owned(),
+            Live {
+                sink,
+                copiers,
+                stdin_keeper,
+            },
+        );
+        // Taken before the start call so that it never follows the exit.
+        let started_at = SystemTime::now();
+        if let Err(e) = self
+            .client
+            .tasks()
+            .start(self.client.request(StartRequest {
+                container_id: id.to_owned(),
+                exec_id: String::new(),
+            }))
+            .await
+            .map_err(cd("tasks.start"))
+        {
+            let _ = self.delete_task(id).await;
+            return Err(e);
+        }
+        // Record the start time with the container so status survives restarts.
+        let mut labels = HashMap::new();
+        labels.insert(LABEL_STARTED.to_owned(), unix_nanos(started_at).to_string());
+        let update = Container {
+            id: id.to_owned(),
+            labels,
+            ..Default::default()
+        };
+        self.client
+            .containers()
+            .update(self.client.request(UpdateContainerRequest {
+                container: Some(update),
+                update_mask: Some(prost_types::FieldMask {
+                    paths: vec![format!("labels.{LABEL_STARTED}")],
+                }),
+            }))
+            .await
+            .map_err(cd("containers.update"))?;
+        Ok(created.pid)
+    }
+
+    /// Resumes log copying for a running container after an agent restart.
+    /// Does nothing when the container has no running task or is already
+    /// attached.
+    pub async fn reattach(&self, id: &str) -> Result<(), RuntimeError> {
+        if self.lock_live().contains_key(id) {
+            return Ok(());
+        }
+        let container = self.get_container(id).await?;
+        let Some(process) = self.get_task(id).await? else {
+            return Ok(());
+        };
+        if process.status != TaskStatus::Running as i32 {
+            return Ok(());
+        }
+        let tty = container.labels.get(LABEL_TTY).is_some_and(|v| v == "true");
+        let fifos = Fifos::paths(self.io_dir(id), false, tty);
+        let sink =
+            Arc::new(LogSink::open(container.labels.get(LABEL_LOG).map(PathBuf::from)).await?);
+        let readers = fifos.open_readers()?;
+        let copiers = spawn_copiers(id, readers, &sink);
+        self.lock_live().insert(
+            id.to_owned(),
+            Live {
+                sink,
+                copiers,
+                stdin_keeper: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// Stops copying the container's output without touching its task (at
+    /// agent shutdown; [`ContainerRuntime::reattach`] resumes it). Output
+    /// written meanwhile waits in the FIFO.
+    pub async fn detach(&self, id: &str) {
+        let live = self.lock_live().remove(id);
+        if let Some(live) = live {
+            for h in live.copiers {
+                h.abort();
+                let _ = h.await;
+            }
+        }
+    }
+
+    /// The log sink of a container whose output this agent copies.
+    pub(crate) fn log_sink(&self, id: &str) -> Option<Arc<LogSink>> {
+        self.lock_live().get(id).map(|l| l.sink.clone())
+    }
+
+    /// Closes and reopens the container's log file (after kubelet rotated it).
+    pub async fn reopen_log(&self, id: &str) -> Result<(), RuntimeError> {
+        let sink = self.lock_live().get(id).map(|l| l.sink.clone());
+        match sink {
+            Some(s) => s.reopen().await,
+            None => Err(RuntimeError::FailedPrecondition(format!(
+                "container {id} is not running, its log cannot be reopened"
+            ))),
+        }
+    }
+
+    pub(super) async fn kill(
+        &self,
+        id: &str,
+        exec_id: &str,
+        signal: Signal,
+    ) -> Result<(), RuntimeError> {
+        match self
+            .client
+            .tasks()
+            .kill(self.client.request(KillRequest {
+                container_id: id.to_owned(),
+                exec_id: exec_id.to_owned(),
+                signal: signal as u32,
+                all: false,
+            }))
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Already gone, or already exited: nothing to signal.
+            Err(s)
+                if matches!(
+                    s.code(),
+                    tonic::Code::NotFound | tonic::Code::FailedPrecondition
+                ) =>
+            {
+                Ok(())
+            }
+            Err(s) => Err(RuntimeError::containerd("tasks.kill", s)),
+        }
+    }
+
+    pub(super) async fn wait(
+        &self,
+        id: &str,
+        exec_id: &str,
+    ) -> Result<(u32, Option<SystemTime>), RuntimeError> {
+        let r = self
+            .client
+            .tasks()
+            .wait(self.client.request(WaitRequest {
+                container_id: id.to_owned(),
+                exec_id: exec_id.to_owned(),
+            }))
+            .await
+            .map_err(cd("tasks.wait"))?
+            .into_inner();
+        Ok((r.exit_status, ts_to_system(r.exited_at.as_ref())))
+    }
+
+    /// Stops the container: its stop signal (image `StopSignal`, else
+    /// SIGTERM), up to `timeout` for it to exit, then SIGKILL. Idempotent:
+    /// no task or an exited task is success.
+    pub async fn stop(&self, id: &str, timeout: Duration) -> Result<(), RuntimeError> {
+        let Some(process) = self.get_task(id).await? else {
+            return Ok(());
+        };
+        if process.status == TaskStatus::Stopped as i32 {
+            return Ok(());
+        }
+        if !timeout.is_zero() {
+            let signal = match self.get_container(id).await {
+                Ok(c) => c
+                    .labels
+                    .get(LABEL_STOP_SIGNAL)
+                    .map_or(Signal::SIGTERM, |s| parse_signal(s)),
+                Err(e) if e.is_not_found() => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            self.kill(id, "", signal).await?;
+            // Wait on an exited (undeleted) task returns at once, so an exit
+            // between the kill and the wait is not missed.
+            match tokio::time::timeout(timeout, self.wait(id, "")).await {
+                Ok(r) => return ignore_not_found(r.map(|_| ())),
+                Err(_) => tracing::info!(container = id, ?timeout, "stop timeout passed, killing"),
+            }
+        }
+        self.kill(id, "", Signal::SIGKILL).await?;
+        ignore_not_found(self.wait(id, "").await.map(|_| ()))
+    }
+
+    /// Deletes the task (after killing it if it still runs) and stops log
+    /// copying. Idempotent.
+    pub async fn delete_task(&self, id: &str) -> Result<(), RuntimeError> {
+        if let Some(p) = self.get_task(id).await? {
+            if p.status != TaskStatus::Stopped as i32 && p.status != TaskStatus::Created as i32 {
+                self.stop(id, Duration::ZERO).await?;
+            }
+            match self
+                .client
+                .tasks()
+                .delete(self.client.request(DeleteTaskRequest {
+                    container_id: id.to_owned(),
+                }))
+                .await
+            {
+                Ok(_) => {}
+                Err(s) if s.code() == tonic::Code::NotFound => {}
+                Err(s) => return Err(RuntimeError::containerd("tasks.delete", s)),
+            }
+        }
+        let live = self.lock_live().remove(id);
+        if let Some(live) = live {
+            // The shim closed the FIFOs with the task; give the copiers a
+            // moment to write what they still hold, then stop them.
+            for mut h in live.copiers {
+                if tokio::time::timeout(Duration::from_secs(2), &mut h)
+                    .await
+                    .is_err()
+                {
+                    h.abort();
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn ignore_not_found(r: Result<(), RuntimeError>) -> Result<(), RuntimeError> {
+    match r {
+        Err(e) if e.is_not_found() => Ok(()),
+        other => other,
+    }
+}
+
+fn parse_signal(name: &str) -> Signal {
+    let upper = name.trim().to_ascii_uppercase();
+    if upper.is_empty() {
+        return Signal::SIGTERM;
+    }
+    if let Ok(n) = upper.parse::<i32>() {
+        return Signal::try_from(n).unwrap_or(Signal::SIGTERM);
+    }
+    let full = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    full.parse::<Signal>().unwrap_or(Signal::SIGTERM)
+}
+
+fn spawn_copiers(id: &str, readers: fifo_io::Readers, sink: &Arc<LogSink>) -> Vec<JoinHandle<()>> {
+    use tracing::Instrument;
+    let span = tracing::info_span!("log_copier", container = id);
+    let mut v = vec![tokio::spawn(
+        copy_stream(readers.stdout, Stream::Stdout, sink.clone()).instrument(span.clone()),
+    )];
+    if let Some(e) = readers.stderr {
+        v.push(tokio::spawn(
+            copy_stream(e, Stream::Stderr, sink.clone()).instrument(span),
+        ));
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_parse_with_and_without_prefix() {
+        assert_eq!(parse_signal("SIGQUIT"), Signal::SIGQUIT);
+        assert_eq!(parse_signal("usr1"), Signal::SIGUSR1);
+        assert_eq!(parse_signal("9"), Signal::SIGKILL);
+        assert_eq!(parse_signal(""), Signal::SIGTERM);
+        assert_eq!(parse_signal("bogus"), Signal::SIGTERM);
+    }
+}
