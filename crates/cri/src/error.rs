@@ -2,8 +2,8 @@
 
 use cubelet_engine::{chain, EngineError, StepErrorKind};
 use cubelet_pod::PodError;
+use cubelet_pod::StoreError;
 use cubelet_runtime::RuntimeError;
-use cubelet_store::StoreError;
 use tonic::{Code, Status};
 
 /// Everything a CRI call can fail with.

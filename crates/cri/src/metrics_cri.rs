@@ -10,8 +10,8 @@
 
 use std::time::SystemTime;
 
+use cubelet_pod::{ContainerRecord, SandboxRecord, SandboxState};
 use cubelet_runtime::stats::CgroupStats;
-use cubelet_store::{ContainerRecord, SandboxRecord, SandboxState};
 use k8s_cri::v1 as cri;
 
 use crate::convert::nanos;
@@ -198,7 +198,7 @@ impl Cri {
             let containers: Vec<ContainerRecord> = store
                 .containers_of(&sb.id)?
                 .into_iter()
-                .filter(|c| c.state == cubelet_store::ContainerState::Running)
+                .filter(|c| c.state == cubelet_pod::ContainerState::Running)
                 .collect();
             pod_metrics.push(self.pod_metrics(&sb, &containers));
         }

@@ -7,11 +7,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, OnceLock};
 use std::time::SystemTime;
 
+use cubelet_pod::{ContainerRecord, SandboxRecord, SandboxState};
 use cubelet_runtime::spec::cgroup_path;
 use cubelet_runtime::stats::{
     cpu_nano_cores, read_net_dev, CgroupLayout, CgroupStats, CpuSample, InterfaceStats,
 };
-use cubelet_store::{ContainerRecord, SandboxRecord, SandboxState};
 use k8s_cri::v1 as cri;
 use tracing::debug;
 

@@ -32,3 +32,6 @@ pub use error::{PodError, PodResult};
 pub use reconcile::ReconcileReport;
 pub use runtime::{Containerd, Runtime};
 pub use service::{PodDeps, PodEvent, PodEventKind, PodService, EVENT_BUFFER};
+
+/// The records the service keeps, as callers read them.
+pub use cubelet_store::{ContainerRecord, ContainerState, SandboxRecord, SandboxState, StoreError};

@@ -15,8 +15,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use cubelet_engine::spec::{DnsConfig, NamespaceMode, NamespaceOptions, PortMapping, Protocol};
 use cubelet_engine::{SandboxId, SandboxSpec};
+use cubelet_pod::{SandboxRecord, SandboxState};
 use cubelet_runtime::spec::{HugepageLimit, Resources};
-use cubelet_store::{SandboxRecord, SandboxState};
 use k8s_cri::v1 as cri;
 
 use crate::error::{CriError, CriResult};

@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use cubelet_pod::{ContainerRecord, ContainerState};
 use cubelet_runtime::spec::{MountSpec, Propagation};
-use cubelet_store::{ContainerRecord, ContainerState};
 use k8s_cri::v1 as cri;
 
 use super::nanos;

@@ -1,7 +1,7 @@
 //! CRI `Exec`, `Attach` and `PortForward`: validate, register, return a URL.
 
 use cubelet_engine::SandboxId;
-use cubelet_store::{ContainerState, SandboxState};
+use cubelet_pod::{ContainerState, SandboxState};
 use k8s_cri::v1 as cri;
 
 use super::{Pending, StreamingServer, Streams};
