@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cubelet_engine::{LiveSandboxes, SandboxId};
+use async_trait::async_trait;
+use cubelet_engine::{Collector, GcReport, LiveSandboxes, SandboxId};
+use cubelet_runtime::container::ContainerRuntime;
 use cubelet_store::Store;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -116,66 +118,46 @@ impl Gc {
         }
 
         // Orphans: anything of a sandbox the store does not know. A sandbox
-        // is recorded before any of its objects is made, so every kind is
-        // listed first and the store read after it: whatever a listing saw
-        // has its record by then. (A set read once at the start would let a
-        // create that begins during the pass lose its directory or netns.)
-        let inventory = match parts.runtime.inventory().await {
-            Ok(inv) => Some(inv),
-            Err(e) => {
-                fail(&mut report, "containerd", &e);
-                None
-            }
-        };
+        // is recorded before any of its objects is made, so every collector
+        // lists its objects first and reads the store after it: whatever a
+        // listing saw has its record by then. (A set read once at the start
+        // would let a create that begins during the pass lose its directory
+        // or netns.)
         let live = StoreLive {
             store: &parts.store,
             failed: AtomicBool::new(false),
         };
-        if let Some(inv) = &inventory {
-            if let Some(known) = live.now() {
-                self.containerd_orphans(inv, &known, &mut report).await;
+        let containerd = ContainerdOrphans {
+            runtime: &parts.runtime,
+            store: &parts.store,
+            concurrency: parts.config.gc.concurrency.max(1),
+        };
+        let network = parts.network.collector();
+        let journal = JournalOrphans {
+            store: &parts.store,
+        };
+        let collectors: [&dyn Collector; 5] = [
+            &containerd,
+            // Shims whose task containerd forgot (it lists its tasks itself).
+            &*parts.runtime,
+            network,
+            &*parts.storage,
+            &journal,
+        ];
+        for collector in collectors {
+            let found = collector
+                .collect(&live)
+                .instrument(info_span!("collect", collector = collector.name()))
+                .await;
+            for (kind, error) in &found.failures {
+                warn!(kind, %error, "gc failure");
             }
-        }
-        // Shims whose task containerd forgot (it lists its tasks itself).
-        match parts.runtime.reap_orphan_shims().await {
-            Ok(n) => add(&mut report, "shim", n),
-            Err(e) => fail(&mut report, "shim", &e),
-        }
-        match parts.network.gc(&live).await {
-            Ok(counts) => {
-                for (kind, n) in counts {
-                    add(&mut report, kind, n);
-                }
+            for (kind, n) in found.failure_counts() {
+                *report.failures.entry(kind).or_default() += n;
             }
-            Err(e) => fail(&mut report, "network", &e),
-        }
-        match parts.storage.gc(&live) {
-            Ok(r) => {
-                add(&mut report, "directory", r.dirs);
-                add(&mut report, "mount", r.mounts);
-                for e in &r.errors {
-                    fail(&mut report, "storage", e);
-                }
+            for (kind, n) in found.reclaimed {
+                *report.reclaimed.entry(kind).or_default() += n;
             }
-            Err(e) => fail(&mut report, "storage", &e),
-        }
-        match parts.store.list_flows() {
-            Ok(flows) => {
-                if let Some(known) = live.now() {
-                    let orphans: HashSet<SandboxId> = flows
-                        .into_iter()
-                        .filter(|f| !f.state.is_open() && !known.contains(&f.sandbox_id))
-                        .map(|f| f.sandbox_id)
-                        .collect();
-                    for id in orphans {
-                        match cubelet_engine::Journal::forget(&*parts.store, &id) {
-                            Ok(n) => add(&mut report, "journal", n),
-                            Err(e) => fail(&mut report, "journal", &e),
-                        }
-                    }
-                }
-            }
-            Err(e) => fail(&mut report, "journal", &e),
         }
         if live.failed.load(Ordering::Relaxed) {
             *report.failures.entry("store").or_default() += 1;
@@ -194,20 +176,39 @@ impl Gc {
     }
 }
 
-impl Gc {
-    /// Removes containerd containers, tasks and rootfs snapshots that belong
-    /// to neither a live sandbox (its infra container) nor a container the
-    /// store knows, and extraction snapshots of pulls that died.
-    async fn containerd_orphans(
-        &self,
-        inv: &cubelet_runtime::inventory::Inventory,
-        live: &HashSet<SandboxId>,
-        report: &mut PassReport,
-    ) {
-        let parts = &self.parts;
-        let containers = match parts.store.list_containers() {
+/// containerd containers, tasks and rootfs snapshots that belong to neither
+/// a live sandbox (its infra container) nor a container the store knows,
+/// and extraction snapshots of pulls that died.
+struct ContainerdOrphans<'a> {
+    runtime: &'a ContainerRuntime,
+    store: &'a Store,
+    concurrency: usize,
+}
+
+#[async_trait]
+impl Collector for ContainerdOrphans<'_> {
+    fn name(&self) -> &'static str {
+        "containerd"
+    }
+
+    async fn collect(&self, live: &dyn LiveSandboxes) -> GcReport {
+        let mut report = GcReport::default();
+        let inv = match self.runtime.inventory().await {
+            Ok(inv) => inv,
+            Err(e) => {
+                report.fail("containerd", &e);
+                return report;
+            }
+        };
+        let Some(live) = live.now() else {
+            return report;
+        };
+        let containers = match self.store.list_containers() {
             Ok(c) => c,
-            Err(e) => return fail(report, "containerd", &e),
+            Err(e) => {
+                report.fail("containerd", &e);
+                return report;
+            }
         };
         let known: HashSet<&str> = live
             .iter()
@@ -222,33 +223,68 @@ impl Gc {
             .collect();
         let results = futures::stream::iter(orphans)
             .map(|id: String| async move {
-                let result = parts.runtime.remove(&id).await;
+                let result = self.runtime.remove(&id).await;
                 (id, result)
             })
-            .buffer_unordered(parts.config.gc.concurrency.max(1))
+            .buffer_unordered(self.concurrency)
             .collect::<Vec<_>>()
             .await;
         for (id, result) in results {
             match result {
                 Ok(()) => {
                     debug!(container_id = %id, "gc: removed orphan containerd objects");
-                    add(
-                        report,
-                        "container",
-                        usize::from(inv.containers.contains(&id)),
-                    );
-                    add(report, "task", usize::from(inv.tasks.contains(&id)));
-                    add(report, "snapshot", usize::from(inv.snapshots.contains(&id)));
+                    report.add("container", usize::from(inv.containers.contains(&id)));
+                    report.add("task", usize::from(inv.tasks.contains(&id)));
+                    report.add("snapshot", usize::from(inv.snapshots.contains(&id)));
                 }
-                Err(e) => fail(report, "containerd", &e),
+                Err(e) => report.fail("containerd", &e),
             }
         }
         for key in &inv.stale_extracts {
-            match parts.runtime.remove_extract_snapshot(key).await {
-                Ok(()) => add(report, "snapshot", 1),
-                Err(e) => fail(report, "containerd", &e),
+            match self.runtime.remove_extract_snapshot(key).await {
+                Ok(()) => report.add("snapshot", 1),
+                Err(e) => report.fail("containerd", &e),
             }
         }
+        report
+    }
+}
+
+/// Finished journal entries of sandboxes the store no longer has.
+struct JournalOrphans<'a> {
+    store: &'a Store,
+}
+
+#[async_trait]
+impl Collector for JournalOrphans<'_> {
+    fn name(&self) -> &'static str {
+        "journal"
+    }
+
+    async fn collect(&self, live: &dyn LiveSandboxes) -> GcReport {
+        let mut report = GcReport::default();
+        let flows = match self.store.list_flows() {
+            Ok(flows) => flows,
+            Err(e) => {
+                report.fail("journal", &e);
+                return report;
+            }
+        };
+        let Some(known) = live.now() else {
+            return report;
+        };
+        let orphans: HashSet<SandboxId> = flows
+            .into_iter()
+            .filter(|f| !f.state.is_open() && !known.contains(&f.sandbox_id))
+            .map(|f| f.sandbox_id)
+            .collect();
+        for id in orphans {
+            match cubelet_engine::blocking(|| cubelet_engine::Journal::forget(self.store, &id)) {
+                Ok(n) => report.add("journal", n),
+                Err(e) => report.fail("journal", &e),
+            }
+        }
+        report
     }
 }
 
@@ -258,12 +294,6 @@ fn backoff_delay(interval: Duration, failures: u32) -> Duration {
     interval
         .saturating_mul(1u32 << failures.min(10))
         .min(MAX_BACKOFF)
-}
-
-fn add(report: &mut PassReport, kind: &'static str, n: usize) {
-    if n > 0 {
-        *report.reclaimed.entry(kind).or_default() += u64::try_from(n).unwrap_or(u64::MAX);
-    }
 }
 
 /// The store's sandbox records, read afresh each time a collector asks.
@@ -284,11 +314,6 @@ impl LiveSandboxes for StoreLive<'_> {
             }
         }
     }
-}
-
-fn fail(report: &mut PassReport, kind: &'static str, e: &dyn std::error::Error) {
-    warn!(kind, error = %cubelet_engine::chain(e), "gc failure");
-    *report.failures.entry(kind).or_default() += 1;
 }
 
 #[cfg(test)]

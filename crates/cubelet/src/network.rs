@@ -5,10 +5,8 @@
 use std::sync::Arc;
 
 use anyhow::Result;
-use cubelet_engine::{Flow, LiveSandboxes};
-use cubelet_network::{
-    BridgeConfig, BridgeNetwork, CniConfig, CniNetwork, NetworkError, NoneNetwork, Readiness,
-};
+use cubelet_engine::{Collector, Flow};
+use cubelet_network::{BridgeConfig, BridgeNetwork, CniConfig, CniNetwork, NoneNetwork, Readiness};
 use cubelet_store::Store;
 
 use crate::adapters::StoreLeases;
@@ -69,27 +67,13 @@ impl PodNetwork {
         }
     }
 
-    /// Reclaims what belongs to no live sandbox; counts by GC kind.
-    pub(crate) async fn gc(
-        &self,
-        live: &dyn LiveSandboxes,
-    ) -> Result<Vec<(&'static str, usize)>, NetworkError> {
-        Ok(match self {
-            PodNetwork::Bridge(b) => {
-                let r = b.gc(live).await?;
-                vec![
-                    ("netns", r.netns),
-                    ("veth", r.veths),
-                    ("lease", r.leases),
-                    ("port_rule", r.port_rules),
-                ]
-            }
-            PodNetwork::Cni(c) => {
-                let r = c.gc(live).await?;
-                vec![("cni_attachment", r.attachments), ("netns", r.netns)]
-            }
-            PodNetwork::None(n) => vec![("netns", n.gc(live).await?.netns)],
-        })
+    /// The provider as a garbage collector.
+    pub(crate) fn collector(&self) -> &dyn Collector {
+        match self {
+            PodNetwork::Bridge(b) => &**b,
+            PodNetwork::Cni(c) => &**c,
+            PodNetwork::None(n) => &**n,
+        }
     }
 
     /// CRI `NetworkReady`: `(ready, reason, message)`.

@@ -13,6 +13,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info_span, warn, Instrument};
 
+use crate::collect::blocking;
 use crate::config::{ConfigError, ValidFlow, WorkflowConfig};
 use crate::error::{
     chain, EngineError, Message, RollbackError, StepError, StepErrorKind, StepFailure,
@@ -21,7 +22,6 @@ use crate::flow::{Flow, FlowContext, FlowKind};
 use crate::journal::{FlowId, FlowStart, FlowState, Journal, NoopJournal, StepEvent};
 use crate::limiter::{Limiter, LimiterSnapshot, Permit};
 use crate::observer::{FlowObserver, NoopObserver, Outcome};
-use crate::spec::SandboxId;
 
 /// Tunables of the engine that are not per flow.
 #[derive(Debug, Clone)]
@@ -161,19 +161,19 @@ struct FlowPlan {
     limiter: Arc<Limiter>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     flows: HashMap<FlowKind, FlowPlan>,
     providers: BTreeMap<String, Arc<dyn Flow>>,
-    journal: Arc<dyn Journal>,
+    pub(crate) journal: Arc<dyn Journal>,
     observer: Arc<dyn FlowObserver>,
     rollback_slots: Semaphore,
-    options: EngineOptions,
+    pub(crate) options: EngineOptions,
 }
 
 /// Runs sandbox flows. Cheap to clone; clones share everything.
 #[derive(Clone)]
 pub struct Engine {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl fmt::Debug for Engine {
@@ -186,15 +186,6 @@ impl fmt::Debug for Engine {
             .field("limits", &self.limits())
             .finish_non_exhaustive()
     }
-}
-
-/// What [`Engine::recover`] did.
-#[derive(Debug, Default)]
-pub struct RecoveryReport {
-    /// Sandboxes whose open flows were settled, with the teardown that ran.
-    pub settled: Vec<(SandboxId, FlowKind)>,
-    /// Sandboxes whose teardown failed again; their flows stay open.
-    pub failed: Vec<(SandboxId, EngineError)>,
 }
 
 /// A flow that holds a slot of its limit, ready to run. Dropping it
@@ -323,93 +314,6 @@ impl Engine {
     pub fn journal(&self) -> &Arc<dyn Journal> {
         &self.inner.journal
     }
-
-    /// Settles every open flow in the journal: for an interrupted or failed
-    /// `create` or `destroy` the `destroy` flow runs again, for a `cleanup`
-    /// the `cleanup` flow. One teardown per sandbox, bounded by the rollback
-    /// budget; on success every open flow of the sandbox is marked
-    /// compensated.
-    pub async fn recover(&self) -> Result<RecoveryReport, EngineError> {
-        let open = self
-            .inner
-            .journal
-            .open_flows()
-            .map_err(|source| EngineError::Journal {
-                flow: FlowKind::Destroy,
-                sandbox_id: SandboxId::new_unchecked("*"),
-                source,
-            })?;
-        let mut by_sandbox: BTreeMap<SandboxId, Vec<crate::journal::FlowRecord>> = BTreeMap::new();
-        for rec in open {
-            by_sandbox
-                .entry(rec.sandbox_id.clone())
-                .or_default()
-                .push(rec);
-        }
-        let inner = &self.inner;
-        let results = futures::stream::iter(by_sandbox)
-            .map(|(id, recs)| async move {
-                let teardown = if recs.iter().any(|r| r.kind == FlowKind::Cleanup) {
-                    FlowKind::Cleanup
-                } else {
-                    FlowKind::Destroy
-                };
-                // The newest record carries the most recent spec.
-                let spec = recs.last().map(|r| r.spec.clone()).unwrap_or_default();
-                let ctx = FlowContext::new(id.clone(), Arc::new(spec));
-                let span = info_span!("recover", sandbox_id = %id, flow = %teardown);
-                let result = inner
-                    .compensate(teardown, recs.last().map(|r| r.id), &ctx)
-                    .instrument(span)
-                    .await;
-                (id, teardown, recs, result)
-            })
-            .buffer_unordered(inner.options.rollback_concurrency.max(1))
-            .collect::<Vec<_>>()
-            .await;
-
-        let mut report = RecoveryReport::default();
-        for (id, teardown, recs, result) in results {
-            match result {
-                Ok(()) => {
-                    for rec in &recs {
-                        if let Err(e) = inner.journal.finish(
-                            rec.id,
-                            FlowState::Compensated,
-                            Some("settled by recovery"),
-                        ) {
-                            warn!(sandbox_id = %id, error = %chain(&e), "journal finish failed");
-                        }
-                    }
-                    report.settled.push((id, teardown));
-                }
-                Err(failure) => {
-                    let err = match failure {
-                        RollbackError::Failed(failures) => EngineError::Failed {
-                            flow: teardown,
-                            sandbox_id: id.clone(),
-                            failures,
-                            rollback: None,
-                        },
-                        other => EngineError::Failed {
-                            flow: teardown,
-                            sandbox_id: id.clone(),
-                            failures: vec![StepFailure {
-                                step: "recover".to_owned(),
-                                error: StepError::new(
-                                    StepErrorKind::DeadlineExceeded,
-                                    Message(other.to_string()),
-                                ),
-                            }],
-                            rollback: None,
-                        },
-                    };
-                    report.failed.push((id, err));
-                }
-            }
-        }
-        Ok(report)
-    }
 }
 
 impl Inner {
@@ -523,7 +427,7 @@ impl Inner {
     /// Runs a teardown flow as compensation for flow `compensates`: waits for
     /// a rollback slot (never rejected), ignores the caller's cancellation,
     /// and gives up after the rollback timeout.
-    async fn compensate(
+    pub(crate) async fn compensate(
         &self,
         teardown: FlowKind,
         compensates: Option<FlowId>,
@@ -718,15 +622,5 @@ impl Inner {
             step: name.to_owned(),
             error,
         })
-    }
-}
-
-/// Runs a durable journal write (an fsync) without stalling the other tasks
-/// of a multi-threaded runtime's worker; on a current-thread runtime (tests)
-/// it just runs.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
     }
 }

@@ -14,6 +14,7 @@
 //! nothing of CRI, containerd, netlink or the database: providers, the store
 //! and the metrics exporter plug in through the traits defined here.
 
+mod collect;
 mod config;
 mod engine;
 mod error;
@@ -23,13 +24,15 @@ mod keyed;
 mod limiter;
 mod live;
 mod observer;
+mod recovery;
 pub mod spec;
 
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 
+pub use collect::{blocking, Collector, GcReport};
 pub use config::{ConfigError, FlowConfig, ValidFlow, WorkflowConfig};
-pub use engine::{Admission, Engine, EngineBuilder, EngineOptions, RecoveryReport};
+pub use engine::{Admission, Engine, EngineBuilder, EngineOptions};
 pub use error::{
     chain, BoxError, EngineError, JournalError, Message, RollbackError, StepError, StepErrorKind,
     StepFailure,
@@ -43,6 +46,7 @@ pub use keyed::{KeyedGuard, KeyedLocks};
 pub use limiter::{Limiter, LimiterSnapshot, Permit};
 pub use live::LiveSandboxes;
 pub use observer::{FlowObserver, NoopObserver, Outcome};
+pub use recovery::RecoveryReport;
 pub use spec::{SandboxId, SandboxSpec};
 
 #[cfg(test)]

@@ -24,6 +24,7 @@
 
 mod bridge;
 mod cni;
+mod collect;
 mod create;
 mod error;
 mod ipam;

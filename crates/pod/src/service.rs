@@ -117,15 +117,7 @@ pub(crate) fn new_id() -> PodResult<String> {
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Runs a durable store write (an fsync) without stalling the other tasks
-/// of a multi-threaded runtime's worker; on a current-thread runtime
-/// (tests) it just runs.
-pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
-}
+pub(crate) use cubelet_engine::blocking;
 
 impl PodService {
     /// Builds the service.

@@ -11,6 +11,7 @@
 
 pub mod cgroups;
 pub mod client;
+mod collect;
 pub mod container;
 pub mod error;
 pub mod events;

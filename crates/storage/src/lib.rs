@@ -14,6 +14,7 @@
 //! the log directory, which it creates but never removes (kubelet owns it).
 //! No `unsafe` is needed: the mount syscalls go through `nix`.
 
+mod collect;
 mod error;
 mod files;
 mod mount;

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use cubelet_engine::spec::{NamespaceMode, NetworkStatus, StorageStatus};
-use cubelet_engine::{Flow, FlowContext, LiveSandboxes, SandboxId, SandboxSpec, StepError};
+use cubelet_engine::{
+    blocking, Flow, FlowContext, LiveSandboxes, SandboxId, SandboxSpec, StepError,
+};
 use tokio::task::JoinHandle;
 
 use crate::error::StorageError;
@@ -95,8 +97,10 @@ pub struct GcReport {
 /// log directory.
 ///
 /// Work runs on the calling thread on purpose: mounts belong to the
-/// caller's mount namespace, and every operation is short (the slow one,
-/// formatting scratch images, happens in the pool's background task).
+/// caller's mount namespace. Teardown (umounts, tree removal) runs there
+/// through [`blocking`], so it does not stall the async workers; the slow
+/// part of a create, formatting scratch images, happens in the pool's
+/// background task.
 #[derive(Debug)]
 pub struct LocalStorage {
     cfg: StorageConfig,
@@ -455,11 +459,13 @@ impl Flow for LocalStorage {
     }
 
     async fn destroy(&self, ctx: &FlowContext) -> Result<(), StepError> {
-        Ok(self.destroy_sandbox(ctx.sandbox_id())?)
+        // Umounts block: off the async workers, on this thread (its mount
+        // namespace).
+        Ok(blocking(|| self.destroy_sandbox(ctx.sandbox_id()))?)
     }
 
     async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError> {
-        Ok(self.cleanup_sandbox(ctx.sandbox_id())?)
+        Ok(blocking(|| self.cleanup_sandbox(ctx.sandbox_id()))?)
     }
 }
 
