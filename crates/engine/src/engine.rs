@@ -568,7 +568,7 @@ impl Inner {
         cancel: &CancellationToken,
     ) -> Result<(), StepFailure> {
         let name: &str = &step.name;
-        if let Err(e) = self.journal.step(id, name, StepEvent::Started { stage }) {
+        if let Err(e) = blocking(|| self.journal.step(id, name, StepEvent::Started { stage })) {
             warn!(step = name, error = %chain(&e), "journal step record failed");
         }
         let started = Instant::now();
@@ -615,7 +615,7 @@ impl Inner {
             duration: elapsed,
             error: message.as_deref(),
         };
-        if let Err(e) = self.journal.step(id, name, event) {
+        if let Err(e) = blocking(|| self.journal.step(id, name, event)) {
             warn!(step = name, error = %chain(&e), "journal step record failed");
         }
         result.map_err(|error| StepFailure {
