@@ -95,7 +95,7 @@ pub async fn run(config: Config) -> Result<()> {
     let readiness = Readiness::new();
     let admin = AdminServer::bind(config.metrics.address, registry.clone(), readiness.clone())?;
     info!(address = %admin.local_addr(), "admin endpoint (/metrics /healthz /readyz)");
-    let admin_task = tokio::spawn(admin.serve(shutdown.clone()));
+    let admin_task = tokio::spawn(admin.serve(shutdown.clone()).in_current_span());
 
     let cd = connect_containerd(&config, &readiness).await?;
     let images = Arc::new(ImageService::new(
@@ -263,24 +263,25 @@ pub async fn run(config: Config) -> Result<()> {
     let admin_socket = config.state_dir.join(crate::admin::SOCKET_NAME);
     let admin_listener = crate::admin::bind(&admin_socket)?;
     let admin_service = crate::admin::AdminService::new(engine.clone(), Arc::clone(&store), gc);
-    let admin_api_task = tokio::spawn(crate::admin::serve(
-        admin_listener,
-        admin_socket.clone(),
-        admin_service,
-        shutdown.clone(),
-    ));
+    let admin_api_task = tokio::spawn(
+        crate::admin::serve(
+            admin_listener,
+            admin_socket.clone(),
+            admin_service,
+            shutdown.clone(),
+        )
+        .in_current_span(),
+    );
     info!(socket = %admin_socket.display(), "serving the admin api (cubelet ctl)");
 
-    let cri_task = tokio::spawn(cubelet_cri::serve_unix(
-        config.socket.clone(),
-        cri,
-        shutdown.clone(),
-    ));
+    let cri_task = tokio::spawn(
+        cubelet_cri::serve_unix(config.socket.clone(), cri, shutdown.clone()).in_current_span(),
+    );
     info!(socket = %config.socket.display(), "serving CRI");
     let streaming_task = {
         let runtime = Arc::clone(&runtime);
         let shutdown = shutdown.clone();
-        tokio::spawn(async move { streaming.serve(runtime, shutdown).await })
+        tokio::spawn(async move { streaming.serve(runtime, shutdown).await }.in_current_span())
     };
 
     wait_for_signal(&shutdown).await?;

@@ -7,6 +7,7 @@ use std::ffi::{OsStr, OsString};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 use tracing::{debug, warn};
 
 /// Sends `message` to the socket named by `NOTIFY_SOCKET`, if set. Failures
@@ -88,12 +89,9 @@ pub(crate) fn spawn_watchdog(
     let pid = std::env::var("WATCHDOG_PID").ok();
     let period = watchdog_period(usec.as_deref(), pid.as_deref(), std::process::id())?;
     tracing::info!(?period, "systemd watchdog keep-alive enabled");
-    Some(tokio::spawn(watchdog(
-        socket,
-        period,
-        move || readiness.is_ready(),
-        shutdown,
-    )))
+    Some(tokio::spawn(
+        watchdog(socket, period, move || readiness.is_ready(), shutdown).in_current_span(),
+    ))
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ use crate::error::{netlink_errno, NetworkError};
 use crate::ipam::Ipam;
 use crate::lease::LeaseStore;
 use crate::{netns, nft};
+use tracing::Instrument;
 
 /// Name of the pod's interface inside its namespace.
 pub const POD_INTERFACE: &str = "eth0";
@@ -577,7 +578,7 @@ fn exists_ok(
 fn host_handle() -> Result<Handle, NetworkError> {
     let (conn, handle, _) = rtnetlink::new_connection()
         .map_err(|e| NetworkError::io("open netlink socket", "rtnetlink", e))?;
-    tokio::spawn(conn);
+    tokio::spawn(conn.in_current_span());
     Ok(handle)
 }
 

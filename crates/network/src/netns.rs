@@ -25,6 +25,7 @@ use nix::sys::statfs::{statfs, NSFS_MAGIC};
 use rtnetlink::LinkUnspec;
 
 use crate::error::NetworkError;
+use tracing::Instrument;
 
 /// Makes `dir` a mount point with shared propagation, as `ip netns` does for
 /// `/run/netns`, so that pins unmounted here also disappear from mount
@@ -215,7 +216,7 @@ where
             // so every request it carries acts on that namespace.
             let (conn, handle, _) = rtnetlink::new_connection()
                 .map_err(|e| NetworkError::io("open netlink socket in", &pin, e))?;
-            let conn = tokio::spawn(conn);
+            let conn = tokio::spawn(conn.in_current_span());
             let out = f(handle).await;
             conn.abort();
             out

@@ -20,6 +20,7 @@ use crate::paths::{
     self, check_sandbox_dir, ensure_dir, remove_tree, validate_log_directory, SandboxPaths,
 };
 use crate::scratch::{self, PoolStats, ScratchConfig, ScratchPool};
+use tracing::Instrument;
 
 /// Mode of the root, `sandboxes` and per-sandbox directories: traversable,
 /// not listable, by the pod's users.
@@ -158,7 +159,9 @@ impl LocalStorage {
             pool.prepare(&self.sandboxes_dir())?;
             let mut filler = self.filler.lock().unwrap_or_else(|p| p.into_inner());
             if filler.as_ref().is_none_or(|h| h.is_finished()) {
-                *filler = Some(tokio::spawn(Arc::clone(pool).run_filler()));
+                *filler = Some(tokio::spawn(
+                    Arc::clone(pool).run_filler().in_current_span(),
+                ));
             }
         }
         Ok(())

@@ -10,6 +10,7 @@ use tokio::task::JoinHandle;
 use super::{json_any, unix_nanos, ContainerRuntime, PROCESS_TYPE_URL};
 use crate::error::{cd, cd_process, RuntimeError};
 use crate::io::{self as fifo_io, Fifos};
+use tracing::Instrument;
 
 /// Most output `exec_sync` keeps per stream (as containerd's CRI plugin).
 pub const MAX_EXEC_OUTPUT: usize = 16 * 1024 * 1024;
@@ -122,8 +123,10 @@ impl ContainerRuntime {
         // The shim opened its write ends when the process started.
         let readers = fifos.open_readers()?;
         drop(keepers);
-        let out = tokio::spawn(read_capped(readers.stdout));
-        let err = readers.stderr.map(|r| tokio::spawn(read_capped(r)));
+        let out = tokio::spawn(read_capped(readers.stdout).in_current_span());
+        let err = readers
+            .stderr
+            .map(|r| tokio::spawn(read_capped(r).in_current_span()));
         let waited = match timeout.filter(|t| !t.is_zero()) {
             Some(t) => match tokio::time::timeout(t, self.wait(id, exec_id)).await {
                 Ok(r) => r,
