@@ -20,10 +20,9 @@ mod sandbox;
 mod server;
 mod service;
 mod stats;
-pub mod streaming;
+mod streaming;
 pub mod validate;
 
 pub use error::{CriError, CriResult};
 pub use server::serve_unix;
 pub use service::{Cri, CriDeps, CriObserver, NodeConditions, NoopCriObserver};
-pub use streaming::{HostDialer, PodDialer, StreamingConfig, StreamingServer, TlsFiles};

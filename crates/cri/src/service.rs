@@ -66,7 +66,7 @@ pub struct CriDeps {
     pub status_info: HashMap<String, String>,
     /// The streaming server for Exec/Attach/PortForward; `None` answers
     /// those calls with `Unimplemented`.
-    pub streaming: Option<crate::streaming::StreamingServer>,
+    pub streaming: Option<cubelet_streaming::StreamingServer>,
 }
 
 impl fmt::Debug for CriDeps {

@@ -1,6 +1,8 @@
 //! Glue between crates that must not know each other: the store as the
 //! network's lease store, metrics as the CRI observer, the image service as
-//! the sandbox step's pause image source, and readiness as CRI conditions.
+//! the sandbox step's pause image source, readiness as CRI conditions, and
+//! the containerd runtime plus the network crate's namespace dialing as the
+//! streaming server's backend.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -10,7 +12,18 @@ use std::time::{Duration, SystemTime};
 use cubelet_engine::{BoxError, SandboxId};
 use cubelet_metrics::{Metrics, Readiness};
 use cubelet_network::LeaseStore;
+use cubelet_runtime::container::ContainerRuntime;
+use cubelet_runtime::exec_stream::{ExecProcess, ExecStreamOptions};
+use cubelet_runtime::logs::Stream as LogStream;
+use cubelet_runtime::RuntimeError;
 use cubelet_store::{IpLease, Store, StoreError};
+use cubelet_streaming::{
+    AttachOutput, BackendError, ExecIo, ExecOptions, Lagged, OutputChunk, OutputStream, Reader,
+    StreamBackend, TerminalSize, Writer,
+};
+use futures::future::BoxFuture;
+use futures::StreamExt;
+use tokio::sync::broadcast;
 
 /// The redb store as the bridge provider's IPAM backend.
 #[derive(Debug)]
@@ -89,17 +102,134 @@ impl cubelet_cri::NodeConditions for Conditions {
     }
 }
 
-/// Port forwarding dials inside pod namespaces through the network crate,
-/// the only crate that enters namespaces.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct NetnsDialer;
+/// The streaming server's backend: exec and attach on the containerd
+/// runtime; port forwarding dials inside pod namespaces through the network
+/// crate, the only crate that enters namespaces.
+#[derive(Debug)]
+pub(crate) struct RuntimeStreams(pub(crate) Arc<ContainerRuntime>);
 
-impl cubelet_cri::PodDialer for NetnsDialer {
+fn boxed(e: RuntimeError) -> BackendError {
+    Box::new(e)
+}
+
+impl StreamBackend for RuntimeStreams {
+    fn exec<'a>(
+        &'a self,
+        container_id: &'a str,
+        cmd: &'a [String],
+        opts: ExecOptions,
+    ) -> BoxFuture<'a, Result<ExecIo, BackendError>> {
+        Box::pin(async move {
+            let opts = ExecStreamOptions {
+                stdin: opts.stdin,
+                tty: opts.tty,
+            };
+            let es = self
+                .0
+                .exec_stream(container_id, cmd, &opts)
+                .await
+                .map_err(boxed)?;
+            Ok(ExecIo {
+                stdin: es.stdin.map(|w| Box::new(w) as Writer),
+                stdout: Box::new(es.stdout),
+                stderr: es.stderr.map(|r| Box::new(r) as Reader),
+                process: Box::new(RuntimeExec(es.process)),
+            })
+        })
+    }
+
+    fn attach_output(&self, container_id: &str) -> Option<AttachOutput> {
+        let rx = self.0.attach_output(container_id)?;
+        Some(
+            futures::stream::unfold(rx, |mut rx| async move {
+                let item = match rx.recv().await {
+                    Ok(c) => Ok(OutputChunk {
+                        stream: match c.stream {
+                            LogStream::Stdout => OutputStream::Stdout,
+                            LogStream::Stderr => OutputStream::Stderr,
+                        },
+                        data: c.data,
+                    }),
+                    Err(broadcast::error::RecvError::Lagged(n)) => Err(Lagged(n)),
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                };
+                Some((item, rx))
+            })
+            .boxed(),
+        )
+    }
+
+    fn open_stdin(&self, container_id: &str) -> Result<Option<Writer>, BackendError> {
+        Ok(self
+            .0
+            .open_stdin(container_id)
+            .map_err(boxed)?
+            .map(|w| Box::new(w) as Writer))
+    }
+
+    fn attach_stdin_closed<'a>(
+        &'a self,
+        container_id: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            self.0
+                .attach_stdin_closed(container_id)
+                .await
+                .map_err(boxed)
+        })
+    }
+
+    fn resize_container<'a>(
+        &'a self,
+        container_id: &'a str,
+        size: TerminalSize,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            self.0
+                .resize_container_pty(container_id, size.width, size.height)
+                .await
+                .map_err(boxed)
+        })
+    }
+
+    fn wait_container<'a>(
+        &'a self,
+        container_id: &'a str,
+    ) -> BoxFuture<'a, Result<i32, BackendError>> {
+        Box::pin(async move { self.0.wait_container(container_id).await.map_err(boxed) })
+    }
+
     fn dial(
         &self,
         netns: Option<PathBuf>,
         port: u16,
-    ) -> futures::future::BoxFuture<'static, std::io::Result<tokio::net::TcpStream>> {
+    ) -> BoxFuture<'static, std::io::Result<tokio::net::TcpStream>> {
         Box::pin(cubelet_network::connect_in_netns(netns, port))
+    }
+}
+
+/// One streaming exec process in containerd.
+#[derive(Debug)]
+struct RuntimeExec(ExecProcess);
+
+impl cubelet_streaming::ExecProcess for RuntimeExec {
+    fn wait(&self) -> BoxFuture<'_, Result<i32, BackendError>> {
+        Box::pin(async move { self.0.wait().await.map_err(boxed) })
+    }
+
+    fn resize(&self, size: TerminalSize) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(async move { self.0.resize(size.width, size.height).await.map_err(boxed) })
+    }
+
+    fn close_stdin(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(async move { self.0.close_stdin().await.map_err(boxed) })
+    }
+
+    fn kill(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(async move { self.0.kill().await.map_err(boxed) })
+    }
+
+    fn cleanup(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(self.0.cleanup())
     }
 }

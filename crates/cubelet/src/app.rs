@@ -189,15 +189,12 @@ pub async fn run(config: Config) -> Result<()> {
         "config".to_owned(),
         serde_json::to_string(&config).unwrap_or_default(),
     );
-    let streaming = cubelet_cri::StreamingServer::bind(
-        &cubelet_cri::StreamingConfig {
-            address: config.streaming.address,
-            port: config.streaming.port,
-            idle_timeout: config.streaming.idle_timeout,
-            tls: config.streaming.tls()?,
-        },
-        Arc::new(crate::adapters::NetnsDialer),
-    )
+    let streaming = cubelet_streaming::StreamingServer::bind(&cubelet_streaming::StreamingConfig {
+        address: config.streaming.address,
+        port: config.streaming.port,
+        idle_timeout: config.streaming.idle_timeout,
+        tls: config.streaming.tls()?,
+    })
     .await
     .context("bind the streaming server")?;
     info!(addr = %streaming.local_addr(), "streaming server bound");
@@ -279,9 +276,9 @@ pub async fn run(config: Config) -> Result<()> {
     );
     info!(socket = %config.socket.display(), "serving CRI");
     let streaming_task = {
-        let runtime = Arc::clone(&runtime);
+        let backend = Arc::new(crate::adapters::RuntimeStreams(Arc::clone(&runtime)));
         let shutdown = shutdown.clone();
-        tokio::spawn(async move { streaming.serve(runtime, shutdown).await }.in_current_span())
+        tokio::spawn(async move { streaming.serve(backend, shutdown).await }.in_current_span())
     };
 
     wait_for_signal(&shutdown).await?;

@@ -141,10 +141,10 @@ impl Default for StreamingConfig {
 impl StreamingConfig {
     /// The TLS files, when both are set; an error naming the missing key
     /// when only one is.
-    pub fn tls(&self) -> Result<Option<cubelet_cri::TlsFiles>, ConfigError> {
+    pub fn tls(&self) -> Result<Option<cubelet_streaming::TlsFiles>, ConfigError> {
         match (&self.tls_cert_file, &self.tls_key_file) {
             (None, None) => Ok(None),
-            (Some(cert), Some(key)) => Ok(Some(cubelet_cri::TlsFiles {
+            (Some(cert), Some(key)) => Ok(Some(cubelet_streaming::TlsFiles {
                 cert_file: cert.clone(),
                 key_file: key.clone(),
             })),

@@ -1,14 +1,17 @@
-//! CRI `Exec`, `Attach` and `PortForward`: validate, register, return a URL.
+//! CRI `Exec`, `Attach` and `PortForward`: validate, hand the request to the
+//! streaming server (`cubelet-streaming`) in its own terms, return its URL.
 
 use cubelet_engine::SandboxId;
 use cubelet_pod::{ContainerState, SandboxState};
+use cubelet_streaming::{
+    AttachRequest, ExecRequest, PortForwardRequest, StreamingError, StreamingServer, Streams,
+};
 use k8s_cri::v1 as cri;
 
-use super::{Pending, StreamingServer, Streams};
 use crate::error::{CriError, CriResult};
 use crate::service::Cri;
 
-fn check_streams(stdin: bool, stdout: bool, stderr: bool, tty: bool) -> CriResult<()> {
+fn check_streams(stdin: bool, stdout: bool, stderr: bool, tty: bool) -> CriResult<Streams> {
     if tty && stderr {
         return Err(CriError::invalid(
             "stderr",
@@ -21,7 +24,22 @@ fn check_streams(stdin: bool, stdout: bool, stderr: bool, tty: bool) -> CriResul
             "one of stdin, stdout, or stderr must be set",
         ));
     }
-    Ok(())
+    Ok(Streams {
+        stdin,
+        stdout,
+        stderr,
+        tty,
+    })
+}
+
+/// A URL, or `FailedPrecondition` when no token could be made.
+fn url(registered: Result<String, StreamingError>) -> CriResult<String> {
+    registered.map_err(|e| {
+        CriError::FailedPrecondition(format!(
+            "cannot create a streaming token: {}",
+            cubelet_engine::chain(&e)
+        ))
+    })
 }
 
 impl Cri {
@@ -50,30 +68,16 @@ impl Cri {
         Ok(rec.id)
     }
 
-    fn url(&self, server: &StreamingServer, req: Pending) -> CriResult<String> {
-        server.register(req).map_err(|e| {
-            CriError::FailedPrecondition(format!("cannot create a streaming token: {e}"))
-        })
-    }
-
     pub(crate) async fn exec_impl(&self, r: cri::ExecRequest) -> CriResult<cri::ExecResponse> {
         let server = self.streaming("Exec")?;
         crate::validate::exec_cmd("cmd", &r.cmd)?;
-        check_streams(r.stdin, r.stdout, r.stderr, r.tty)?;
+        let streams = check_streams(r.stdin, r.stdout, r.stderr, r.tty)?;
         let container_id = self.running_container(&r.container_id)?;
-        let url = self.url(
-            server,
-            Pending::Exec {
-                container_id,
-                cmd: r.cmd,
-                streams: Streams {
-                    stdin: r.stdin,
-                    stdout: r.stdout,
-                    stderr: r.stderr,
-                    tty: r.tty,
-                },
-            },
-        )?;
+        let url = url(server.exec(ExecRequest {
+            container_id,
+            cmd: r.cmd,
+            streams,
+        }))?;
         Ok(cri::ExecResponse { url })
     }
 
@@ -82,20 +86,12 @@ impl Cri {
         r: cri::AttachRequest,
     ) -> CriResult<cri::AttachResponse> {
         let server = self.streaming("Attach")?;
-        check_streams(r.stdin, r.stdout, r.stderr, r.tty)?;
+        let streams = check_streams(r.stdin, r.stdout, r.stderr, r.tty)?;
         let container_id = self.running_container(&r.container_id)?;
-        let url = self.url(
-            server,
-            Pending::Attach {
-                container_id,
-                streams: Streams {
-                    stdin: r.stdin,
-                    stdout: r.stdout,
-                    stderr: r.stderr,
-                    tty: r.tty,
-                },
-            },
-        )?;
+        let url = url(server.attach(AttachRequest {
+            container_id,
+            streams,
+        }))?;
         Ok(cri::AttachResponse { url })
     }
 
@@ -136,14 +132,11 @@ impl Cri {
             }
         }
         let netns = rec.network.as_ref().and_then(|n| n.netns_path.clone());
-        let url = self.url(
-            server,
-            Pending::PortForward {
-                sandbox_id: rec.id.as_str().to_owned(),
-                netns,
-                ports,
-            },
-        )?;
+        let url = url(server.port_forward(PortForwardRequest {
+            pod_sandbox_id: rec.id.as_str().to_owned(),
+            netns,
+            ports,
+        }))?;
         Ok(cri::PortForwardResponse { url })
     }
 }
@@ -159,7 +152,25 @@ mod tests {
         assert!(e.to_string().contains("tty and stderr"));
         let e = check_streams(false, false, false, false).unwrap_err();
         assert!(e.to_string().contains("one of stdin, stdout, or stderr"));
-        assert!(check_streams(true, true, false, true).is_ok());
+        assert_eq!(
+            check_streams(true, true, false, true).unwrap(),
+            Streams {
+                stdin: true,
+                stdout: true,
+                stderr: false,
+                tty: true
+            }
+        );
         assert!(check_streams(false, true, true, false).is_ok());
+    }
+
+    #[test]
+    fn a_token_failure_is_a_failed_precondition() {
+        let e = url(Err(StreamingError::AlreadyServing)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            e.to_string().contains("cannot create a streaming token"),
+            "{e}"
+        );
     }
 }

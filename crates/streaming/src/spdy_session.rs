@@ -20,8 +20,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
-use super::spdy::{Frame, HeaderCodec, HeaderList, SpdyError};
-use super::spdy::{INITIAL_WINDOW, RST_PROTOCOL_ERROR, SETTINGS_INITIAL_WINDOW_SIZE};
+use crate::spdy::{Frame, HeaderCodec, HeaderList, SpdyError};
+use crate::spdy::{INITIAL_WINDOW, RST_PROTOCOL_ERROR, SETTINGS_INITIAL_WINDOW_SIZE};
 
 /// How long a sender waits on an exhausted window of a client that never
 /// sent a WINDOW_UPDATE before it stops enforcing the windows.
@@ -332,7 +332,7 @@ where
                 if events.send(open).await.is_err() {
                     return Ok(());
                 }
-                if flags & super::spdy::FLAG_FIN != 0
+                if flags & crate::spdy::FLAG_FIN != 0
                     && events.send(Event::Fin { id: stream_id }).await.is_err()
                 {
                     return Ok(());
@@ -420,7 +420,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::streaming::spdy::header;
+    use crate::spdy::header;
 
     /// Client side over a duplex pipe: frames in, frames out.
     struct Client {

@@ -1,11 +1,12 @@
 //! Single-use, expiring tokens for pending streaming requests.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+
+use crate::StreamingError;
 
 /// Pending requests by token. A token is removed when it is used, and is
 /// refused (and dropped) once older than the idle timeout.
@@ -15,10 +16,11 @@ pub(crate) struct TokenStore<T> {
     map: Mutex<HashMap<String, (Instant, T)>>,
 }
 
-/// A new random token: 24 bytes of the kernel's CSPRNG, base64url.
-pub(crate) fn new_token() -> std::io::Result<String> {
+/// A new random token: 24 bytes of the kernel's CSPRNG (`getrandom(2)`),
+/// base64url.
+pub(crate) fn new_token() -> Result<String, StreamingError> {
     let mut buf = [0u8; 24];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    getrandom::fill(&mut buf).map_err(StreamingError::Random)?;
     Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(buf))
 }
 
@@ -37,7 +39,7 @@ impl<T> TokenStore<T> {
 
     /// Stores `value` under a fresh token at `now` and returns the token;
     /// expired entries are dropped on the way.
-    pub(crate) fn insert_at(&self, value: T, now: Instant) -> std::io::Result<String> {
+    pub(crate) fn insert_at(&self, value: T, now: Instant) -> Result<String, StreamingError> {
         let token = new_token()?;
         let mut map = self.lock();
         let ttl = self.ttl;
@@ -47,7 +49,7 @@ impl<T> TokenStore<T> {
     }
 
     /// Stores `value` under a fresh token.
-    pub(crate) fn insert(&self, value: T) -> std::io::Result<String> {
+    pub(crate) fn insert(&self, value: T) -> Result<String, StreamingError> {
         self.insert_at(value, Instant::now())
     }
 

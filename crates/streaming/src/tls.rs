@@ -10,6 +10,8 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 
+use crate::StreamingError;
+
 /// PEM files of the streaming server's certificate chain and private key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
@@ -19,15 +21,16 @@ pub struct TlsFiles {
     pub key_file: PathBuf,
 }
 
-fn invalid(path: &Path, what: &str, e: impl std::fmt::Display) -> std::io::Error {
-    std::io::Error::new(
-        std::io::ErrorKind::InvalidData,
-        format!("streaming TLS {what} {}: {e}", path.display()),
-    )
+fn invalid(path: &Path, what: &'static str, e: impl std::fmt::Display) -> StreamingError {
+    StreamingError::Tls {
+        what,
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    }
 }
 
 /// Loads `files` into an acceptor.
-pub(super) fn acceptor(files: &TlsFiles) -> std::io::Result<TlsAcceptor> {
+pub(crate) fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, StreamingError> {
     let certs = CertificateDer::pem_file_iter(&files.cert_file)
         .map_err(|e| invalid(&files.cert_file, "certificate", e))?
         .collect::<Result<Vec<_>, _>>()

@@ -8,25 +8,23 @@
 //! order in the session's own loop, so a resize sent before stdin data is
 //! applied before that data reaches the process.
 
-use super::dial::PodTarget;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cubelet_runtime::container::ContainerRuntime;
-use cubelet_runtime::exec_stream::{ExecStreamOptions, OutputChunk};
-use cubelet_runtime::logs::Stream as LogStream;
 use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
-use super::channel::{self, CLOSE, ERROR, RESIZE, STDERR, STDIN, STDOUT};
-use super::Streams;
+use crate::backend::{chain, Lagged};
+use crate::channel::{self, CLOSE, ERROR, RESIZE, STDERR, STDIN, STDOUT};
+use crate::dial::PodTarget;
+use crate::{ExecOptions, OutputChunk, OutputStream, StreamBackend, Streams, TerminalSize};
 
 /// How long output may still flow after the process exited (a background
 /// child holding the pipes must not keep the session open forever).
@@ -36,7 +34,7 @@ const ATTACH_SETTLE: Duration = Duration::from_millis(200);
 
 /// A message from a session to its client.
 #[derive(Debug)]
-pub(super) enum Out {
+pub(crate) enum Out {
     /// Bytes on a channel.
     Data(u8, Bytes),
     /// Nothing more will be sent on this channel.
@@ -45,15 +43,15 @@ pub(super) enum Out {
 
 /// A message from the client; the channel closing means it is gone.
 #[derive(Debug)]
-pub(super) enum In {
+pub(crate) enum In {
     /// Bytes on a channel (stdin, or one resize object).
     Data(u8, Bytes),
     /// The client closed this channel (stdin: end of input).
     End(u8),
 }
 
-pub(super) type Tx = mpsc::Sender<Out>;
-pub(super) type Rx = mpsc::Receiver<In>;
+pub(crate) type Tx = mpsc::Sender<Out>;
+pub(crate) type Rx = mpsc::Receiver<In>;
 
 /// Adapts `ws` to the neutral messages: a writer task fed by the returned
 /// sender (it sends a close frame once every sender is gone) and a reader
@@ -115,7 +113,7 @@ fn normal_close() -> Message {
 /// Turns `ws` into a byte stream: the payloads of binary messages in, one
 /// binary message per write out. This is the tunnel newer clients use for
 /// SPDY port-forward over WebSocket (`SPDY/3.1+portforward.k8s.io`).
-pub(super) fn ws_byte_stream<S>(ws: WebSocketStream<S>) -> tokio::io::DuplexStream
+pub(crate) fn ws_byte_stream<S>(ws: WebSocketStream<S>) -> tokio::io::DuplexStream
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -209,10 +207,10 @@ async fn finish(mut h: JoinHandle<()>) {
 }
 
 /// Runs `cmd` in the container and streams it over `ws` until it exits.
-pub(super) async fn exec<S>(
+pub(crate) async fn exec<S>(
     ws: WebSocketStream<S>,
     v5: bool,
-    runtime: Arc<ContainerRuntime>,
+    backend: Arc<dyn StreamBackend>,
     container_id: String,
     cmd: Vec<String>,
     streams: Streams,
@@ -220,7 +218,7 @@ pub(super) async fn exec<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     over_ws(ws, v5, |tx, rx| {
-        exec_core(tx, rx, runtime, container_id, cmd, streams)
+        exec_core(tx, rx, backend, container_id, cmd, streams)
     })
     .await;
 }
@@ -228,24 +226,24 @@ pub(super) async fn exec<S>(
 /// Runs `cmd` in the container: output goes to `tx`, input comes from
 /// `rx`; ends with the status on the error channel (or kills the process
 /// when the client goes away).
-pub(super) async fn exec_core(
+pub(crate) async fn exec_core(
     tx: Tx,
     mut incoming: Rx,
-    runtime: Arc<ContainerRuntime>,
+    backend: Arc<dyn StreamBackend>,
     container_id: String,
     cmd: Vec<String>,
     streams: Streams,
 ) {
-    let opts = ExecStreamOptions {
+    let opts = ExecOptions {
         stdin: streams.stdin,
         tty: streams.tty,
     };
-    let started = runtime.exec_stream(&container_id, &cmd, &opts).await;
+    let started = backend.exec(&container_id, &cmd, opts).await;
     let es = match started {
         Ok(s) => s,
         Err(e) => {
             tracing::info!(container = %container_id, error = %e, "streaming exec failed to start");
-            finish_with(&tx, &channel::failure_status(&cubelet_engine::chain(&e))).await;
+            finish_with(&tx, &channel::failure_status(&chain(&*e))).await;
             return;
         }
     };
@@ -281,7 +279,7 @@ pub(super) async fn exec_core(
                     }
                     Some(In::Data(RESIZE, data)) => {
                         if let (true, Some(sz)) = (streams.tty, channel::parse_resize(&data)) {
-                            if let Err(e) = process.resize(sz.width.into(), sz.height.into()).await {
+                            if let Err(e) = process.resize(term_size(sz)).await {
                                 tracing::debug!(error = %e, "exec resize failed");
                             }
                         }
@@ -306,7 +304,7 @@ pub(super) async fn exec_core(
             }
             let status = match code {
                 Ok(c) => channel::exit_status(c),
-                Err(e) => channel::failure_status(&cubelet_engine::chain(&e)),
+                Err(e) => channel::failure_status(&chain(&*e)),
             };
             finish_with(&tx, &status).await;
         }
@@ -335,45 +333,53 @@ fn discard_tx() -> Tx {
 
 fn chunk_channel(c: &OutputChunk, streams: Streams) -> Option<u8> {
     match c.stream {
-        LogStream::Stdout if streams.stdout || streams.tty => Some(STDOUT),
-        LogStream::Stderr if streams.tty && streams.stdout => Some(STDOUT),
-        LogStream::Stderr if streams.stderr => Some(STDERR),
+        OutputStream::Stdout if streams.stdout || streams.tty => Some(STDOUT),
+        OutputStream::Stderr if streams.tty && streams.stdout => Some(STDOUT),
+        OutputStream::Stderr if streams.stderr => Some(STDERR),
         _ => None,
     }
 }
 
+/// A resize message's size as the backend takes it.
+fn term_size(sz: channel::TermSize) -> TerminalSize {
+    TerminalSize {
+        width: sz.width.into(),
+        height: sz.height.into(),
+    }
+}
+
 /// Connects a WebSocket client to the container's own stdio.
-pub(super) async fn attach<S>(
+pub(crate) async fn attach<S>(
     ws: WebSocketStream<S>,
     v5: bool,
-    runtime: Arc<ContainerRuntime>,
+    backend: Arc<dyn StreamBackend>,
     container_id: String,
     streams: Streams,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     over_ws(ws, v5, |tx, rx| {
-        attach_core(tx, rx, runtime, container_id, streams)
+        attach_core(tx, rx, backend, container_id, streams)
     })
     .await;
 }
 
 /// Connects the client to the container's own stdio until it exits or the
 /// client leaves (the container keeps running then).
-pub(super) async fn attach_core(
+pub(crate) async fn attach_core(
     tx: Tx,
     mut incoming: Rx,
-    runtime: Arc<ContainerRuntime>,
+    backend: Arc<dyn StreamBackend>,
     container_id: String,
     streams: Streams,
 ) {
-    let Some(mut output) = runtime.attach_output(&container_id) else {
+    let Some(mut output) = backend.attach_output(&container_id) else {
         let msg = format!("container {container_id} is not running");
         finish_with(&tx, &channel::failure_status(&msg)).await;
         return;
     };
     let mut stdin = if streams.stdin {
-        match runtime.open_stdin(&container_id) {
+        match backend.open_stdin(&container_id) {
             Ok(s) => s,
             Err(e) => {
                 tracing::info!(container = %container_id, error = %e, "attach: stdin unavailable");
@@ -386,21 +392,21 @@ pub(super) async fn attach_core(
     // Whether this session still feeds the container's stdin.
     let mut input_open = stdin.is_some();
     let exited = {
-        let wait = runtime.wait_container(&container_id);
+        let wait = backend.wait_container(&container_id);
         tokio::pin!(wait);
         loop {
             tokio::select! {
                 r = &mut wait => break Some(r),
-                c = output.recv() => match c {
-                    Ok(c) => {
+                c = output.next() => match c {
+                    Some(Ok(c)) => {
                         if let Some(ch) = chunk_channel(&c, streams) {
                             send(&tx, ch, &c.data).await;
                         }
                     }
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                    Some(Err(Lagged(n))) => {
                         tracing::debug!(container = %container_id, lost = n, "attach fell behind");
                     }
-                    Err(broadcast::error::RecvError::Closed) => break Some(Ok(0)),
+                    None => break Some(Ok(0)),
                 },
                 m = incoming.recv() => match m {
                     None => {
@@ -408,7 +414,7 @@ pub(super) async fn attach_core(
                         // container's input as a half-close would.
                         if input_open {
                             stdin = None;
-                            end_input(&runtime, &container_id).await;
+                            end_input(&*backend, &container_id).await;
                         }
                         break None;
                     }
@@ -421,8 +427,8 @@ pub(super) async fn attach_core(
                     }
                     Some(In::Data(RESIZE, data)) => {
                         if let (true, Some(sz)) = (streams.tty, channel::parse_resize(&data)) {
-                            if let Err(e) = runtime
-                                .resize_container_pty(&container_id, sz.width.into(), sz.height.into())
+                            if let Err(e) = backend
+                                .resize_container(&container_id, term_size(sz))
                                 .await
                             {
                                 tracing::debug!(error = %e, "attach resize failed");
@@ -432,7 +438,7 @@ pub(super) async fn attach_core(
                     Some(In::End(STDIN)) if input_open => {
                         input_open = false;
                         stdin = None;
-                        end_input(&runtime, &container_id).await;
+                        end_input(&*backend, &container_id).await;
                     }
                     Some(_) => {}
                 }
@@ -442,7 +448,7 @@ pub(super) async fn attach_core(
     drop(stdin);
     if exited.is_some() {
         // The copier may still hold the last lines: forward until quiet.
-        while let Ok(Ok(c)) = tokio::time::timeout(ATTACH_SETTLE, output.recv()).await {
+        while let Ok(Some(Ok(c))) = tokio::time::timeout(ATTACH_SETTLE, output.next()).await {
             if let Some(ch) = chunk_channel(&c, streams) {
                 send(&tx, ch, &c.data).await;
             }
@@ -453,8 +459,8 @@ pub(super) async fn attach_core(
 
 /// Ends an attach session's input: the session's own writer is already
 /// gone; a `stdin_once` container's stdin is closed too.
-async fn end_input(runtime: &ContainerRuntime, container_id: &str) {
-    if let Err(e) = runtime.attach_stdin_closed(container_id).await {
+async fn end_input(backend: &dyn StreamBackend, container_id: &str) {
+    if let Err(e) = backend.attach_stdin_closed(container_id).await {
         tracing::debug!(container = %container_id, error = %e, "attach stdin close failed");
     }
 }
@@ -462,7 +468,7 @@ async fn end_input(runtime: &ContainerRuntime, container_id: &str) {
 /// Forwards each of `ports` to the same port on the sandbox's loopback:
 /// channel `2i` carries the data of port `i`, `2i+1` its errors; each
 /// channel first carries the port number (little-endian u16).
-pub(super) async fn port_forward<S>(
+pub(crate) async fn port_forward<S>(
     ws: WebSocketStream<S>,
     sandbox_id: String,
     target: PodTarget,

@@ -12,22 +12,21 @@
 //! a `data` stream sharing `port` and `requestid` headers; each pair is
 //! dialled in the pod's network namespace and spliced both ways.
 
-use super::dial::PodTarget;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use cubelet_runtime::container::ContainerRuntime;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::channel::{self, ERROR, RESIZE, STDERR, STDIN, STDOUT};
-use super::session::{self, In, Out};
-use super::spdy::header;
-use super::spdy_session::{Conn, Event, Sender};
-use super::Streams;
+use crate::channel::{self, ERROR, RESIZE, STDERR, STDIN, STDOUT};
+use crate::dial::PodTarget;
+use crate::session::{self, In, Out};
+use crate::spdy::header;
+use crate::spdy_session::{Conn, Event, Sender};
+use crate::{StreamBackend, Streams};
 
 /// Remote command subprotocols, preferred first.
 pub(crate) const REMOTE_COMMAND_PROTOCOLS: &[&str] = &[
@@ -131,7 +130,7 @@ fn error_payload(v4: bool, status: &[u8]) -> Option<Bytes> {
 pub(crate) async fn remote_command<S>(
     io: S,
     protocol: &str,
-    runtime: Arc<ContainerRuntime>,
+    backend: Arc<dyn StreamBackend>,
     command: Command,
     streams: Streams,
 ) where
@@ -178,10 +177,10 @@ pub(crate) async fn remote_command<S>(
     let reader = tokio::spawn(read_roles(events, early, roles, in_tx));
     match command {
         Command::Exec { container_id, cmd } => {
-            session::exec_core(tx, rx, runtime, container_id, cmd, streams).await;
+            session::exec_core(tx, rx, backend, container_id, cmd, streams).await;
         }
         Command::Attach { container_id } => {
-            session::attach_core(tx, rx, runtime, container_id, streams).await;
+            session::attach_core(tx, rx, backend, container_id, streams).await;
         }
     }
     let _ = writer.await;

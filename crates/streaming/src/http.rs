@@ -1,12 +1,10 @@
 //! The HTTP/1.1 side: accept loop, routing by path and token, and the
 //! upgrade to WebSocket or SPDY/3.1.
 
-use super::dial::PodTarget;
 use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use cubelet_runtime::container::ContainerRuntime;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -17,23 +15,25 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 
-use super::channel::{self, PORT_FORWARD, SPDY_TUNNEL_PORT_FORWARD, V4, V5};
-use super::session;
-use super::spdy_remote::{self, Command, PORT_FORWARD_PROTOCOL, REMOTE_COMMAND_PROTOCOLS};
-use super::{Pending, Shared};
+use crate::channel::{self, PORT_FORWARD, SPDY_TUNNEL_PORT_FORWARD, V4, V5};
+use crate::dial::PodTarget;
+use crate::session;
+use crate::spdy_remote::{self, Command, PORT_FORWARD_PROTOCOL, REMOTE_COMMAND_PROTOCOLS};
+use crate::{AttachRequest, ExecRequest, Pending, PortForwardRequest, Shared, StreamBackend};
 
 type Body = Full<Bytes>;
 
-pub(super) async fn serve(
+/// Accepts connections until `shutdown` is cancelled.
+pub(crate) async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
-    runtime: Arc<ContainerRuntime>,
+    backend: Arc<dyn StreamBackend>,
     shutdown: CancellationToken,
-) -> std::io::Result<()> {
+) {
     tracing::info!(addr = %shared.addr, tls = shared.tls.is_some(), "streaming server listening");
     loop {
         let (stream, peer) = tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
+            () = shutdown.cancelled() => return,
             r = listener.accept() => match r {
                 Ok(c) => c,
                 Err(e) => {
@@ -43,14 +43,14 @@ pub(super) async fn serve(
             },
         };
         let shared = Arc::clone(&shared);
-        let runtime = Arc::clone(&runtime);
+        let backend = Arc::clone(&backend);
         tokio::spawn(async move {
             match shared.tls.clone() {
-                None => serve_connection(stream, peer, shared, runtime).await,
+                None => serve_connection(stream, peer, shared, backend).await,
                 Some(acceptor) => {
                     match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
                     {
-                        Ok(Ok(tls)) => serve_connection(tls, peer, shared, runtime).await,
+                        Ok(Ok(tls)) => serve_connection(tls, peer, shared, backend).await,
                         Ok(Err(e)) => {
                             tracing::debug!(%peer, error = %e, "streaming TLS handshake failed")
                         }
@@ -70,14 +70,14 @@ async fn serve_connection<S>(
     io: S,
     peer: std::net::SocketAddr,
     shared: Arc<Shared>,
-    runtime: Arc<ContainerRuntime>,
+    backend: Arc<dyn StreamBackend>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let svc = hyper::service::service_fn(move |req| {
         let shared = Arc::clone(&shared);
-        let runtime = Arc::clone(&runtime);
-        async move { Ok::<_, Infallible>(handle(req, &shared, runtime)) }
+        let backend = Arc::clone(&backend);
+        async move { Ok::<_, Infallible>(handle(req, &shared, backend)) }
     });
     if let Err(e) = hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(io), svc)
@@ -125,7 +125,7 @@ fn ports_from_query(query: Option<&str>) -> Result<Vec<u16>, String> {
 fn handle(
     req: Request<Incoming>,
     shared: &Shared,
-    runtime: Arc<ContainerRuntime>,
+    backend: Arc<dyn StreamBackend>,
 ) -> Response<Body> {
     let path = req.uri().path().to_owned();
     let mut parts = path.trim_start_matches('/').splitn(2, '/');
@@ -141,7 +141,7 @@ fn handle(
         .join(",")
         .to_ascii_lowercase();
     if upgrade.contains("spdy") {
-        return spdy_upgrade(req, kind, token, &upgrade, shared, runtime);
+        return spdy_upgrade(req, kind, token, &upgrade, shared, backend);
     }
     if !upgrade.contains("websocket") {
         return text(
@@ -190,7 +190,6 @@ fn handle(
             HeaderValue::from_static(proto_static(proto)),
         );
     }
-    let dialer = Arc::clone(&shared.dialer);
     tokio::spawn(async move {
         let upgraded = match hyper::upgrade::on(req).await {
             Ok(u) => u,
@@ -201,21 +200,21 @@ fn handle(
         };
         let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
         match pending {
-            Pending::Exec {
+            Pending::Exec(ExecRequest {
                 container_id,
                 cmd,
                 streams,
-            } => session::exec(ws, v5, runtime, container_id, cmd, streams).await,
-            Pending::Attach {
+            }) => session::exec(ws, v5, backend, container_id, cmd, streams).await,
+            Pending::Attach(AttachRequest {
                 container_id,
                 streams,
-            } => session::attach(ws, v5, runtime, container_id, streams).await,
-            Pending::PortForward {
-                sandbox_id,
+            }) => session::attach(ws, v5, backend, container_id, streams).await,
+            Pending::PortForward(PortForwardRequest {
+                pod_sandbox_id: sandbox_id,
                 netns,
                 ports: req_ports,
-            } => {
-                let target = PodTarget { netns, dialer };
+            }) => {
+                let target = PodTarget { netns, backend };
                 if tunnel {
                     // The ports come in the SPDY streams' headers.
                     let io = session::ws_byte_stream(ws);
@@ -241,7 +240,7 @@ fn spdy_upgrade(
     token: &str,
     upgrade: &str,
     shared: &Shared,
-    runtime: Arc<ContainerRuntime>,
+    backend: Arc<dyn StreamBackend>,
 ) -> Response<Body> {
     if !upgrade.split(',').any(|u| u.trim() == "spdy/3.1") {
         return text(
@@ -287,7 +286,6 @@ fn spdy_upgrade(
         h.insert(STREAM_PROTOCOL, v);
     }
     let proto = proto.to_owned();
-    let dialer = Arc::clone(&shared.dialer);
     tokio::spawn(async move {
         let upgraded = match hyper::upgrade::on(req).await {
             Ok(u) => TokioIo::new(u),
@@ -297,25 +295,27 @@ fn spdy_upgrade(
             }
         };
         match pending {
-            Pending::Exec {
+            Pending::Exec(ExecRequest {
                 container_id,
                 cmd,
                 streams,
-            } => {
+            }) => {
                 let c = Command::Exec { container_id, cmd };
-                spdy_remote::remote_command(upgraded, &proto, runtime, c, streams).await;
+                spdy_remote::remote_command(upgraded, &proto, backend, c, streams).await;
             }
-            Pending::Attach {
+            Pending::Attach(AttachRequest {
                 container_id,
                 streams,
-            } => {
+            }) => {
                 let c = Command::Attach { container_id };
-                spdy_remote::remote_command(upgraded, &proto, runtime, c, streams).await;
+                spdy_remote::remote_command(upgraded, &proto, backend, c, streams).await;
             }
-            Pending::PortForward {
-                sandbox_id, netns, ..
-            } => {
-                let target = PodTarget { netns, dialer };
+            Pending::PortForward(PortForwardRequest {
+                pod_sandbox_id: sandbox_id,
+                netns,
+                ..
+            }) => {
+                let target = PodTarget { netns, backend };
                 spdy_remote::port_forward(upgraded, sandbox_id, target).await
             }
         }

@@ -1,0 +1,399 @@
+//! Cubelet's streaming server: exec, attach and port-forward over WebSocket
+//! and SPDY/3.1.
+//!
+//! A caller (the CRI edge) registers an [`ExecRequest`], [`AttachRequest`]
+//! or [`PortForwardRequest`] with [`StreamingServer::exec`] and friends; the
+//! request is stored under a single-use random token that expires after the
+//! idle timeout, and the caller gets back
+//! `http(s)://<address>:<port>/<kind>/<token>` (https when the server has a
+//! certificate, see [`TlsFiles`]). The client (kubelet, crictl, kubectl
+//! through the API server) then connects to that URL on this server's own
+//! TCP listener and upgrades to WebSocket with the Kubernetes channel
+//! protocol (`v4.channel.k8s.io`, `v5.channel.k8s.io`), or to SPDY/3.1
+//! (`X-Stream-Protocol-Version: v4.channel.k8s.io` .. `channel.k8s.io`, or
+//! `portforward.k8s.io`), which crictl and kubelet's proxy speak.
+//!
+//! This crate knows nothing of CRI, containerd or network namespaces: it
+//! validates nothing about containers or pods (the caller did), and reaches
+//! them only through the [`StreamBackend`] it is served with.
+
+mod backend;
+mod channel;
+mod dial;
+mod error;
+#[cfg(test)]
+mod fake;
+mod http;
+mod request;
+mod session;
+mod spdy;
+mod spdy_remote;
+mod spdy_session;
+mod tls;
+mod tokens;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use self::backend::{
+    AttachOutput, BackendError, ExecIo, ExecOptions, ExecProcess, Lagged, OutputChunk,
+    OutputStream, Reader, StreamBackend, TerminalSize, Writer,
+};
+pub use self::error::StreamingError;
+pub use self::request::{AttachRequest, ExecRequest, PortForwardRequest, Streams};
+pub use self::tls::TlsFiles;
+use self::tokens::TokenStore;
+
+/// Default idle timeout of a token (kubelet's streaming server: 4 minutes).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(4 * 60);
+
+/// Where and how the streaming server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamingConfig {
+    /// Listen address.
+    pub address: IpAddr,
+    /// Port; 0 picks a free one.
+    pub port: u16,
+    /// How long a returned URL stays usable.
+    pub idle_timeout: Duration,
+    /// Serve HTTPS with this certificate; `None` = plain HTTP.
+    pub tls: Option<TlsFiles>,
+}
+
+impl Default for StreamingConfig {
+    fn default() -> Self {
+        Self {
+            address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 0,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            tls: None,
+        }
+    }
+}
+
+/// A request waiting for its client to connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Pending {
+    /// Run a command in a container.
+    Exec(ExecRequest),
+    /// Attach to a container's own stdio.
+    Attach(AttachRequest),
+    /// Forward ports into a pod's network namespace.
+    PortForward(PortForwardRequest),
+}
+
+impl Pending {
+    fn path(&self) -> &'static str {
+        match self {
+            Pending::Exec(_) => "exec",
+            Pending::Attach(_) => "attach",
+            Pending::PortForward(_) => "portforward",
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    addr: SocketAddr,
+    /// Present when serving HTTPS.
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    tokens: TokenStore<Pending>,
+}
+
+/// Handle of the streaming server: cheap to clone; the CRI edge registers
+/// requests through it, the binary runs it with [`StreamingServer::serve`].
+#[derive(Clone)]
+pub struct StreamingServer {
+    shared: Arc<Shared>,
+    listener: Arc<std::sync::Mutex<Option<TcpListener>>>,
+}
+
+impl std::fmt::Debug for StreamingServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamingServer")
+            .field("addr", &self.shared.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StreamingServer {
+    /// Loads the TLS certificate if any and binds the listener (port 0 = a
+    /// free port). Serving starts with [`StreamingServer::serve`].
+    pub async fn bind(config: &StreamingConfig) -> Result<Self, StreamingError> {
+        let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
+        let addr = SocketAddr::new(config.address, config.port);
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| StreamingError::Bind { addr, source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| StreamingError::Bind { addr, source })?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                addr,
+                tls,
+                tokens: TokenStore::new(config.idle_timeout),
+            }),
+            listener: Arc::new(std::sync::Mutex::new(Some(listener))),
+        })
+    }
+
+    /// The address clients connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.addr
+    }
+
+    /// Stores an exec request and returns the URL its client must use.
+    pub fn exec(&self, req: ExecRequest) -> Result<String, StreamingError> {
+        self.register(Pending::Exec(req))
+    }
+
+    /// Stores an attach request and returns the URL its client must use.
+    pub fn attach(&self, req: AttachRequest) -> Result<String, StreamingError> {
+        self.register(Pending::Attach(req))
+    }
+
+    /// Stores a port-forward request and returns the URL its client must
+    /// use.
+    pub fn port_forward(&self, req: PortForwardRequest) -> Result<String, StreamingError> {
+        self.register(Pending::PortForward(req))
+    }
+
+    /// Stores `req` and returns the URL its client must use.
+    fn register(&self, req: Pending) -> Result<String, StreamingError> {
+        let kind = req.path();
+        let token = self.shared.tokens.insert(req)?;
+        let scheme = if self.shared.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        Ok(format!("{scheme}://{}/{kind}/{token}", self.shared.addr))
+    }
+
+    /// Serves connections until `shutdown` is cancelled, running sessions on
+    /// `backend`. Sessions in progress finish on their own. Serving twice is
+    /// an error.
+    pub async fn serve(
+        &self,
+        backend: Arc<dyn StreamBackend>,
+        shutdown: CancellationToken,
+    ) -> Result<(), StreamingError> {
+        let listener = self
+            .listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .ok_or(StreamingError::AlreadyServing)?;
+        http::serve(listener, Arc::clone(&self.shared), backend, shutdown).await;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::FakeBackend;
+    use futures::{SinkExt, StreamExt};
+    use std::sync::atomic::Ordering;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Message;
+
+    type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+    async fn served() -> (StreamingServer, Arc<FakeBackend>, CancellationToken) {
+        let server = StreamingServer::bind(&StreamingConfig::default())
+            .await
+            .unwrap();
+        let backend = Arc::new(FakeBackend::default());
+        let stop = CancellationToken::new();
+        let s = server.clone();
+        let (b, c) = (Arc::clone(&backend) as Arc<dyn StreamBackend>, stop.clone());
+        tokio::spawn(async move { s.serve(b, c).await.unwrap() });
+        (server, backend, stop)
+    }
+
+    async fn connect(
+        url: &str,
+        protocol: &str,
+    ) -> Result<Ws, tokio_tungstenite::tungstenite::Error> {
+        let url = url.replacen("http://", "ws://", 1);
+        let mut req = url.as_str().into_client_request().unwrap();
+        req.headers_mut()
+            .insert("Sec-WebSocket-Protocol", protocol.parse().unwrap());
+        let addr = req.uri().authority().unwrap().as_str().to_owned();
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        Ok(tokio_tungstenite::client_async(req, tcp).await?.0)
+    }
+
+    /// Every channel message until the server closes: (channel, payload).
+    async fn drain(ws: &mut Ws) -> Vec<(u8, Vec<u8>)> {
+        let mut out = Vec::new();
+        while let Some(m) = ws.next().await {
+            match m.unwrap() {
+                Message::Binary(b) => out.push((b[0], b[1..].to_vec())),
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+        out
+    }
+
+    fn on(msgs: &[(u8, Vec<u8>)], ch: u8) -> Vec<u8> {
+        msgs.iter()
+            .filter(|(c, _)| *c == ch)
+            .flat_map(|(_, d)| d.clone())
+            .collect()
+    }
+
+    fn exec(cmd: &[&str], stdin: bool) -> ExecRequest {
+        ExecRequest {
+            container_id: "c1".into(),
+            cmd: cmd.iter().map(|s| (*s).to_owned()).collect(),
+            streams: Streams {
+                stdin,
+                stdout: true,
+                stderr: true,
+                tty: false,
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn exec_over_websocket_runs_on_the_backend_once_per_token() {
+        let (server, backend, stop) = served().await;
+        let url = server.exec(exec(&["echo", "hello"], false)).unwrap();
+        assert!(url.starts_with(&format!("http://{}/exec/", server.local_addr())));
+        let mut ws = connect(&url, channel::V5).await.unwrap();
+        let msgs = drain(&mut ws).await;
+        assert_eq!(on(&msgs, channel::STDOUT), b"hello\n");
+        let status: serde_json::Value = serde_json::from_slice(&on(&msgs, channel::ERROR)).unwrap();
+        assert_eq!(status["status"], "Success");
+        assert_eq!(backend.cleaned_up.load(Ordering::SeqCst), 1);
+        // Single use: the same URL is refused now.
+        assert!(connect(&url, channel::V5).await.is_err());
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn exec_reports_exit_codes_and_start_failures() {
+        let (server, _backend, stop) = served().await;
+        let url = server.exec(exec(&["exit", "3"], false)).unwrap();
+        let msgs = drain(&mut connect(&url, channel::V4).await.unwrap()).await;
+        let status: serde_json::Value = serde_json::from_slice(&on(&msgs, channel::ERROR)).unwrap();
+        assert_eq!(status["reason"], "NonZeroExitCode");
+        assert_eq!(status["details"]["causes"][0]["message"], "3");
+        let url = server.exec(exec(&["nope"], false)).unwrap();
+        let msgs = drain(&mut connect(&url, channel::V4).await.unwrap()).await;
+        let status: serde_json::Value = serde_json::from_slice(&on(&msgs, channel::ERROR)).unwrap();
+        assert!(
+            status["message"]
+                .as_str()
+                .unwrap()
+                .contains("command not found"),
+            "{status}"
+        );
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn exec_stdin_ends_with_a_v5_close() {
+        let (server, _backend, stop) = served().await;
+        let url = server.exec(exec(&["cat"], true)).unwrap();
+        let mut ws = connect(&url, channel::V5).await.unwrap();
+        ws.send(Message::Binary(channel::frame(channel::STDIN, b"ping\n")))
+            .await
+            .unwrap();
+        ws.send(Message::Binary(channel::frame(
+            channel::CLOSE,
+            &[channel::STDIN],
+        )))
+        .await
+        .unwrap();
+        let msgs = drain(&mut ws).await;
+        assert_eq!(on(&msgs, channel::STDOUT), b"ping\n");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn attach_to_a_container_that_is_not_running_fails_on_the_error_channel() {
+        let (server, _backend, stop) = served().await;
+        let url = server
+            .attach(AttachRequest {
+                container_id: "gone".into(),
+                streams: Streams {
+                    stdout: true,
+                    ..Streams::default()
+                },
+            })
+            .unwrap();
+        let msgs = drain(&mut connect(&url, channel::V5).await.unwrap()).await;
+        let status: serde_json::Value = serde_json::from_slice(&on(&msgs, channel::ERROR)).unwrap();
+        assert_eq!(status["message"], "container gone is not running");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn port_forward_over_websocket_dials_through_the_backend() {
+        let (server, _backend, stop) = served().await;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = [0u8; 4];
+            s.read_exact(&mut buf).await.unwrap();
+            s.write_all(&[b"re: ", &buf[..]].concat()).await.unwrap();
+        });
+        let url = server
+            .port_forward(PortForwardRequest {
+                pod_sandbox_id: "p1".into(),
+                netns: None,
+                ports: vec![port],
+            })
+            .unwrap();
+        let mut ws = connect(&url, channel::V4).await.unwrap();
+        let mut got = Vec::new();
+        // Both channels first carry the port.
+        for _ in 0..2 {
+            match ws.next().await.unwrap().unwrap() {
+                Message::Binary(b) => got.push(b.to_vec()),
+                m => panic!("unexpected {m:?}"),
+            }
+        }
+        let le = port.to_le_bytes();
+        assert_eq!(got, vec![vec![0, le[0], le[1]], vec![1, le[0], le[1]]]);
+        ws.send(Message::Binary(channel::frame(0, b"ping")))
+            .await
+            .unwrap();
+        let mut data = Vec::new();
+        while data.len() < 8 {
+            match ws.next().await.unwrap().unwrap() {
+                Message::Binary(b) if b[0] == 0 => data.extend_from_slice(&b[1..]),
+                _ => {}
+            }
+        }
+        assert_eq!(data, b"re: ping");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn serving_twice_is_an_error() {
+        let server = StreamingServer::bind(&StreamingConfig::default())
+            .await
+            .unwrap();
+        let backend: Arc<dyn StreamBackend> = Arc::new(FakeBackend::default());
+        let stop = CancellationToken::new();
+        tokio::select! {
+            biased;
+            r = server.serve(Arc::clone(&backend), stop.clone()) => panic!("the first serve ended: {r:?}"),
+            r = async {
+                tokio::task::yield_now().await;
+                server.serve(Arc::clone(&backend), stop.clone()).await
+            } => assert!(matches!(r, Err(StreamingError::AlreadyServing)), "{r:?}"),
+        }
+    }
+}
