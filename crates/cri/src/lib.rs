@@ -8,7 +8,6 @@
 //! ([`error`]). CRI wire types stay inside this crate; it does not know which
 //! providers run the flows.
 
-pub mod authority;
 mod container;
 pub mod convert;
 mod deadline;
@@ -21,6 +20,7 @@ mod server;
 mod service;
 mod stats;
 mod streaming;
+pub mod transport;
 pub mod validate;
 
 pub use error::{CriError, CriResult};

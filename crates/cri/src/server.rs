@@ -10,15 +10,18 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::service::Cri;
+use crate::transport::{self, TransportOptions};
 
 /// Largest CRI message accepted or sent (kubelet uses 16 MiB).
 const MAX_MESSAGE: usize = 16 * 1024 * 1024;
 
 /// Binds `socket` (parent created, a stale socket file removed, mode 0660)
-/// and serves both CRI services until `shutdown` is cancelled.
+/// and serves both CRI services until `shutdown` is cancelled, its
+/// connections treated as `options` say.
 pub async fn serve_unix(
     socket: std::path::PathBuf,
     cri: Cri,
+    options: TransportOptions,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
     let listener = bind(&socket)?;
@@ -46,10 +49,11 @@ pub async fn serve_unix(
                 .max_decoding_message_size(MAX_MESSAGE)
                 .max_encoding_message_size(MAX_MESSAGE),
         )
-        // Through the `:authority` fix-up: Go clients that send the socket
-        // path as authority would otherwise get every stream reset by h2.
+        // Through the `:authority` repair unless it is switched off: Go
+        // clients that send the socket path as authority would otherwise get
+        // every stream reset by h2.
         .serve_with_incoming_shutdown(
-            crate::authority::incoming(listener),
+            transport::incoming(listener, options),
             shutdown.cancelled_owned(),
         )
         .await

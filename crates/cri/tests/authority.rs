@@ -1,8 +1,9 @@
-//! The `:authority` fix-up in front of a real tonic server on a unix socket:
-//! a raw HTTP/2 client that sends the socket path as `:authority` (as Go
-//! gRPC clients of some versions do) is reset by h2 without the fix and
-//! served with it; tonic's own client still works; `crictl` works when it is
-//! installed.
+//! The `:authority` repair in front of a real tonic server on a unix socket,
+//! through `transport::incoming` as the CRI socket uses it: a raw HTTP/2
+//! client that sends the socket path as `:authority` (as Go gRPC clients of
+//! some versions do) is reset by h2 with the repair switched off and served
+//! with it on; clients that send a valid authority (raw, tonic's own) are
+//! served either way; `crictl` works when it is installed.
 
 // Helpers outside #[test] fns unwrap too; a failure should print its error.
 #![allow(clippy::unwrap_used)]
@@ -10,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cubelet_cri::authority;
+use cubelet_cri::transport::{self, TransportOptions};
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::image_service_server::{ImageService, ImageServiceServer};
 use k8s_cri::v1::{
@@ -21,7 +22,6 @@ use k8s_cri::v1::{
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -81,7 +81,8 @@ struct Served {
 }
 
 impl Served {
-    /// Serves [`OneImage`] on a fresh socket, through the fix-up or not.
+    /// Serves [`OneImage`] on a fresh socket through the transport the CRI
+    /// socket uses, with the `:authority` repair on or off.
     fn start(with_fix: bool) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("test-authority-")
@@ -92,15 +93,12 @@ impl Served {
         let server =
             tonic::transport::Server::builder().add_service(ImageServiceServer::new(OneImage));
         let shutdown = stop.clone().cancelled_owned();
-        if with_fix {
-            tokio::spawn(
-                server.serve_with_incoming_shutdown(authority::incoming(listener), shutdown),
-            );
-        } else {
-            tokio::spawn(
-                server.serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown),
-            );
-        }
+        let options = TransportOptions {
+            rewrite_invalid_authority: with_fix,
+        };
+        tokio::spawn(
+            server.serve_with_incoming_shutdown(transport::incoming(listener, options), shutdown),
+        );
         Self { dir, stop }
     }
 
@@ -241,9 +239,8 @@ async fn socket_path_authority_is_served_with_the_fix() {
     }
 }
 
-#[tokio::test]
-async fn valid_authority_is_served_with_the_fix() {
-    let served = Served::start(true);
+/// Raw clients with valid authorities get every stream answered.
+async fn assert_valid_authorities_served(served: &Served) {
     for authority in ["localhost", "[::]"] {
         for outcome in raw_list_images(&served.socket(), authority, 3).await {
             match outcome {
@@ -258,8 +255,17 @@ async fn valid_authority_is_served_with_the_fix() {
 }
 
 #[tokio::test]
-async fn tonic_client_still_works() {
-    let served = Served::start(true);
+async fn valid_authority_is_served_with_the_fix() {
+    assert_valid_authorities_served(&Served::start(true)).await;
+}
+
+#[tokio::test]
+async fn valid_authority_is_served_with_the_fix_switched_off() {
+    assert_valid_authorities_served(&Served::start(false)).await;
+}
+
+/// tonic's own client lists the image, with either authority it may send.
+async fn assert_tonic_client_works(served: &Served) {
     for uri in ["http://localhost", "http://[::]:50051"] {
         let socket = served.socket();
         let channel = tonic::transport::Endpoint::try_from(uri)
@@ -286,6 +292,16 @@ async fn tonic_client_still_works() {
             assert_eq!(images[0].repo_tags, vec![IMAGE_TAG.to_string()]);
         }
     }
+}
+
+#[tokio::test]
+async fn tonic_client_still_works() {
+    assert_tonic_client_works(&Served::start(true)).await;
+}
+
+#[tokio::test]
+async fn tonic_client_works_with_the_fix_switched_off() {
+    assert_tonic_client_works(&Served::start(false)).await;
 }
 
 /// Runs `crictl images` against `served`, or `None` when crictl is not

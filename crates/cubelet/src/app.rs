@@ -272,7 +272,15 @@ pub async fn run(config: Config) -> Result<()> {
     info!(socket = %admin_socket.display(), "serving the admin api (cubelet ctl)");
 
     let cri_task = tokio::spawn(
-        cubelet_cri::serve_unix(config.socket.clone(), cri, shutdown.clone()).in_current_span(),
+        cubelet_cri::serve_unix(
+            config.socket.clone(),
+            cri,
+            cubelet_cri::transport::TransportOptions {
+                rewrite_invalid_authority: config.cri.rewrite_invalid_authority,
+            },
+            shutdown.clone(),
+        )
+        .in_current_span(),
     );
     info!(socket = %config.socket.display(), "serving CRI");
     let streaming_task = {

@@ -28,6 +28,8 @@ pub struct Config {
     pub root_dir: PathBuf,
     /// Volatile state: netns pins, FIFOs, the admin socket.
     pub state_dir: PathBuf,
+    /// The CRI socket's transport.
+    pub cri: CriConfig,
     /// containerd connection.
     pub containerd: ContainerdConfig,
     /// Admin HTTP endpoint (/metrics, /healthz, /readyz).
@@ -56,6 +58,7 @@ impl Default for Config {
             socket: "/run/cubelet/cubelet.sock".into(),
             root_dir: "/var/lib/cubelet".into(),
             state_dir: "/run/cubelet".into(),
+            cri: CriConfig::default(),
             containerd: ContainerdConfig::default(),
             metrics: MetricsConfig::default(),
             streaming: StreamingConfig::default(),
@@ -66,6 +69,25 @@ impl Default for Config {
             flows: WorkflowConfig::default(),
             engine: EngineConfig::default(),
             gc: GcConfig::default(),
+        }
+    }
+}
+
+/// `cri:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CriConfig {
+    /// Replace an invalid HTTP/2 `:authority` with `localhost` before the
+    /// gRPC server sees it: some Go clients (crictl/critest 1.26, older
+    /// kubelets) send the socket path there, and every one of their calls
+    /// would otherwise be reset with `PROTOCOL_ERROR`.
+    pub rewrite_invalid_authority: bool,
+}
+
+impl Default for CriConfig {
+    fn default() -> Self {
+        Self {
+            rewrite_invalid_authority: true,
         }
     }
 }
@@ -729,6 +751,7 @@ mod tests {
         let c = Config::from_yaml("").unwrap();
         assert_eq!(c, Config::default());
         assert_eq!(c.socket, Path::new("/run/cubelet/cubelet.sock"));
+        assert!(c.cri.rewrite_invalid_authority);
         assert_eq!(c.containerd.namespace, "k8s.cubelet.io");
         assert_eq!(c.metrics.address.to_string(), "127.0.0.1:9385");
         assert_eq!(c.storage.shm_size, ByteSize(64 << 20));
@@ -879,6 +902,9 @@ gc: { interval: 60s, dead_sandbox_ttl: 1h }
         vec![
             ("socket", "/run/other/cubelet.sock", |c| {
                 c.socket = "/run/other/cubelet.sock".into()
+            }),
+            ("cri.rewrite_invalid_authority", "false", |c| {
+                c.cri.rewrite_invalid_authority = false
             }),
             ("containerd.namespace", "other.ns", |c| {
                 c.containerd.namespace = "other.ns".into()
