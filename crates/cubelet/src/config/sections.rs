@@ -1,0 +1,400 @@
+//! The sections of the configuration, one type per map, each with its
+//! defaults.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+use super::{ByteSize, ConfigError};
+
+/// `cri:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CriConfig {
+    /// Replace an invalid HTTP/2 `:authority` with `localhost` before the
+    /// gRPC server sees it: some Go clients (crictl/critest 1.26, older
+    /// kubelets) send the socket path there, and every one of their calls
+    /// would otherwise be reset with `PROTOCOL_ERROR`.
+    pub rewrite_invalid_authority: bool,
+}
+
+impl Default for CriConfig {
+    fn default() -> Self {
+        Self {
+            rewrite_invalid_authority: true,
+        }
+    }
+}
+
+/// `containerd:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ContainerdConfig {
+    /// containerd's gRPC socket.
+    pub address: PathBuf,
+    /// containerd namespace Cubelet keeps its objects in.
+    pub namespace: String,
+    /// containerd's root directory (its `root` setting), measured by
+    /// CRI `ImageFsInfo`.
+    pub root: PathBuf,
+}
+
+impl Default for ContainerdConfig {
+    fn default() -> Self {
+        Self {
+            address: "/run/containerd/containerd.sock".into(),
+            namespace: "k8s.cubelet.io".into(),
+            root: "/var/lib/containerd".into(),
+        }
+    }
+}
+
+/// `metrics:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Listen address of the admin HTTP server.
+    pub address: SocketAddr,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            address: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9385),
+        }
+    }
+}
+
+/// `streaming:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamingConfig {
+    /// Listen address.
+    pub address: IpAddr,
+    /// Port; 0 picks a free one.
+    pub port: u16,
+    /// How long an Exec/Attach/PortForward URL stays usable (kubelet: 4m).
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// PEM certificate chain: serve HTTPS (with `tls_key_file`).
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
+}
+
+impl Default for StreamingConfig {
+    fn default() -> Self {
+        Self {
+            address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 0,
+            idle_timeout: Duration::from_secs(4 * 60),
+            tls_cert_file: None,
+            tls_key_file: None,
+        }
+    }
+}
+
+impl StreamingConfig {
+    /// The TLS files, when both are set; an error naming the missing key
+    /// when only one is.
+    pub fn tls(&self) -> Result<Option<cubelet_streaming::TlsFiles>, ConfigError> {
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (None, None) => Ok(None),
+            (Some(cert), Some(key)) => Ok(Some(cubelet_streaming::TlsFiles {
+                cert_file: cert.clone(),
+                key_file: key.clone(),
+            })),
+            (Some(_), None) => Err(ConfigError::Invalid {
+                key: "streaming.tls_key_file",
+                message: "required with streaming.tls_cert_file".into(),
+            }),
+            (None, Some(_)) => Err(ConfigError::Invalid {
+                key: "streaming.tls_cert_file",
+                message: "required with streaming.tls_key_file".into(),
+            }),
+        }
+    }
+}
+
+/// `images:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImagesConfig {
+    /// Pod infra image; empty means the built-in cubelet-pause image.
+    pub pause_image: String,
+    /// Path of the static `cubelet-pause` binary the built-in image is made
+    /// from; empty means `cubelet-pause` beside the `cubelet` executable.
+    pub pause_binary: PathBuf,
+    /// Registry host configuration, `<host>/hosts.toml` as containerd's.
+    pub registry_config_dir: PathBuf,
+}
+
+impl Default for ImagesConfig {
+    fn default() -> Self {
+        Self {
+            pause_image: String::new(),
+            pause_binary: PathBuf::new(),
+            registry_config_dir: "/etc/cubelet/certs.d".into(),
+        }
+    }
+}
+
+/// Cgroup driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupDriver {
+    /// Paths under the cgroup filesystem.
+    Cgroupfs,
+    /// systemd slices.
+    Systemd,
+}
+
+impl CgroupDriver {
+    /// Name as CRI `RuntimeConfig` reports it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupDriver::Cgroupfs => "cgroupfs",
+            CgroupDriver::Systemd => "systemd",
+        }
+    }
+}
+
+/// `runtime.handlers.<name>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandlerConfig {
+    /// containerd runtime type, e.g. `io.containerd.runc.v2`.
+    pub runtime_type: String,
+    /// OCI runtime binary the shim runs.
+    #[serde(default)]
+    pub binary: Option<PathBuf>,
+    /// Runtime state root (runc `--root`).
+    #[serde(default)]
+    pub root: Option<PathBuf>,
+}
+
+/// `runtime:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// Handler used when a pod names none.
+    pub default_handler: String,
+    /// Handlers by RuntimeClass handler name.
+    pub handlers: BTreeMap<String, HandlerConfig>,
+    /// Cgroup driver.
+    pub cgroup_driver: CgroupDriver,
+    /// Never give a container an `oom_score_adj` below the agent's own (a
+    /// process without CAP_SYS_RESOURCE cannot lower it); as containerd's option.
+    pub restrict_oom_score_adj: bool,
+    /// Leave hugepage limits out of container specs when the node has no
+    /// hugetlb controller where containers are placed (kubelet sends a zero
+    /// limit per page size); when false a non-zero limit is refused. As
+    /// containerd's option of the same name.
+    pub tolerate_missing_hugetlb_controller: bool,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        let mut handlers = BTreeMap::new();
+        handlers.insert(
+            "runc".to_owned(),
+            HandlerConfig {
+                runtime_type: "io.containerd.runc.v2".into(),
+                binary: Some("/usr/sbin/runc".into()),
+                root: None,
+            },
+        );
+        Self {
+            default_handler: "runc".into(),
+            handlers,
+            cgroup_driver: CgroupDriver::Cgroupfs,
+            restrict_oom_score_adj: true,
+            tolerate_missing_hugetlb_controller: true,
+        }
+    }
+}
+
+/// Network provider choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkProvider {
+    /// Built-in bridge over netlink.
+    Bridge,
+    /// Standard CNI plugins.
+    Cni,
+    /// Loopback-only namespaces.
+    None,
+}
+
+/// `network.bridge:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BridgeSection {
+    /// Bridge device name.
+    pub name: String,
+    /// Pod subnet.
+    pub subnet: Ipv4Net,
+    /// MTU of pod interfaces.
+    pub mtu: u32,
+}
+
+impl Default for BridgeSection {
+    fn default() -> Self {
+        Self {
+            name: "cubelet0".into(),
+            subnet: Ipv4Net::new_assert(Ipv4Addr::new(10, 88, 0, 0), 16),
+            mtu: 1500,
+        }
+    }
+}
+
+/// `network.cni:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CniSection {
+    /// Plugin binaries.
+    pub bin_dir: PathBuf,
+    /// Network configuration lists.
+    pub conf_dir: PathBuf,
+}
+
+impl Default for CniSection {
+    fn default() -> Self {
+        Self {
+            bin_dir: "/opt/cni/bin".into(),
+            conf_dir: "/etc/cni/net.d".into(),
+        }
+    }
+}
+
+/// `network:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NetworkConfig {
+    /// Which provider runs the `network` step.
+    pub provider: NetworkProvider,
+    /// Bridge provider settings.
+    pub bridge: BridgeSection,
+    /// CNI provider settings.
+    pub cni: CniSection,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        Self {
+            provider: NetworkProvider::Bridge,
+            bridge: BridgeSection::default(),
+            cni: CniSection::default(),
+        }
+    }
+}
+
+/// `storage.scratch:` — optional size-limited per-pod scratch space.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScratchSection {
+    /// Whether pods get a scratch filesystem.
+    pub enabled: bool,
+    /// Pre-formatted images kept ready.
+    pub pool_size: usize,
+    /// Size of each image.
+    pub size: ByteSize,
+}
+
+impl Default for ScratchSection {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            pool_size: 4,
+            size: ByteSize(256 << 20),
+        }
+    }
+}
+
+/// `storage:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// Size of each pod's `/dev/shm`.
+    pub shm_size: ByteSize,
+    /// Scratch space.
+    pub scratch: ScratchSection,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            shm_size: ByteSize(64 << 20),
+            scratch: ScratchSection::default(),
+        }
+    }
+}
+
+/// `engine:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// How long a rollback may run before it is left to the GC.
+    #[serde(with = "humantime_serde")]
+    pub rollback_timeout: Duration,
+    /// Rollbacks running at once (they queue, never rejected).
+    pub rollback_concurrency: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            rollback_timeout: Duration::from_secs(120),
+            rollback_concurrency: 16,
+        }
+    }
+}
+
+/// `gc:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GcConfig {
+    /// Time between passes.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Stopped sandboxes older than this are removed if kubelet never did.
+    #[serde(with = "humantime_serde")]
+    pub dead_sandbox_ttl: Duration,
+    /// Items reclaimed at once.
+    pub concurrency: usize,
+}
+
+impl Default for GcConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(60),
+            dead_sandbox_ttl: Duration::from_secs(3600),
+            concurrency: 4,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use std::path::Path;
+
+    #[test]
+    fn streaming_tls_needs_both_files() {
+        let c =
+            Config::from_yaml("streaming: { tls_cert_file: /etc/c.pem, tls_key_file: /etc/k.pem }")
+                .unwrap();
+        let tls = c.streaming.tls().unwrap().unwrap();
+        assert_eq!(tls.cert_file, Path::new("/etc/c.pem"));
+        assert_eq!(tls.key_file, Path::new("/etc/k.pem"));
+        let e = Config::from_yaml("streaming: { tls_cert_file: /etc/c.pem }")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("streaming.tls_key_file"), "{e}");
+        assert_eq!(Config::default().streaming.tls().unwrap(), None);
+    }
+}
