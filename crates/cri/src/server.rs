@@ -8,6 +8,7 @@ use k8s_cri::v1::image_service_server::ImageServiceServer;
 use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::service::Cri;
 use crate::transport::{self, TransportOptions};
@@ -30,10 +31,13 @@ pub async fn serve_unix(
     {
         let cri = cri.clone();
         let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            shutdown.cancelled().await;
-            cri.close_events();
-        });
+        tokio::spawn(
+            async move {
+                shutdown.cancelled().await;
+                cri.close_events();
+            }
+            .in_current_span(),
+        );
     }
     tonic::transport::Server::builder()
         // Expired client deadlines get DEADLINE_EXCEEDED (tonic's own

@@ -14,6 +14,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::channel::{self, PORT_FORWARD, SPDY_TUNNEL_PORT_FORWARD, V4, V5};
 use crate::dial::PodTarget;
@@ -44,21 +45,25 @@ pub(crate) async fn serve(
         };
         let shared = Arc::clone(&shared);
         let backend = Arc::clone(&backend);
-        tokio::spawn(async move {
-            match shared.tls.clone() {
-                None => serve_connection(stream, peer, shared, backend).await,
-                Some(acceptor) => {
-                    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
-                    {
-                        Ok(Ok(tls)) => serve_connection(tls, peer, shared, backend).await,
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "streaming TLS handshake failed")
+        tokio::spawn(
+            async move {
+                match shared.tls.clone() {
+                    None => serve_connection(stream, peer, shared, backend).await,
+                    Some(acceptor) => {
+                        match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream))
+                            .await
+                        {
+                            Ok(Ok(tls)) => serve_connection(tls, peer, shared, backend).await,
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, error = %e, "streaming TLS handshake failed")
+                            }
+                            Err(_) => tracing::debug!(%peer, "streaming TLS handshake timed out"),
                         }
-                        Err(_) => tracing::debug!(%peer, "streaming TLS handshake timed out"),
                     }
                 }
             }
-        });
+            .instrument(tracing::debug_span!("streaming_connection", %peer)),
+        );
     }
 }
 
@@ -190,42 +195,47 @@ fn handle(
             HeaderValue::from_static(proto_static(proto)),
         );
     }
-    tokio::spawn(async move {
-        let upgraded = match hyper::upgrade::on(req).await {
-            Ok(u) => u,
-            Err(e) => {
-                tracing::warn!(error = %e, "streaming upgrade failed");
-                return;
-            }
-        };
-        let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
-        match pending {
-            Pending::Exec(ExecRequest {
-                container_id,
-                cmd,
-                streams,
-            }) => session::exec(ws, v5, backend, container_id, cmd, streams).await,
-            Pending::Attach(AttachRequest {
-                container_id,
-                streams,
-            }) => session::attach(ws, v5, backend, container_id, streams).await,
-            Pending::PortForward(PortForwardRequest {
-                pod_sandbox_id: sandbox_id,
-                netns,
-                ports: req_ports,
-            }) => {
-                let target = PodTarget { netns, backend };
-                if tunnel {
-                    // The ports come in the SPDY streams' headers.
-                    let io = session::ws_byte_stream(ws);
-                    spdy_remote::port_forward(io, sandbox_id, target).await;
-                } else {
-                    let ports = if ports.is_empty() { req_ports } else { ports };
-                    session::port_forward(ws, sandbox_id, target, ports).await;
+    let span = pending.span();
+    tokio::spawn(
+        async move {
+            let upgraded = match hyper::upgrade::on(req).await {
+                Ok(u) => u,
+                Err(e) => {
+                    tracing::warn!(error = %e, "streaming upgrade failed");
+                    return;
+                }
+            };
+            let ws =
+                WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+            match pending {
+                Pending::Exec(ExecRequest {
+                    container_id,
+                    cmd,
+                    streams,
+                }) => session::exec(ws, v5, backend, container_id, cmd, streams).await,
+                Pending::Attach(AttachRequest {
+                    container_id,
+                    streams,
+                }) => session::attach(ws, v5, backend, container_id, streams).await,
+                Pending::PortForward(PortForwardRequest {
+                    pod_sandbox_id: sandbox_id,
+                    netns,
+                    ports: req_ports,
+                }) => {
+                    let target = PodTarget { netns, backend };
+                    if tunnel {
+                        // The ports come in the SPDY streams' headers.
+                        let io = session::ws_byte_stream(ws);
+                        spdy_remote::port_forward(io, sandbox_id, target).await;
+                    } else {
+                        let ports = if ports.is_empty() { req_ports } else { ports };
+                        session::port_forward(ws, sandbox_id, target, ports).await;
+                    }
                 }
             }
         }
-    });
+        .instrument(span),
+    );
     resp
 }
 
@@ -286,40 +296,44 @@ fn spdy_upgrade(
         h.insert(STREAM_PROTOCOL, v);
     }
     let proto = proto.to_owned();
-    tokio::spawn(async move {
-        let upgraded = match hyper::upgrade::on(req).await {
-            Ok(u) => TokioIo::new(u),
-            Err(e) => {
-                tracing::warn!(error = %e, "streaming upgrade failed");
-                return;
-            }
-        };
-        match pending {
-            Pending::Exec(ExecRequest {
-                container_id,
-                cmd,
-                streams,
-            }) => {
-                let c = Command::Exec { container_id, cmd };
-                spdy_remote::remote_command(upgraded, &proto, backend, c, streams).await;
-            }
-            Pending::Attach(AttachRequest {
-                container_id,
-                streams,
-            }) => {
-                let c = Command::Attach { container_id };
-                spdy_remote::remote_command(upgraded, &proto, backend, c, streams).await;
-            }
-            Pending::PortForward(PortForwardRequest {
-                pod_sandbox_id: sandbox_id,
-                netns,
-                ..
-            }) => {
-                let target = PodTarget { netns, backend };
-                spdy_remote::port_forward(upgraded, sandbox_id, target).await
+    let span = pending.span();
+    tokio::spawn(
+        async move {
+            let upgraded = match hyper::upgrade::on(req).await {
+                Ok(u) => TokioIo::new(u),
+                Err(e) => {
+                    tracing::warn!(error = %e, "streaming upgrade failed");
+                    return;
+                }
+            };
+            match pending {
+                Pending::Exec(ExecRequest {
+                    container_id,
+                    cmd,
+                    streams,
+                }) => {
+                    let c = Command::Exec { container_id, cmd };
+                    spdy_remote::remote_command(upgraded, &proto, backend, c, streams).await;
+                }
+                Pending::Attach(AttachRequest {
+                    container_id,
+                    streams,
+                }) => {
+                    let c = Command::Attach { container_id };
+                    spdy_remote::remote_command(upgraded, &proto, backend, c, streams).await;
+                }
+                Pending::PortForward(PortForwardRequest {
+                    pod_sandbox_id: sandbox_id,
+                    netns,
+                    ..
+                }) => {
+                    let target = PodTarget { netns, backend };
+                    spdy_remote::port_forward(upgraded, sandbox_id, target).await
+                }
             }
         }
-    });
+        .instrument(span),
+    );
     resp
 }
 

@@ -94,6 +94,21 @@ impl Pending {
             Pending::PortForward(_) => "portforward",
         }
     }
+
+    /// The span a session of this request runs in (never the token).
+    fn span(&self) -> tracing::Span {
+        match self {
+            Pending::Exec(r) => {
+                tracing::info_span!("stream", kind = "exec", container_id = %r.container_id)
+            }
+            Pending::Attach(r) => {
+                tracing::info_span!("stream", kind = "attach", container_id = %r.container_id)
+            }
+            Pending::PortForward(r) => {
+                tracing::info_span!("stream", kind = "portforward", sandbox_id = %r.pod_sandbox_id)
+            }
+        }
+    }
 }
 
 pub(crate) struct Shared {

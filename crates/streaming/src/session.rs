@@ -20,6 +20,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
+use tracing::Instrument;
 
 use crate::backend::{chain, Lagged};
 use crate::channel::{self, CLOSE, ERROR, RESIZE, STDERR, STDIN, STDOUT};
@@ -63,41 +64,47 @@ where
 {
     let (mut sink, mut stream) = ws.split();
     let (tx, mut rx) = mpsc::channel::<Out>(64);
-    let writer = tokio::spawn(async move {
-        while let Some(m) = rx.recv().await {
-            if let Out::Data(ch, data) = m {
-                if sink
-                    .send(Message::Binary(channel::frame(ch, &data)))
-                    .await
-                    .is_err()
-                {
+    let writer = tokio::spawn(
+        async move {
+            while let Some(m) = rx.recv().await {
+                if let Out::Data(ch, data) = m {
+                    if sink
+                        .send(Message::Binary(channel::frame(ch, &data)))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+            let _ = sink.send(normal_close()).await;
+            let _ = sink.flush().await;
+        }
+        .in_current_span(),
+    );
+    let (in_tx, in_rx) = mpsc::channel::<In>(64);
+    let reader = tokio::spawn(
+        async move {
+            loop {
+                let m = match stream.next().await {
+                    None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return,
+                    Some(Ok(Message::Binary(b))) => match channel::parse(&b) {
+                        Some((CLOSE, rest)) if v5 => match rest.first() {
+                            Some(&ch) => In::End(ch),
+                            None => continue,
+                        },
+                        Some((ch, _)) => In::Data(ch, b.slice(1..)),
+                        None => continue,
+                    },
+                    Some(Ok(_)) => continue,
+                };
+                if in_tx.send(m).await.is_err() {
                     return;
                 }
             }
         }
-        let _ = sink.send(normal_close()).await;
-        let _ = sink.flush().await;
-    });
-    let (in_tx, in_rx) = mpsc::channel::<In>(64);
-    let reader = tokio::spawn(async move {
-        loop {
-            let m = match stream.next().await {
-                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return,
-                Some(Ok(Message::Binary(b))) => match channel::parse(&b) {
-                    Some((CLOSE, rest)) if v5 => match rest.first() {
-                        Some(&ch) => In::End(ch),
-                        None => continue,
-                    },
-                    Some((ch, _)) => In::Data(ch, b.slice(1..)),
-                    None => continue,
-                },
-                Some(Ok(_)) => continue,
-            };
-            if in_tx.send(m).await.is_err() {
-                return;
-            }
-        }
-    });
+        .in_current_span(),
+    );
     (tx, in_rx, writer, reader)
 }
 
@@ -120,34 +127,40 @@ where
     let (ours, theirs) = tokio::io::duplex(64 * 1024);
     let (mut from_session, mut to_session) = tokio::io::split(theirs);
     let (mut sink, mut stream) = ws.split();
-    let inbound = tokio::spawn(async move {
-        while let Some(Ok(m)) = stream.next().await {
-            match m {
-                Message::Binary(b) if to_session.write_all(&b).await.is_err() => return,
-                Message::Close(_) => break,
-                _ => {}
+    let inbound = tokio::spawn(
+        async move {
+            while let Some(Ok(m)) = stream.next().await {
+                match m {
+                    Message::Binary(b) if to_session.write_all(&b).await.is_err() => return,
+                    Message::Close(_) => break,
+                    _ => {}
+                }
             }
+            let _ = to_session.shutdown().await;
         }
-        let _ = to_session.shutdown().await;
-    });
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; 32 * 1024];
-        loop {
-            match from_session.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    let msg = Message::Binary(Bytes::copy_from_slice(&buf[..n]));
-                    if sink.send(msg).await.is_err() {
-                        break;
+        .in_current_span(),
+    );
+    tokio::spawn(
+        async move {
+            let mut buf = vec![0u8; 32 * 1024];
+            loop {
+                match from_session.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let msg = Message::Binary(Bytes::copy_from_slice(&buf[..n]));
+                        if sink.send(msg).await.is_err() {
+                            break;
+                        }
                     }
                 }
             }
+            let _ = sink.send(normal_close()).await;
+            let _ = sink.flush().await;
+            // The session is over: stop waiting for the client.
+            inbound.abort();
         }
-        let _ = sink.send(normal_close()).await;
-        let _ = sink.flush().await;
-        // The session is over: stop waiting for the client.
-        inbound.abort();
-    });
+        .in_current_span(),
+    );
     ours
 }
 
@@ -185,19 +198,22 @@ fn pump<R>(mut r: R, ch: u8, tx: Tx) -> JoinHandle<()>
 where
     R: AsyncRead + Unpin + Send + 'static,
 {
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; 32 * 1024];
-        loop {
-            match r.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => {
-                    if !send(&tx, ch, &buf[..n]).await {
-                        return;
+    tokio::spawn(
+        async move {
+            let mut buf = vec![0u8; 32 * 1024];
+            loop {
+                match r.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        if !send(&tx, ch, &buf[..n]).await {
+                            return;
+                        }
                     }
                 }
             }
         }
-    })
+        .in_current_span(),
+    )
 }
 
 async fn finish(mut h: JoinHandle<()>) {
@@ -327,7 +343,7 @@ pub(crate) async fn exec_core(
 /// still be drained so the process does not block on a full pipe).
 fn discard_tx() -> Tx {
     let (tx, mut rx) = mpsc::channel::<Out>(8);
-    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    tokio::spawn(async move { while rx.recv().await.is_some() {} }.in_current_span());
     tx
 }
 

@@ -20,6 +20,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::channel::{self, ERROR, RESIZE, STDERR, STDIN, STDOUT};
 use crate::dial::PodTarget;
@@ -172,9 +173,9 @@ pub(crate) async fn remote_command<S>(
     let roles: HashMap<u32, u8> = ids.iter().map(|(r, id)| (*id, *r)).collect();
     let (tx, out_rx) = mpsc::channel::<Out>(64);
     let (in_tx, rx) = mpsc::channel::<In>(64);
-    let writer = tokio::spawn(write_roles(conn.out.clone(), out_rx, ids, v4));
+    let writer = tokio::spawn(write_roles(conn.out.clone(), out_rx, ids, v4).in_current_span());
     let events = std::mem::replace(&mut conn.events, mpsc::channel(1).1);
-    let reader = tokio::spawn(read_roles(events, early, roles, in_tx));
+    let reader = tokio::spawn(read_roles(events, early, roles, in_tx).in_current_span());
     match command {
         Command::Exec { container_id, cmd } => {
             session::exec_core(tx, rx, backend, container_id, cmd, streams).await;
@@ -324,15 +325,18 @@ where
                     let (in_tx, in_rx) = mpsc::channel(16);
                     inputs.insert(data, in_tx);
                     tasks.retain(|t| !t.is_finished());
-                    tasks.push(tokio::spawn(forward_pair(
-                        conn.out.clone(),
-                        error,
-                        data,
-                        port,
-                        sandbox_id.clone(),
-                        target.clone(),
-                        in_rx,
-                    )));
+                    tasks.push(tokio::spawn(
+                        forward_pair(
+                            conn.out.clone(),
+                            error,
+                            data,
+                            port,
+                            sandbox_id.clone(),
+                            target.clone(),
+                            in_rx,
+                        )
+                        .in_current_span(),
+                    ));
                 }
             }
             Event::Data { id, data } => {

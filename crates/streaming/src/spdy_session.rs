@@ -19,6 +19,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::spdy::{Frame, HeaderCodec, HeaderList, SpdyError};
 use crate::spdy::{INITIAL_WINDOW, RST_PROTOCOL_ERROR, SETTINGS_INITIAL_WINDOW_SIZE};
@@ -196,34 +197,40 @@ impl Conn {
             }),
             notify: Notify::new(),
         });
-        let writer = tokio::spawn(async move {
-            let mut buf = BytesMut::with_capacity(MAX_DATA + 64);
-            while let Some(f) = frames_rx.recv().await {
-                buf.clear();
-                f.encode(&mut buf);
-                // Coalesce what is already queued into one write.
-                while buf.len() < 64 * 1024 {
-                    match frames_rx.try_recv() {
-                        Ok(f) => f.encode(&mut buf),
-                        Err(_) => break,
+        let writer = tokio::spawn(
+            async move {
+                let mut buf = BytesMut::with_capacity(MAX_DATA + 64);
+                while let Some(f) = frames_rx.recv().await {
+                    buf.clear();
+                    f.encode(&mut buf);
+                    // Coalesce what is already queued into one write.
+                    while buf.len() < 64 * 1024 {
+                        match frames_rx.try_recv() {
+                            Ok(f) => f.encode(&mut buf),
+                            Err(_) => break,
+                        }
+                    }
+                    if wr.write_all(&buf).await.is_err() {
+                        return;
                     }
                 }
-                if wr.write_all(&buf).await.is_err() {
-                    return;
-                }
+                let _ = wr.flush().await;
+                let _ = wr.shutdown().await;
             }
-            let _ = wr.flush().await;
-            let _ = wr.shutdown().await;
-        });
+            .in_current_span(),
+        );
         let reader = {
             let frames = frames_tx.clone();
             let flow = Arc::clone(&flow);
-            tokio::spawn(async move {
-                if let Err(e) = read_loop(rd, &frames, &events_tx, &flow).await {
-                    tracing::debug!(error = %e, "spdy connection ended");
+            tokio::spawn(
+                async move {
+                    if let Err(e) = read_loop(rd, &frames, &events_tx, &flow).await {
+                        tracing::debug!(error = %e, "spdy connection ended");
+                    }
+                    flow.update(|st| st.closed = true);
                 }
-                flow.update(|st| st.closed = true);
-            })
+                .in_current_span(),
+            )
         };
         Conn {
             events,
