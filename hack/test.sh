@@ -17,6 +17,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 # not unwrap or expect: errors are typed and handled.
 cargo clippy --workspace --lib --bins -- -D warnings -D clippy::unwrap_used -D clippy::expect_used
 
+log "cargo deny (licenses, bans, sources; advisories need the network)"
+cargo deny --locked check licenses bans sources
+
 log "building"
 # With the test-only failpoint hook (e2e/tests/{faults,recovery}.rs use it);
 # the later `cargo test --workspace` keeps it on through the e2e crate's
