@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages Cubelet and its test suite need. Idempotent:
-# apt-get skips what is already installed.
+# Installs what Cubelet and its test suite need: Debian packages (apt-get
+# skips what is already installed) and cargo-deny. Idempotent.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -21,4 +21,17 @@ if ((${#missing[@]})); then
     apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
     log "all packages present"
+fi
+
+# cargo-deny, for hack/test.sh's license, ban and source checks (deny.toml),
+# from crates.io. The version is pinned so every machine applies the same
+# rules; it is built without LTO, which saves most of the install time (the
+# crate's release profile asks for fat LTO and one codegen unit).
+CARGO_DENY_VERSION=0.20.2
+if [[ "$(cargo deny --version 2>/dev/null)" == "cargo-deny $CARGO_DENY_VERSION" ]]; then
+    log "cargo-deny $CARGO_DENY_VERSION present"
+else
+    log "installing cargo-deny $CARGO_DENY_VERSION (cargo install --locked)"
+    CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+        cargo install --locked --version "$CARGO_DENY_VERSION" cargo-deny
 fi

@@ -17,8 +17,14 @@ cargo clippy --workspace --all-targets -- -D warnings
 # not unwrap or expect: errors are typed and handled.
 cargo clippy --workspace --lib --bins -- -D warnings -D clippy::unwrap_used -D clippy::expect_used
 
+log "cargo deny (licenses, bans, sources; advisories need the network)"
+cargo deny --locked check licenses bans sources
+
 log "building"
-cargo build --workspace
+# With the test-only failpoint hook (e2e/tests/{faults,recovery}.rs use it);
+# the later `cargo test --workspace` keeps it on through the e2e crate's
+# dev-dependency on cubelet, so the daemon it may rebuild has it too.
+cargo build --workspace --features cubelet/failpoints
 "$HACK_DIR/build-pause.sh" >/dev/null
 
 started=()
@@ -46,6 +52,10 @@ python3 "$HACK_DIR/check-crate-graph.py"
 
 log "cargo test"
 cargo test --workspace --no-fail-fast -- --test-threads="${TEST_THREADS:-2}"
+# The workspace run has the failpoint hook on (see "building"); the default
+# build's refusal to start when failpoints are asked for is tested here.
+log "cargo test -p cubelet failpoint (default features)"
+cargo test -p cubelet --lib failpoint
 
 log "leak audit"
 "$HACK_DIR/leak-audit.sh"

@@ -84,6 +84,9 @@ fn pause_binary(config: &Config) -> Result<PathBuf> {
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(config: Config) -> Result<()> {
+    // Before anything is bound or made: a bad failpoint list, or one given
+    // to a build without the hook, stops startup here.
+    let failpoints = Failpoints::from_env().map_err(anyhow::Error::msg)?;
     let shutdown = CancellationToken::new();
     for dir in [&config.root_dir, &config.state_dir] {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -149,7 +152,6 @@ pub async fn run(config: Config) -> Result<()> {
     let network = PodNetwork::build(&config, &store)?;
     let sandbox = Arc::new(SandboxProvider::new(Arc::clone(&runtime), pause.clone()));
 
-    let failpoints = Failpoints::from_env().map_err(anyhow::Error::msg)?;
     let engine = EngineBuilder::new()
         .provider(
             "storage",

@@ -1,16 +1,6 @@
-//! Test-only fault injection at the `Flow` seam, for end-to-end tests of
-//! crash recovery and rollback against the real daemon.
-//!
-//! Enabled only by the `CUBELET_TEST_FAILPOINTS` environment variable, a
-//! comma-separated list of `<provider>.<method>[@before]=<action>` where
-//! method is `create`, `destroy` or `cleanup` and action is
-//! `sleep:<duration>`, `fail` or `fail:<n>` (the first `n` calls of that
-//! method fail, whatever the sandbox, later ones pass: a flaky step). The
-//! action runs after the real step (so a failure has something to roll
-//! back), or with `@before` instead of it having run at all (the step fails
-//! before doing anything, or waits before starting).
-//! Example:
-//! `CUBELET_TEST_FAILPOINTS=storage.create=sleep:60s,network.create@before=fail`.
+//! The failpoints themselves: parsing `CUBELET_TEST_FAILPOINTS` and the
+//! [`Flow`] wrapper that injects the actions (built with the `failpoints`
+//! feature only).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,8 +10,7 @@ use async_trait::async_trait;
 use cubelet_engine::{Flow, FlowContext, FlowKind, Message, StepError};
 use tracing::warn;
 
-/// Name of the environment variable that enables failpoints.
-pub(crate) const ENV: &str = "CUBELET_TEST_FAILPOINTS";
+use super::ENV;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Action {
