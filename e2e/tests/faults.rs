@@ -2,8 +2,9 @@
 //!
 //! 1. Every step of every flow fails in turn: each provider (storage,
 //!    network, sandbox) × each flow (create, destroy, cleanup) × each phase
-//!    (before the step did anything, after it did all of it), by the
-//!    daemon's test failpoints. A failed create is an error and leaves
+//!    (before the step did anything, during it — the step stopped part-way,
+//!    its future dropped as a cancellation would — and after it did all of
+//!    it), by the daemon's test failpoints. A failed create is an error and leaves
 //!    nothing (rolled back); a destroy or cleanup that fails once is an error
 //!    and the retry kubelet would make succeeds. After each case the CRI
 //!    state is as expected and the leak audit (netns pins, veths, mounts,
@@ -24,7 +25,7 @@ use cubelet_e2e::cri::{
 use cubelet_e2e::{eventually, leaks, with_daemon, Daemon, DaemonOpts};
 
 const PROVIDERS: [&str; 3] = ["storage", "network", "sandbox"];
-const PHASES: [&str; 2] = ["before", "after"];
+const PHASES: [&str; 3] = ["before", "during", "after"];
 
 async fn restart_with(d: &Daemon, failpoints: &str) -> anyhow::Result<()> {
     d.stop().await?;

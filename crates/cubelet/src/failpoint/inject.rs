@@ -24,9 +24,17 @@ enum Action {
 enum Phase {
     /// Before it: a failure leaves the step undone.
     Before,
+    /// During it: the step is stopped part-way (its future dropped after
+    /// [`DURING`] of work, as a cancellation would) and the call fails, so
+    /// whatever it had done by then must be rolled back. A step that
+    /// finishes sooner fails as `After` does.
+    During,
     /// After it: a failure has the step's work to roll back.
     After,
 }
+
+/// How long a step works before a `@during` failpoint stops it.
+const DURING: Duration = Duration::from_millis(2);
 
 /// Parsed failpoints, keyed by provider then flow kind and phase.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -53,6 +61,7 @@ impl Failpoints {
             let (method, phase) = match method.split_once('@') {
                 None => (method, Phase::After),
                 Some((m, "before")) => (m, Phase::Before),
+                Some((m, "during")) => (m, Phase::During),
                 Some((m, "after")) => (m, Phase::After),
                 Some((_, other)) => {
                     return Err(format!("{ENV}: {item:?}: unknown phase {other:?}"))
@@ -109,8 +118,35 @@ impl Injected {
         step: impl std::future::Future<Output = Result<(), StepError>> + Send + 'a,
     ) -> Result<(), StepError> {
         self.at(kind, Phase::Before).await?;
+        if self.points.contains_key(&(kind, Phase::During)) && self.due(kind, Phase::During) {
+            // Interrupted part-way: the step's future is dropped mid-work.
+            tokio::select! {
+                r = step => r?,
+                () = tokio::time::sleep(DURING) => {}
+            }
+            return Err(injected(kind));
+        }
         step.await?;
         self.at(kind, Phase::After).await
+    }
+
+    /// Whether a `fail`/`fail:<n>` point at `phase` fires now (and counts it).
+    fn due(&self, kind: FlowKind, phase: Phase) -> bool {
+        let key = (kind, phase);
+        match self.points.get(&key) {
+            Some(Action::Fail) => true,
+            Some(Action::FailFirst(n)) => {
+                let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+                let count = failed.entry(key).or_default();
+                if *count < *n {
+                    *count += 1;
+                    true
+                } else {
+                    false
+                }
+            }
+            _ => false,
+        }
     }
 
     async fn at(&self, kind: FlowKind, phase: Phase) -> Result<(), StepError> {
@@ -178,7 +214,12 @@ mod tests {
             f.0["sandbox"][&(FlowKind::Create, Phase::Before)],
             Action::Fail
         );
-        assert!(Failpoints::parse("sandbox.create@during=fail").is_err());
+        let f = Failpoints::parse("sandbox.create@during=fail").unwrap();
+        assert_eq!(
+            f.0["sandbox"][&(FlowKind::Create, Phase::During)],
+            Action::Fail
+        );
+        assert!(Failpoints::parse("sandbox.create@midway=fail").is_err());
         assert!(Failpoints::parse("storage=fail").is_err());
         assert!(Failpoints::parse("storage.start=fail").is_err());
         assert!(Failpoints::parse("storage.create=explode").is_err());
@@ -219,5 +260,27 @@ mod tests {
         assert!(flow.cleanup(&ctx).await.is_err());
         assert!(flow.cleanup(&ctx).await.is_ok());
         assert!(flow.cleanup(&ctx).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn during_stops_the_step_part_way() {
+        let ctx = FlowContext::new(
+            cubelet_engine::SandboxId::new_unchecked("c".repeat(64)),
+            Arc::new(cubelet_engine::SandboxSpec::default()),
+        );
+        let step = cubelet_engine::fake::FakeFlow::new("network");
+        // A step that has taken its resource and would go on for ever.
+        step.set(FlowKind::Create, cubelet_engine::fake::Behavior::Hang);
+        let f = Failpoints::parse("network.create@during=fail:1").unwrap();
+        let flow = f.wrap("network", step.clone());
+        let err = tokio::time::timeout(Duration::from_secs(5), flow.create(&ctx))
+            .await
+            .expect("the failpoint stops the step")
+            .unwrap_err();
+        assert!(err.to_string().contains("injected create failure"), "{err}");
+        assert_eq!(step.held(), 1, "stopped after it had done part of its work");
+        // Counted: the next call runs the step to its end.
+        step.set(FlowKind::Create, cubelet_engine::fake::Behavior::Ok);
+        flow.create(&ctx).await.unwrap();
     }
 }
