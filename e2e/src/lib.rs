@@ -923,7 +923,8 @@ pub async fn run(prog: &str, args: &[&str]) -> anyhow::Result<String> {
 }
 
 /// Writes containerd-style host configs: the local registry over plain HTTP,
-/// and `registry.k8s.io` mirrored to it.
+/// and `registry.k8s.io`, `k8s.gcr.io` and `gcr.io` (the registries of
+/// critest's images, stood in for by `hack/critest/images.py`) mirrored to it.
 fn write_registry_config(dir: &Path) -> anyhow::Result<()> {
     let local = dir.join(REGISTRY);
     std::fs::create_dir_all(&local)?;
@@ -934,15 +935,17 @@ fn write_registry_config(dir: &Path) -> anyhow::Result<()> {
              capabilities = [\"pull\", \"resolve\"]\n  skip_verify = true\n"
         ),
     )?;
-    let k8s = dir.join("registry.k8s.io");
-    std::fs::create_dir_all(&k8s)?;
-    std::fs::write(
-        k8s.join("hosts.toml"),
-        format!(
-            "server = \"http://{REGISTRY}\"\n\n[host.\"http://{REGISTRY}\"]\n  \
-             capabilities = [\"pull\", \"resolve\"]\n"
-        ),
-    )?;
+    for upstream in ["registry.k8s.io", "k8s.gcr.io", "gcr.io"] {
+        let mirror = dir.join(upstream);
+        std::fs::create_dir_all(&mirror)?;
+        std::fs::write(
+            mirror.join("hosts.toml"),
+            format!(
+                "server = \"http://{REGISTRY}\"\n\n[host.\"http://{REGISTRY}\"]\n  \
+                 capabilities = [\"pull\", \"resolve\"]\n"
+            ),
+        )?;
+    }
     Ok(())
 }
 
