@@ -24,6 +24,7 @@ pub mod pause;
 pub mod sandbox;
 pub mod shims;
 pub mod spec;
+mod staged;
 pub mod stats;
 pub mod types;
 

@@ -106,6 +106,11 @@ impl ContainerRuntime {
                 return Err(e);
             }
         };
+        // The task's mount namespace holds its own copy of staged mounts:
+        // the node's can go, so they keep no volume busy after the task.
+        if let Err(e) = self.unstage_mounts(id).await {
+            tracing::warn!(container_id = id, error = %e, "unmounting staged mounts failed; removal retries");
+        }
         let readers = fifos.open_readers();
         let stdin_keeper = keepers.stdin;
         let readers = match readers {

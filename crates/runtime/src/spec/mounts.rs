@@ -188,6 +188,7 @@ mod tests {
             container_path: "/data".into(),
             readonly: false,
             propagation,
+            recursive_readonly: false,
         };
         let root = |mounts: Vec<MountSpec>| {
             let s = ContainerSpec {
@@ -231,12 +232,14 @@ mod tests {
                     container_path: "/data".into(),
                     readonly: true,
                     propagation: Propagation::HostToContainer,
+                    recursive_readonly: false,
                 },
                 MountSpec {
                     host_path: "/my/hosts".into(),
                     container_path: "/etc/hosts".into(),
                     readonly: false,
                     propagation: Propagation::Bidirectional,
+                    recursive_readonly: false,
                 },
             ],
             cgroup_parent: Some("kubepods/pod1".into()),
