@@ -14,6 +14,7 @@ pub mod convert;
 mod deadline;
 pub mod error;
 mod events;
+pub mod features;
 mod image;
 mod metrics_cri;
 mod sandbox;

@@ -421,13 +421,10 @@ impl RuntimeService for Cri {
                 .runtime
                 .config()
                 .handlers
-                .keys()
-                .map(|name| cri::RuntimeHandler {
+                .iter()
+                .map(|(name, h)| cri::RuntimeHandler {
                     name: name.clone(),
-                    features: Some(cri::RuntimeHandlerFeatures {
-                        recursive_read_only_mounts: false,
-                        user_namespaces: false,
-                    }),
+                    features: Some(crate::features::handler_features(h)),
                 })
                 .collect();
             Ok(cri::StatusResponse {
@@ -439,9 +436,7 @@ impl RuntimeService for Cri {
                 }),
                 info,
                 runtime_handlers: handlers,
-                features: Some(cri::RuntimeFeatures {
-                    supplemental_groups_policy: false,
-                }),
+                features: Some(crate::features::runtime_features()),
             })
         })
         .await
