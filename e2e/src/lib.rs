@@ -1032,14 +1032,28 @@ pub async fn leaks(d: &Daemon) -> anyhow::Result<Vec<String>> {
             .into_iter()
             .map(|n| format!("netns pin {}", netns.join(n).display())),
     );
+    let userns = d.state_dir.join("userns");
+    out.extend(
+        dir_entries(&userns)
+            .into_iter()
+            .map(|n| format!("userns pin {}", userns.join(n).display())),
+    );
+    let staged = d.state_dir.join("staged");
+    out.extend(
+        dir_entries(&staged)
+            .into_iter()
+            .map(|n| format!("staged mounts of {}", staged.join(n).display())),
+    );
     let task_dir = format!("/io.containerd.runtime.v2.task/{}/", d.namespace);
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     for m in info.lines().filter_map(|l| l.split(' ').nth(4)) {
         let under = [&d.root_dir, &d.state_dir, &d.lib_base]
             .iter()
             .any(|p| Path::new(m).starts_with(p));
-        // The netns dir itself is a shared bind mount kept for the daemon's life.
-        if (under && Path::new(m) != netns) || m.contains(&task_dir) {
+        // The netns and userns dirs themselves are shared bind mounts kept
+        // for the daemon's life.
+        let pin_dir = Path::new(m) == netns || Path::new(m) == userns;
+        if (under && !pin_dir) || m.contains(&task_dir) {
             out.push(format!("mount {m}"));
         }
     }

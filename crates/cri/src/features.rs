@@ -15,7 +15,7 @@
 use std::sync::OnceLock;
 
 use cubelet_engine::SandboxSpec;
-use cubelet_runtime::container::HandlerConfig;
+use cubelet_runtime::container::{HandlerConfig, RuntimeConfig};
 use k8s_cri::v1 as cri;
 
 use crate::error::{CriError, CriResult};
@@ -64,6 +64,25 @@ pub fn handler_features(handler: &HandlerConfig) -> cri::RuntimeHandlerFeatures 
         recursive_read_only_mounts: true,
         user_namespaces: handler_supports_userns(handler),
     }
+}
+
+/// `Status.runtime_handlers`: the default handler under the empty name
+/// first (what a pod that names no handler gets, as containerd reports
+/// it; kubelet and critest look features up by the name they send), then
+/// every configured handler by name.
+pub fn runtime_handlers(config: &RuntimeConfig) -> Vec<cri::RuntimeHandler> {
+    let default = config
+        .handlers
+        .get(&config.default_handler)
+        .map(|h| (String::new(), h));
+    default
+        .into_iter()
+        .chain(config.handlers.iter().map(|(n, h)| (n.clone(), h)))
+        .map(|(name, h)| cri::RuntimeHandler {
+            name,
+            features: Some(handler_features(h)),
+        })
+        .collect()
 }
 
 /// `Status.features`.
@@ -126,6 +145,21 @@ mod tests {
             Err(CriError::FailedPrecondition(_))
         ));
         check_userns(&SandboxSpec::default(), &other).unwrap();
+        let mut config = RuntimeConfig::new("/run/x".into());
+        config.handlers.insert("kata".into(), other.clone());
+        let names: Vec<_> = runtime_handlers(&config)
+            .into_iter()
+            .map(|h| (h.name, h.features.unwrap().user_namespaces))
+            .collect();
+        let node = node_userns_unsupported().is_none();
+        assert_eq!(
+            names,
+            [
+                (String::new(), node),
+                ("kata".to_owned(), false),
+                ("runc".to_owned(), node)
+            ]
+        );
         let runc = HandlerConfig::default();
         assert_eq!(
             handler_supports_userns(&runc),

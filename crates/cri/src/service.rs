@@ -416,17 +416,7 @@ impl RuntimeService for Cri {
             } else {
                 HashMap::new()
             };
-            let handlers = self
-                .deps()
-                .runtime
-                .config()
-                .handlers
-                .iter()
-                .map(|(name, h)| cri::RuntimeHandler {
-                    name: name.clone(),
-                    features: Some(crate::features::handler_features(h)),
-                })
-                .collect();
+            let handlers = crate::features::runtime_handlers(self.deps().runtime.config());
             Ok(cri::StatusResponse {
                 status: Some(cri::RuntimeStatus {
                     conditions: vec![

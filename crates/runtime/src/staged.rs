@@ -2,7 +2,7 @@
 //! cannot make them (runc before 1.2 has no `rro` option).
 //!
 //! A mount with CRI `recursive_read_only` is staged under
-//! `<state_dir>/rro/<container>/<n>`: a recursive bind of the source, made
+//! `<state_dir>/staged/<container>/<n>`: a recursive bind of the source, made
 //! private (so a mount that later appears under the source on the node is
 //! not propagated into the read-only tree as a writable one), then a
 //! read-only bind-remount of the staged top and of every submount the mount
@@ -30,7 +30,7 @@ use crate::error::RuntimeError;
 use crate::spec::MountSpec;
 
 /// The directory of staged mounts under the runtime's state dir.
-pub(crate) const DIR: &str = "rro";
+pub(crate) const DIR: &str = "staged";
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> RuntimeError + 'a {
     move |source| RuntimeError::Io {
@@ -279,8 +279,100 @@ pub(crate) fn stage_blocking(
     Ok(out)
 }
 
+/// The user namespace a container runs in, as its OCI spec says: the path
+/// it joins and the node ids its root maps to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SpecUserns {
+    /// `/proc/<infra>/ns/user` or the pod's pin.
+    pub(crate) path: PathBuf,
+    /// Node uid of the container's uid 0.
+    pub(crate) root_uid: u32,
+    /// Node gid of the container's gid 0.
+    pub(crate) root_gid: u32,
+}
+
+/// The user namespace of the OCI spec `spec` (JSON), when it joins one by
+/// path and maps container id 0.
+pub(crate) fn spec_userns(spec: &[u8]) -> Option<SpecUserns> {
+    let oci: oci_spec::runtime::Spec = serde_json::from_slice(spec).ok()?;
+    let linux = oci.linux().as_ref()?;
+    let path = linux
+        .namespaces()
+        .as_ref()?
+        .iter()
+        .find(|n| n.typ() == oci_spec::runtime::LinuxNamespaceType::User)?
+        .path()
+        .clone()?;
+    let root = |maps: &Option<Vec<oci_spec::runtime::LinuxIdMapping>>| {
+        maps.as_ref()?
+            .iter()
+            .find(|m| m.container_id() == 0)
+            .map(|m| m.host_id())
+    };
+    Some(SpecUserns {
+        path,
+        root_uid: root(linux.uid_mappings())?,
+        root_gid: root(linux.gid_mappings())?,
+    })
+}
+
+/// The rootfs mounts of a container in user namespace `userns`, made
+/// usable by its root: every overlay lower layer is mounted idmapped
+/// through the pod's user namespace under `dir` (`layer<n>`), so files
+/// owned by node root are owned by the container's root, and the upper
+/// layer's top directory, when still node root's, is given to the
+/// container's root (as containerd does), so it may create files in `/`.
+/// Mounts of other types pass unchanged. Blocking.
+pub(crate) fn idmap_rootfs_blocking(
+    dir: &Path,
+    mounts: Vec<containerd_client::types::Mount>,
+    userns: &SpecUserns,
+) -> Result<Vec<containerd_client::types::Mount>, RuntimeError> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::with_capacity(mounts.len());
+    let mut layer = 0usize;
+    for mut m in mounts {
+        if m.r#type != "overlay" {
+            out.push(m);
+            continue;
+        }
+        let mut options = Vec::with_capacity(m.options.len());
+        for o in &m.options {
+            if let Some(lowers) = o.strip_prefix("lowerdir=") {
+                let mut mapped = Vec::new();
+                for lower in lowers.split(':') {
+                    let target = dir.join(format!("layer{layer}"));
+                    layer += 1;
+                    fs::create_dir_all(&target).map_err(io_err("create", &target))?;
+                    crate::idmap::mount_idmapped(Path::new(lower), &target, &userns.path)
+                        .map_err(io_err("idmapped mount of", Path::new(lower)))?;
+                    mapped.push(target.display().to_string());
+                }
+                options.push(format!("lowerdir={}", mapped.join(":")));
+            } else {
+                if let Some(upper) = o.strip_prefix("upperdir=") {
+                    let upper = Path::new(upper);
+                    let md = fs::metadata(upper).map_err(io_err("stat", upper))?;
+                    if md.uid() == 0 && md.gid() == 0 {
+                        std::os::unix::fs::chown(
+                            upper,
+                            Some(userns.root_uid),
+                            Some(userns.root_gid),
+                        )
+                        .map_err(io_err("chown", upper))?;
+                    }
+                }
+                options.push(o.clone());
+            }
+        }
+        m.options = options;
+        out.push(m);
+    }
+    Ok(out)
+}
+
 /// The container ids that have something staged under `root`
-/// (`<state_dir>/rro`).
+/// (`<state_dir>/staged`).
 pub(crate) fn staged_ids(root: &Path) -> Vec<String> {
     fs::read_dir(root)
         .map(|rd| {
@@ -356,7 +448,7 @@ mod tests {
             )
             .unwrap();
             fs::write(src.join("file"), b"x").unwrap();
-            let staged_root = work.path().join("rro").join("c1");
+            let staged_root = work.path().join("staged").join("c1");
             let mounts = vec![
                 MountSpec {
                     host_path: src.clone(),
@@ -391,11 +483,16 @@ mod tests {
             assert!(sub_opts[0].options.contains("nosuid"), "{sub_opts:?}");
             // The source itself stays writable.
             fs::write(sub.join("new"), b"z").unwrap();
-            assert_eq!(staged_ids(&work.path().join("rro")), vec!["c1".to_owned()]);
+            assert_eq!(
+                staged_ids(&work.path().join("staged")),
+                vec!["c1".to_owned()]
+            );
 
             assert_eq!(remove_blocking(&staged_root).unwrap(), 1);
             assert!(!staged_root.exists());
-            assert!(mounts_under(&work.path().join("rro")).unwrap().is_empty());
+            assert!(mounts_under(&work.path().join("staged"))
+                .unwrap()
+                .is_empty());
             assert_eq!(
                 fs::read(sub.join("new")).unwrap(),
                 b"z",
@@ -412,7 +509,7 @@ mod tests {
             let work = tempfile::tempdir().unwrap();
             let src = work.path().join("hosts");
             fs::write(&src, b"127.0.0.1 localhost\n").unwrap();
-            let root = work.path().join("rro").join("c2");
+            let root = work.path().join("staged").join("c2");
             let out = stage_blocking(
                 &root,
                 &[MountSpec {

@@ -145,6 +145,35 @@ impl ContainerRuntime {
         }))
     }
 
+    /// The rootfs mounts of container `id`, idmapped into its pod's user
+    /// namespace when it has one (see [`crate::staged::idmap_rootfs_blocking`]).
+    pub(crate) async fn userns_rootfs(
+        &self,
+        id: &str,
+        container: &containerd_client::services::v1::Container,
+        mounts: Vec<containerd_client::types::Mount>,
+    ) -> Result<Vec<containerd_client::types::Mount>, RuntimeError> {
+        let Some(userns) = container
+            .spec
+            .as_ref()
+            .and_then(|s| crate::staged::spec_userns(&s.value))
+        else {
+            return Ok(mounts);
+        };
+        let dir = self.staged_root().join(id);
+        let staged = crate::staged::on_thread(move || {
+            let r = crate::staged::idmap_rootfs_blocking(&dir, mounts, &userns);
+            if r.is_err() {
+                if let Err(e) = crate::staged::remove_blocking(&dir) {
+                    tracing::warn!(dir = %dir.display(), error = %e, "removing half-made idmapped layers failed");
+                }
+            }
+            r
+        })
+        .await?;
+        Ok(staged)
+    }
+
     /// Removes what [`Self::stage_mounts`] staged for container `id`;
     /// nothing staged is fine. Returns how many mounts were removed.
     pub(crate) async fn unstage_mounts(&self, id: &str) -> Result<usize, RuntimeError> {

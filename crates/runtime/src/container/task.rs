@@ -79,6 +79,7 @@ impl ContainerRuntime {
             .map_err(cd("snapshots.mounts"))?
             .into_inner()
             .mounts;
+        let mounts = self.userns_rootfs(id, &container, mounts).await?;
         let fifos = Fifos::create(self.io_dir(id), stdin, tty)?;
         let sink = Arc::new(LogSink::open(log_path).await?);
         let keepers = fifos.keep_open()?;
@@ -103,6 +104,7 @@ impl ContainerRuntime {
             Ok(c) => c.into_inner(),
             Err(e) => {
                 let _ = fifo_io::remove_dir(&fifos.dir);
+                let _ = self.unstage_mounts(id).await;
                 return Err(e);
             }
         };
