@@ -1038,7 +1038,7 @@ pub async fn leaks(d: &Daemon) -> anyhow::Result<Vec<String>> {
             .into_iter()
             .map(|n| format!("userns pin {}", userns.join(n).display())),
     );
-    let staged = d.state_dir.join("staged");
+    let staged = d.state_dir.join("runtime").join("staged");
     out.extend(
         dir_entries(&staged)
             .into_iter()
