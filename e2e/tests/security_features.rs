@@ -138,7 +138,25 @@ async fn user_namespace_pod(d: &Daemon) -> anyhow::Result<()> {
     let host_id = 300_000;
     let pod_cfg = userns_pod(d, "userns", host_id);
     let pod = d.run_pod(&pod_cfg, "").await?;
+    // A volume as kubelet gives one to such a pod: owned by node root, not
+    // writable by others, with the pod's mappings on the mount.
+    let volume = tempfile::Builder::new()
+        .prefix("cubelet-e2e-idmap")
+        .tempdir()?;
+    std::fs::write(volume.path().join("from-node"), b"x")?;
+    let map = IdMapping {
+        host_id,
+        container_id: 0,
+        length: 65536,
+    };
     let mut cfg = container_config("app", &busybox(), &["sleep", "3600"]);
+    cfg.mounts = vec![Mount {
+        container_path: "/vol".into(),
+        host_path: volume.path().display().to_string(),
+        uid_mappings: vec![map],
+        gid_mappings: vec![map],
+        ..Default::default()
+    }];
     // kubelet copies the pod's options into each container.
     cfg.linux = Some(LinuxContainerConfig {
         security_context: Some(LinuxContainerSecurityContext {
@@ -199,6 +217,25 @@ async fn user_namespace_pod(d: &Daemon) -> anyhow::Result<()> {
         out.split_whitespace().collect::<Vec<_>>(),
         ["0:0", "0:0", "0:0"]
     );
+    // The volume is idmapped: the pod's root owns what node root owns, and
+    // what it writes is node root's on the node.
+    let (code, out, err) = exec(
+        d,
+        &cid,
+        &[
+            "sh",
+            "-c",
+            "touch /vol/from-pod && stat -c %u:%g /vol /vol/from-node",
+        ],
+    )
+    .await?;
+    check_eq!(code, 0, "{err}");
+    check_eq!(out.split_whitespace().collect::<Vec<_>>(), ["0:0", "0:0"]);
+    {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(volume.path().join("from-pod"))?;
+        check_eq!((md.uid(), md.gid()), (0, 0), "owner on the node");
+    }
     // Nothing idmapped is left mounted on the node once the task exists.
     anyhow::ensure!(
         mounts_under(&[&d.state_dir.join("runtime").join("staged")]).is_empty(),

@@ -395,6 +395,9 @@ pub fn container_userns(
         .and_then(|l| l.security_context.as_ref())
         .and_then(|s| s.namespace_options.as_ref())
         .and_then(|n| n.userns_options.as_ref());
+    for (i, m) in config.iter().flat_map(|c| c.mounts.iter()).enumerate() {
+        mount_mappings(i, m, pod)?;
+    }
     let Some(sent) = sent else {
         return Ok(());
     };
@@ -402,6 +405,38 @@ pub fn container_userns(
         return Err(CriError::invalid(
             field,
             "differs from the pod sandbox's user namespace",
+        ));
+    }
+    Ok(())
+}
+
+/// A mount's `uid_mappings`/`gid_mappings` (kubelet sends the pod's on
+/// every mount of a pod with a user namespace) must be the pod's: the mount
+/// is idmapped through the pod's user namespace.
+fn mount_mappings(
+    i: usize,
+    m: &cri::Mount,
+    pod: &cubelet_engine::spec::NamespaceOptions,
+) -> CriResult<()> {
+    if m.uid_mappings.is_empty() && m.gid_mappings.is_empty() {
+        return Ok(());
+    }
+    let field = format!("config.mounts[{i}].uid_mappings");
+    let Some(userns) = &pod.userns else {
+        return Err(CriError::invalid(
+            field,
+            "set, but the pod sandbox has no user namespace",
+        ));
+    };
+    let same = |maps: &[cri::IdMapping], want: &cubelet_engine::spec::IdMapping| {
+        matches!(maps, [m] if m.container_id == want.container_id
+            && m.host_id == want.host_id
+            && m.length == want.length)
+    };
+    if !same(&m.uid_mappings, &userns.uids) || !same(&m.gid_mappings, &userns.gids) {
+        return Err(CriError::invalid(
+            field,
+            "must be the pod sandbox's user namespace mappings",
         ));
     }
     Ok(())
@@ -719,5 +754,31 @@ mod tests {
             field
         );
         container_userns(Some(&with(Some(node))), &NamespaceOptions::default()).unwrap();
+        // Mount mappings: the pod's, or none.
+        let mount = |host_id: Option<u32>| cri::ContainerConfig {
+            mounts: vec![cri::Mount {
+                container_path: "/v".into(),
+                host_path: "/srv/v".into(),
+                uid_mappings: host_id.map(map).into_iter().collect(),
+                gid_mappings: host_id.map(map).into_iter().collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        container_userns(Some(&mount(None)), &pod).unwrap();
+        container_userns(Some(&mount(Some(65536))), &pod).unwrap();
+        let field = Some("config.mounts[0].uid_mappings");
+        assert_eq!(
+            code(container_userns(Some(&mount(Some(1))), &pod)).as_deref(),
+            field
+        );
+        assert_eq!(
+            code(container_userns(
+                Some(&mount(Some(65536))),
+                &NamespaceOptions::default()
+            ))
+            .as_deref(),
+            field
+        );
     }
 }

@@ -143,8 +143,15 @@ fn readonly_remount_flags(options: &str) -> MsFlags {
     flags
 }
 
-/// Stages `source` read-only at `target` (recursively). Blocking.
-fn stage_one(source: &Path, target: &Path) -> Result<(), RuntimeError> {
+/// Stages `source` at `target` (recursively): idmapped through the user
+/// namespace at `userns` when given, read-only at every level when
+/// `readonly`. Blocking.
+fn stage_one(
+    source: &Path,
+    target: &Path,
+    userns: Option<&Path>,
+    readonly: bool,
+) -> Result<(), RuntimeError> {
     let md = fs::metadata(source).map_err(io_err("stat mount source", source))?;
     if md.is_dir() {
         fs::create_dir_all(target).map_err(io_err("create", target))?;
@@ -159,14 +166,29 @@ fn stage_one(source: &Path, target: &Path) -> Result<(), RuntimeError> {
             .open(target)
             .map_err(io_err("create", target))?;
     }
-    mount(
-        Some(source),
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(nix_err("bind mount", target))?;
+    let idmapped = match userns {
+        Some(ns) => match crate::idmap::mount_idmapped(source, target, ns) {
+            Ok(()) => true,
+            // A file system that cannot be idmapped (procfs, older tmpfs)
+            // is bound as it is: its files keep their node owners.
+            Err(e) if e.raw_os_error() == Some(Errno::EINVAL as i32) => {
+                tracing::warn!(source = %source.display(), error = %e, "file system cannot be idmapped; bind-mounting it unmapped");
+                false
+            }
+            Err(e) => return Err(io_err("idmapped mount of", source)(e)),
+        },
+        None => false,
+    };
+    if !idmapped {
+        mount(
+            Some(source),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(nix_err("bind mount", target))?;
+    }
     mount(
         None::<&str>,
         target,
@@ -175,6 +197,9 @@ fn stage_one(source: &Path, target: &Path) -> Result<(), RuntimeError> {
         None::<&str>,
     )
     .map_err(nix_err("make private", target))?;
+    if !readonly {
+        return Ok(());
+    }
     for m in mounts_under(target)? {
         mount(
             None::<&str>,
@@ -247,23 +272,32 @@ pub(crate) fn remove_blocking(dir: &Path) -> Result<usize, RuntimeError> {
     }
 }
 
-/// Stages every recursive read-only mount of `mounts` under `dir` and
+/// Whether mount `m` needs staging for a container in the user namespace
+/// at `userns` (if any).
+pub(crate) fn needs_staging(m: &MountSpec, userns: Option<&Path>) -> bool {
+    m.recursive_readonly || (m.idmapped && userns.is_some())
+}
+
+/// Stages every recursive read-only mount of `mounts`, and every idmapped
+/// one of a container in the user namespace at `userns`, under `dir`, and
 /// returns the mounts the runtime gets: those pointing at the staged trees
-/// (read-only, private) and the others unchanged. Nothing is staged, and
-/// `dir` is not made, when no mount asks for it. On failure what was
-/// staged is removed again. Blocking.
+/// (private; read-only when asked) and the others unchanged. Nothing is
+/// staged, and `dir` is not made, when no mount needs it. On failure what
+/// was staged is removed again. Blocking.
 pub(crate) fn stage_blocking(
     dir: &Path,
     mounts: &[MountSpec],
+    userns: Option<&Path>,
 ) -> Result<Vec<MountSpec>, RuntimeError> {
     let mut out = Vec::with_capacity(mounts.len());
     for (i, m) in mounts.iter().enumerate() {
-        if !m.recursive_readonly {
+        if !needs_staging(m, userns) {
             out.push(m.clone());
             continue;
         }
         let target = dir.join(i.to_string());
-        if let Err(e) = stage_one(&m.host_path, &target) {
+        let ns = if m.idmapped { userns } else { None };
+        if let Err(e) = stage_one(&m.host_path, &target, ns, m.recursive_readonly) {
             if let Err(undo) = remove_blocking(dir) {
                 tracing::warn!(dir = %dir.display(), error = %undo, "removing a half-staged mount failed");
             }
@@ -271,8 +305,9 @@ pub(crate) fn stage_blocking(
         }
         out.push(MountSpec {
             host_path: target,
-            readonly: true,
+            readonly: m.readonly || m.recursive_readonly,
             recursive_readonly: false,
+            idmapped: false,
             ..m.clone()
         });
     }
@@ -456,6 +491,7 @@ mod tests {
                     readonly: true,
                     propagation: Propagation::Private,
                     recursive_readonly: true,
+                    idmapped: false,
                 },
                 MountSpec {
                     host_path: src.clone(),
@@ -464,7 +500,7 @@ mod tests {
                     ..Default::default()
                 },
             ];
-            let out = stage_blocking(&staged_root, &mounts).unwrap();
+            let out = stage_blocking(&staged_root, &mounts, None).unwrap();
             assert_eq!(out[0].host_path, staged_root.join("0"));
             assert!(!out[0].recursive_readonly && out[0].readonly);
             assert_eq!(out[1], mounts[1], "other mounts are left alone");
@@ -519,6 +555,7 @@ mod tests {
                     recursive_readonly: true,
                     ..Default::default()
                 }],
+                None,
             )
             .unwrap();
             let e = fs::write(&out[0].host_path, b"y").unwrap_err();

@@ -71,6 +71,7 @@ fn mounts(config: &cri::ContainerConfig) -> CriResult<Vec<MountSpec>> {
             readonly: m.readonly,
             propagation,
             recursive_readonly: m.recursive_read_only,
+            idmapped: !m.uid_mappings.is_empty() || !m.gid_mappings.is_empty(),
         });
     }
     Ok(mounts)

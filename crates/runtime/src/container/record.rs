@@ -132,13 +132,20 @@ impl ContainerRuntime {
         id: &str,
         spec: &ContainerSpec,
     ) -> Result<Option<ContainerSpec>, RuntimeError> {
-        if !spec.mounts.iter().any(|m| m.recursive_readonly) {
+        let userns = spec.namespaces.user.as_ref().and_then(|u| u.path.clone());
+        if !spec
+            .mounts
+            .iter()
+            .any(|m| crate::staged::needs_staging(m, userns.as_deref()))
+        {
             return Ok(None);
         }
         let dir = self.staged_root().join(id);
         let mounts = spec.mounts.clone();
-        let staged =
-            crate::staged::on_thread(move || crate::staged::stage_blocking(&dir, &mounts)).await?;
+        let staged = crate::staged::on_thread(move || {
+            crate::staged::stage_blocking(&dir, &mounts, userns.as_deref())
+        })
+        .await?;
         Ok(Some(ContainerSpec {
             mounts: staged,
             ..spec.clone()

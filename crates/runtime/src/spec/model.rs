@@ -53,6 +53,11 @@ pub struct MountSpec {
     /// `recursive_read_only`; needs `readonly` and private propagation).
     #[serde(default)]
     pub recursive_readonly: bool,
+    /// Owners seen through the pod's user namespace (kubelet sends the
+    /// pod's mappings as the mount's): an idmapped mount when the container
+    /// has a user namespace, a plain bind otherwise.
+    #[serde(default)]
+    pub idmapped: bool,
 }
 
 /// A device node exposed to the container.

@@ -189,6 +189,7 @@ mod tests {
             readonly: false,
             propagation,
             recursive_readonly: false,
+            idmapped: false,
         };
         let root = |mounts: Vec<MountSpec>| {
             let s = ContainerSpec {
@@ -233,6 +234,7 @@ mod tests {
                     readonly: true,
                     propagation: Propagation::HostToContainer,
                     recursive_readonly: false,
+                    idmapped: false,
                 },
                 MountSpec {
                     host_path: "/my/hosts".into(),
@@ -240,6 +242,7 @@ mod tests {
                     readonly: false,
                     propagation: Propagation::Bidirectional,
                     recursive_readonly: false,
+                    idmapped: false,
                 },
             ],
             cgroup_parent: Some("kubepods/pod1".into()),
