@@ -83,7 +83,7 @@ rootfs += [("sym", "bin/" + a, "busybox") for a in applets]
 rootfs += [
     ("dir", "etc", 0o755),
     ("file", "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\ntester:x:1000:1000:tester:/home/tester:/bin/sh\n", 0o644),
-    ("file", "etc/group", b"root:x:0:\ntester:x:1000:\n", 0o644),
+    ("file", "etc/group", b"root:x:0:\ntester:x:1000:\ncubelet-extra:x:50000:tester\n", 0o644),
     ("dir", "home", 0o755), ("dir", "home/tester", 0o755), ("dir", "root", 0o700),
     ("dir", "tmp", 0o1777), ("dir", "var", 0o755), ("dir", "www", 0o755),
     ("file", "www/index.html", b"cubelet test\n", 0o644),

@@ -923,7 +923,8 @@ pub async fn run(prog: &str, args: &[&str]) -> anyhow::Result<String> {
 }
 
 /// Writes containerd-style host configs: the local registry over plain HTTP,
-/// and `registry.k8s.io` mirrored to it.
+/// and `registry.k8s.io`, `k8s.gcr.io` and `gcr.io` (the registries of
+/// critest's images, stood in for by `hack/critest/images.py`) mirrored to it.
 fn write_registry_config(dir: &Path) -> anyhow::Result<()> {
     let local = dir.join(REGISTRY);
     std::fs::create_dir_all(&local)?;
@@ -934,15 +935,17 @@ fn write_registry_config(dir: &Path) -> anyhow::Result<()> {
              capabilities = [\"pull\", \"resolve\"]\n  skip_verify = true\n"
         ),
     )?;
-    let k8s = dir.join("registry.k8s.io");
-    std::fs::create_dir_all(&k8s)?;
-    std::fs::write(
-        k8s.join("hosts.toml"),
-        format!(
-            "server = \"http://{REGISTRY}\"\n\n[host.\"http://{REGISTRY}\"]\n  \
-             capabilities = [\"pull\", \"resolve\"]\n"
-        ),
-    )?;
+    for upstream in ["registry.k8s.io", "k8s.gcr.io", "gcr.io"] {
+        let mirror = dir.join(upstream);
+        std::fs::create_dir_all(&mirror)?;
+        std::fs::write(
+            mirror.join("hosts.toml"),
+            format!(
+                "server = \"http://{REGISTRY}\"\n\n[host.\"http://{REGISTRY}\"]\n  \
+                 capabilities = [\"pull\", \"resolve\"]\n"
+            ),
+        )?;
+    }
     Ok(())
 }
 
@@ -1029,14 +1032,28 @@ pub async fn leaks(d: &Daemon) -> anyhow::Result<Vec<String>> {
             .into_iter()
             .map(|n| format!("netns pin {}", netns.join(n).display())),
     );
+    let userns = d.state_dir.join("userns");
+    out.extend(
+        dir_entries(&userns)
+            .into_iter()
+            .map(|n| format!("userns pin {}", userns.join(n).display())),
+    );
+    let staged = d.state_dir.join("runtime").join("staged");
+    out.extend(
+        dir_entries(&staged)
+            .into_iter()
+            .map(|n| format!("staged mounts of {}", staged.join(n).display())),
+    );
     let task_dir = format!("/io.containerd.runtime.v2.task/{}/", d.namespace);
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     for m in info.lines().filter_map(|l| l.split(' ').nth(4)) {
         let under = [&d.root_dir, &d.state_dir, &d.lib_base]
             .iter()
             .any(|p| Path::new(m).starts_with(p));
-        // The netns dir itself is a shared bind mount kept for the daemon's life.
-        if (under && Path::new(m) != netns) || m.contains(&task_dir) {
+        // The netns and userns dirs themselves are shared bind mounts kept
+        // for the daemon's life.
+        let pin_dir = Path::new(m) == netns || Path::new(m) == userns;
+        if (under && !pin_dir) || m.contains(&task_dir) {
             out.push(format!("mount {m}"));
         }
     }

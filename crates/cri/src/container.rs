@@ -14,6 +14,10 @@ impl Cri {
         r: cri::CreateContainerRequest,
     ) -> CriResult<cri::CreateContainerResponse> {
         let req = convert::container_request(r.config.as_ref())?;
+        let pod = self
+            .pods()
+            .require_sandbox("pod_sandbox_id", &r.pod_sandbox_id)?;
+        crate::validate::container_userns(r.config.as_ref(), &pod.spec.namespaces)?;
         let container_id = self.pods().create_container(&r.pod_sandbox_id, req).await?;
         Ok(cri::CreateContainerResponse { container_id })
     }
@@ -59,8 +63,12 @@ impl Cri {
                     .to_string(),
             );
         }
+        let user = self.deps().runtime.process_user(&c.id).await.ok().flatten();
         Ok(cri::ContainerStatusResponse {
-            status: Some(convert::container_status(&c)),
+            status: Some(cri::ContainerStatus {
+                user: convert::container_user(user.as_ref()),
+                ..convert::container_status(&c)
+            }),
             info,
         })
     }

@@ -13,6 +13,7 @@ pub mod convert;
 mod deadline;
 pub mod error;
 mod events;
+pub mod features;
 mod image;
 mod metrics_cri;
 mod sandbox;

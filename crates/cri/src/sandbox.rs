@@ -15,6 +15,9 @@ impl Cri {
     ) -> CriResult<cri::RunPodSandboxResponse> {
         let handler = self.pods().resolve_handler(&r.runtime_handler)?;
         let spec = convert::sandbox_spec(r.config.as_ref(), &handler)?;
+        if let Ok((_, h)) = self.deps().runtime.handler(&handler) {
+            crate::features::check_userns(&spec, h)?;
+        }
         let id = self.pods().run_sandbox(spec).await?;
         Ok(cri::RunPodSandboxResponse {
             pod_sandbox_id: id.to_string(),

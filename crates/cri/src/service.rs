@@ -416,20 +416,7 @@ impl RuntimeService for Cri {
             } else {
                 HashMap::new()
             };
-            let handlers = self
-                .deps()
-                .runtime
-                .config()
-                .handlers
-                .keys()
-                .map(|name| cri::RuntimeHandler {
-                    name: name.clone(),
-                    features: Some(cri::RuntimeHandlerFeatures {
-                        recursive_read_only_mounts: false,
-                        user_namespaces: false,
-                    }),
-                })
-                .collect();
+            let handlers = crate::features::runtime_handlers(self.deps().runtime.config());
             Ok(cri::StatusResponse {
                 status: Some(cri::RuntimeStatus {
                     conditions: vec![
@@ -439,9 +426,7 @@ impl RuntimeService for Cri {
                 }),
                 info,
                 runtime_handlers: handlers,
-                features: Some(cri::RuntimeFeatures {
-                    supplemental_groups_policy: false,
-                }),
+                features: Some(crate::features::runtime_features()),
             })
         })
         .await

@@ -312,6 +312,7 @@ pub fn container_config(config: &cri::ContainerConfig) -> CriResult<()> {
                 format!("{:?} is mounted twice", m.container_path),
             ));
         }
+        recursive_read_only(i, m)?;
     }
     for (i, d) in config.devices.iter().enumerate() {
         path_limits(&format!("config.devices[{i}].host_path"), &d.host_path)?;
@@ -346,10 +347,97 @@ pub fn container_config(config: &cri::ContainerConfig) -> CriResult<()> {
                 }
             }
             no_nul(&format!("{field}.run_as_username"), &sc.run_as_username)?;
+            if cri::SupplementalGroupsPolicy::try_from(sc.supplemental_groups_policy).is_err() {
+                return Err(CriError::invalid(
+                    format!("{field}.supplemental_groups_policy"),
+                    format!("unknown policy {}", sc.supplemental_groups_policy),
+                ));
+            }
             for (i, p) in sc.masked_paths.iter().chain(&sc.readonly_paths).enumerate() {
                 path_limits(&format!("{field}.masked_paths/readonly_paths[{i}]"), p)?;
             }
         }
+    }
+    Ok(())
+}
+
+/// A recursive read-only mount must be read-only and private, as the CRI
+/// says (and containerd refuses): a mount that receives from the host
+/// (`rslave`) or propagates both ways could get writable mounts below it.
+pub fn recursive_read_only(i: usize, m: &cri::Mount) -> CriResult<()> {
+    if !m.recursive_read_only {
+        return Ok(());
+    }
+    let field = format!("config.mounts[{i}].recursive_read_only");
+    if !m.readonly {
+        return Err(CriError::invalid(field, "needs readonly: true"));
+    }
+    if m.propagation != cri::MountPropagation::PropagationPrivate as i32 {
+        return Err(CriError::invalid(
+            field,
+            "needs propagation PROPAGATION_PRIVATE (a mount that receives mounts from the host cannot stay read-only below)",
+        ));
+    }
+    Ok(())
+}
+
+/// A container's `namespace_options.userns_options`, when it sends them
+/// (kubelet copies the pod's), must be the pod's: every container of a pod
+/// runs in its one user namespace.
+pub fn container_userns(
+    config: Option<&cri::ContainerConfig>,
+    pod: &cubelet_engine::spec::NamespaceOptions,
+) -> CriResult<()> {
+    let field = "config.linux.security_context.namespace_options.userns_options";
+    let sent = config
+        .and_then(|c| c.linux.as_ref())
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.as_ref())
+        .and_then(|n| n.userns_options.as_ref());
+    for (i, m) in config.iter().flat_map(|c| c.mounts.iter()).enumerate() {
+        mount_mappings(i, m, pod)?;
+    }
+    let Some(sent) = sent else {
+        return Ok(());
+    };
+    if crate::convert::user_namespace(field, Some(sent))? != pod.userns {
+        return Err(CriError::invalid(
+            field,
+            "differs from the pod sandbox's user namespace",
+        ));
+    }
+    Ok(())
+}
+
+/// A mount's `uid_mappings`/`gid_mappings` (kubelet sends the pod's on
+/// every mount of a pod with a user namespace) must be the pod's: the mount
+/// is idmapped through the pod's user namespace.
+fn mount_mappings(
+    i: usize,
+    m: &cri::Mount,
+    pod: &cubelet_engine::spec::NamespaceOptions,
+) -> CriResult<()> {
+    if m.uid_mappings.is_empty() && m.gid_mappings.is_empty() {
+        return Ok(());
+    }
+    let field = format!("config.mounts[{i}].uid_mappings");
+    let Some(userns) = &pod.userns else {
+        return Err(CriError::invalid(
+            field,
+            "set, but the pod sandbox has no user namespace",
+        ));
+    };
+    let same = |maps: &[cri::IdMapping], want: &cubelet_engine::spec::IdMapping| {
+        matches!(maps, [m] if m.container_id == want.container_id
+            && m.host_id == want.host_id
+            && m.length == want.length)
+    };
+    if !same(&m.uid_mappings, &userns.uids) || !same(&m.gid_mappings, &userns.gids) {
+        return Err(CriError::invalid(
+            field,
+            "must be the pod sandbox's user namespace mappings",
+        ));
     }
     Ok(())
 }
@@ -562,5 +650,135 @@ mod tests {
             ..Default::default()
         });
         assert!(code(sandbox_config(&c)).is_some());
+    }
+
+    #[test]
+    fn recursive_read_only_needs_readonly_and_private_propagation() {
+        let rro = |readonly, propagation: cri::MountPropagation| cri::ContainerConfig {
+            mounts: vec![cri::Mount {
+                container_path: "/mnt".into(),
+                host_path: "/srv".into(),
+                readonly,
+                recursive_read_only: true,
+                propagation: propagation as i32,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let field = Some("config.mounts[0].recursive_read_only");
+        use cri::MountPropagation as P;
+        assert_eq!(
+            code(container_config(&rro(true, P::PropagationPrivate))),
+            None
+        );
+        assert_eq!(
+            code(container_config(&rro(false, P::PropagationPrivate))).as_deref(),
+            field
+        );
+        for p in [P::PropagationHostToContainer, P::PropagationBidirectional] {
+            assert_eq!(code(container_config(&rro(true, p))).as_deref(), field);
+        }
+    }
+
+    #[test]
+    fn supplemental_groups_policy_must_be_known() {
+        let with = |policy: i32| cri::ContainerConfig {
+            linux: Some(cri::LinuxContainerConfig {
+                security_context: Some(cri::LinuxContainerSecurityContext {
+                    supplemental_groups_policy: policy,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(code(container_config(&with(0))), None);
+        assert_eq!(code(container_config(&with(1))), None);
+        assert_eq!(
+            code(container_config(&with(7))).as_deref(),
+            Some("config.linux.security_context.supplemental_groups_policy")
+        );
+    }
+
+    #[test]
+    fn a_containers_user_namespace_must_be_the_pods() {
+        use cubelet_engine::spec::{IdMapping, NamespaceOptions, UserNamespace};
+        let map = |host_id| cri::IdMapping {
+            host_id,
+            container_id: 0,
+            length: 65536,
+        };
+        let with = |userns: Option<cri::UserNamespace>| cri::ContainerConfig {
+            linux: Some(cri::LinuxContainerConfig {
+                security_context: Some(cri::LinuxContainerSecurityContext {
+                    namespace_options: Some(cri::NamespaceOption {
+                        userns_options: userns,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let pod_map = IdMapping {
+            container_id: 0,
+            host_id: 65536,
+            length: 65536,
+        };
+        let pod = NamespaceOptions {
+            userns: Some(UserNamespace {
+                uids: pod_map,
+                gids: pod_map,
+            }),
+            ..Default::default()
+        };
+        let pod_mode = |host_id| cri::UserNamespace {
+            mode: cri::NamespaceMode::Pod as i32,
+            uids: vec![map(host_id)],
+            gids: vec![map(host_id)],
+        };
+        container_userns(Some(&with(None)), &pod).unwrap();
+        container_userns(Some(&with(Some(pod_mode(65536)))), &pod).unwrap();
+        let field = Some("config.linux.security_context.namespace_options.userns_options");
+        assert_eq!(
+            code(container_userns(Some(&with(Some(pod_mode(131072)))), &pod)).as_deref(),
+            field
+        );
+        let node = cri::UserNamespace {
+            mode: cri::NamespaceMode::Node as i32,
+            ..Default::default()
+        };
+        assert_eq!(
+            code(container_userns(Some(&with(Some(node.clone()))), &pod)).as_deref(),
+            field
+        );
+        container_userns(Some(&with(Some(node))), &NamespaceOptions::default()).unwrap();
+        // Mount mappings: the pod's, or none.
+        let mount = |host_id: Option<u32>| cri::ContainerConfig {
+            mounts: vec![cri::Mount {
+                container_path: "/v".into(),
+                host_path: "/srv/v".into(),
+                uid_mappings: host_id.map(map).into_iter().collect(),
+                gid_mappings: host_id.map(map).into_iter().collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        container_userns(Some(&mount(None)), &pod).unwrap();
+        container_userns(Some(&mount(Some(65536))), &pod).unwrap();
+        let field = Some("config.mounts[0].uid_mappings");
+        assert_eq!(
+            code(container_userns(Some(&mount(Some(1))), &pod)).as_deref(),
+            field
+        );
+        assert_eq!(
+            code(container_userns(
+                Some(&mount(Some(65536))),
+                &NamespaceOptions::default()
+            ))
+            .as_deref(),
+            field
+        );
     }
 }

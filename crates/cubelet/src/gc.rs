@@ -236,6 +236,7 @@ impl Collector for ContainerdOrphans<'_> {
                     report.add("container", usize::from(inv.containers.contains(&id)));
                     report.add("task", usize::from(inv.tasks.contains(&id)));
                     report.add("snapshot", usize::from(inv.snapshots.contains(&id)));
+                    report.add("mount", usize::from(inv.staged.contains(&id)));
                 }
                 Err(e) => report.fail("containerd", &e),
             }

@@ -82,6 +82,45 @@ pub struct NamespaceOptions {
     pub ipc: NamespaceMode,
     /// Container whose namespace is joined when a mode is `Target`.
     pub target_id: Option<String>,
+    /// The pod's own user namespace (CRI `NamespaceMode_POD`), with its
+    /// mappings; `None` runs the pod in the node's user namespace.
+    #[serde(default)]
+    pub userns: Option<UserNamespace>,
+}
+
+/// One contiguous range of ids mapped into a user namespace (a line of
+/// `/proc/<pid>/uid_map`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdMapping {
+    /// First id inside the namespace.
+    pub container_id: u32,
+    /// First id on the node it maps to.
+    pub host_id: u32,
+    /// How many ids are mapped.
+    pub length: u32,
+}
+
+impl IdMapping {
+    /// The line the kernel takes in `uid_map`/`gid_map`.
+    pub fn map_line(&self) -> String {
+        format!("{} {} {}\n", self.container_id, self.host_id, self.length)
+    }
+
+    /// The node id that `id` inside the namespace maps to, if it is mapped.
+    pub fn to_host(&self, id: u32) -> Option<u32> {
+        let offset = id.checked_sub(self.container_id)?;
+        (offset < self.length).then(|| self.host_id.checked_add(offset))?
+    }
+}
+
+/// A pod-level user namespace: one uid and one gid mapping (kubelet sends
+/// exactly one each, with container id 0 mapped).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserNamespace {
+    /// The uid mapping.
+    pub uids: IdMapping,
+    /// The gid mapping.
+    pub gids: IdMapping,
 }
 
 /// DNS configuration for the pod's `resolv.conf` (CRI `DNSConfig`).
@@ -201,6 +240,10 @@ pub struct NetworkStatus {
     pub ips: Vec<IpAddr>,
     /// Name of the pod's interface inside the namespace.
     pub interface: Option<String>,
+    /// Path of the pinned user namespace that owns the network namespace,
+    /// for pods with a user namespace of their own.
+    #[serde(default)]
+    pub userns_path: Option<PathBuf>,
 }
 
 /// Published by the storage step: the per-sandbox files and mounts.
@@ -240,6 +283,27 @@ mod tests {
         for bad in ["", "../x", "a/b", "A", "-x", "_x", "a b", &"a".repeat(65)] {
             assert!(SandboxId::parse(bad).is_none(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn id_mappings_translate_within_their_range() {
+        let m = IdMapping {
+            container_id: 0,
+            host_id: 65536,
+            length: 65536,
+        };
+        assert_eq!(m.map_line(), "0 65536 65536\n");
+        assert_eq!(m.to_host(0), Some(65536));
+        assert_eq!(m.to_host(65535), Some(131071));
+        assert_eq!(m.to_host(65536), None);
+        let shifted = IdMapping {
+            container_id: 10,
+            host_id: u32::MAX - 1,
+            length: 5,
+        };
+        assert_eq!(shifted.to_host(9), None);
+        assert_eq!(shifted.to_host(11), Some(u32::MAX));
+        assert_eq!(shifted.to_host(12), None, "past u32::MAX");
     }
 
     #[test]

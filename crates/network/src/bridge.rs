@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use cubelet_engine::spec::{NetworkStatus, PortMapping};
+use cubelet_engine::spec::{NetworkStatus, PortMapping, UserNamespace};
 use cubelet_engine::{Flow, FlowContext, LiveSandboxes, SandboxId, StepError};
 use futures::TryStreamExt;
 use ipnet::Ipv4Net;
@@ -274,7 +274,20 @@ impl BridgeNetwork {
         host_network: bool,
         ports: &[PortMapping],
     ) -> Result<NetworkStatus, NetworkError> {
-        self.create_with(sandbox, host_network, ports, &|| false)
+        self.create_with(sandbox, host_network, ports, None, &|| false)
+            .await
+    }
+
+    /// [`Self::create_sandbox`] for a pod with a user namespace of its own:
+    /// its network namespace is owned by a new user namespace with
+    /// `userns`'s mappings, whose pin the status carries.
+    pub async fn create_sandbox_in_userns(
+        &self,
+        sandbox: &SandboxId,
+        ports: &[PortMapping],
+        userns: UserNamespace,
+    ) -> Result<NetworkStatus, NetworkError> {
+        self.create_with(sandbox, false, ports, Some(userns), &|| false)
             .await
     }
 
@@ -286,6 +299,7 @@ impl BridgeNetwork {
         sandbox: &SandboxId,
         host_network: bool,
         ports: &[PortMapping],
+        userns: Option<UserNamespace>,
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<NetworkStatus, NetworkError> {
         create::create(
@@ -294,7 +308,7 @@ impl BridgeNetwork {
             host_network,
             cancelled,
             || Ok(()),
-            |()| self.build(sandbox, ports, cancelled),
+            |()| self.build(sandbox, ports, userns, cancelled),
             || self.teardown(sandbox, !ports.is_empty()),
         )
         .await
@@ -304,6 +318,7 @@ impl BridgeNetwork {
         &self,
         sandbox: &SandboxId,
         ports: &[PortMapping],
+        userns: Option<UserNamespace>,
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<NetworkStatus, NetworkError> {
         let checkpoint = |step: SubStep| {
@@ -317,7 +332,7 @@ impl BridgeNetwork {
             Ok(())
         };
         let pin = self.netns_path(sandbox);
-        netns::create(pin.clone()).await?;
+        let userns_path = netns::create(pin.clone(), userns).await?;
         checkpoint(SubStep::NetnsCreated)?;
 
         let handle = host_handle()?;
@@ -374,6 +389,7 @@ impl BridgeNetwork {
             netns_path: Some(pin),
             ips: vec![IpAddr::V4(ip)],
             interface: Some(POD_INTERFACE.into()),
+            userns_path,
         })
     }
 
@@ -640,6 +656,7 @@ impl Flow for BridgeNetwork {
                 ctx.sandbox_id(),
                 spec.host_network(),
                 &spec.port_mappings,
+                spec.namespaces.userns,
                 &cancelled,
             )
             .await?;

@@ -32,6 +32,7 @@ mod lease;
 mod netns;
 mod nft;
 mod none;
+mod userns;
 
 pub use bridge::{
     veth_name, BridgeConfig, BridgeNetwork, GcReport, SubStep, POD_INTERFACE, VETH_PREFIX,

@@ -16,7 +16,7 @@ use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use cubelet_engine::spec::NetworkStatus;
+use cubelet_engine::spec::{NetworkStatus, UserNamespace};
 use cubelet_engine::SandboxId;
 use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
@@ -67,9 +67,22 @@ pub(crate) fn is_pinned(pin: &Path) -> bool {
 }
 
 /// Creates a network namespace pinned at `pin`. An existing pin is kept.
-pub(crate) async fn create(pin: PathBuf) -> Result<(), NetworkError> {
+/// With `userns`, the network namespace is owned by a new user namespace
+/// with those mappings, pinned beside it ([`crate::userns`]); its pin is
+/// returned.
+pub(crate) async fn create(
+    pin: PathBuf,
+    userns: Option<UserNamespace>,
+) -> Result<Option<PathBuf>, NetworkError> {
     let what = pin.display().to_string();
-    on_thread(what, move || create_blocking(&pin)).await
+    on_thread(what, move || match userns {
+        None => create_blocking(&pin).map(|()| None),
+        Some(mapping) => {
+            let user_pin = crate::userns::pin_for(&pin);
+            crate::userns::create_blocking(&pin, &user_pin, &mapping).map(|()| Some(user_pin))
+        }
+    })
+    .await
 }
 
 fn create_blocking(pin: &Path) -> Result<(), NetworkError> {
@@ -104,9 +117,18 @@ fn create_blocking(pin: &Path) -> Result<(), NetworkError> {
     pinned
 }
 
-/// Unmounts and deletes the pin. Returns whether there was anything to remove;
-/// a missing pin is fine.
+/// Unmounts and deletes the netns pin and the user-namespace pin beside it
+/// (pods with a user namespace of their own have one). Returns whether there
+/// was anything to remove; missing pins are fine.
 pub(crate) fn remove(pin: &Path) -> Result<bool, NetworkError> {
+    let net = remove_pin(pin)?;
+    let user = remove_pin(&crate::userns::pin_for(pin))?;
+    Ok(net || user)
+}
+
+/// Unmounts and deletes one pin. Returns whether there was anything to
+/// remove; a missing pin is fine.
+pub(crate) fn remove_pin(pin: &Path) -> Result<bool, NetworkError> {
     let mut removed = match umount2(pin, MntFlags::MNT_DETACH) {
         Ok(()) => true,
         Err(Errno::EINVAL | Errno::ENOENT) => false,
@@ -131,28 +153,32 @@ pub(crate) async fn host_network_status() -> NetworkStatus {
             .into_iter()
             .collect(),
         interface: None,
+        userns_path: None,
     }
 }
 
-/// Removes every pin in `dir` that belongs to no sandbox in `keep()`: pins
-/// of other sandboxes and files whose names are not sandbox ids. `keep` is
-/// asked after `dir` has been listed (see [`cubelet_engine::LiveSandboxes`]);
+/// Removes every pin in `dir`, and in the user-namespace pin directory
+/// beside it, that belongs to no sandbox in `keep()`: pins of other
+/// sandboxes and files whose names are not sandbox ids. `keep` is asked
+/// after both have been listed (see [`cubelet_engine::LiveSandboxes`]);
 /// when it returns `None` nothing is removed. Returns how many were
-/// removed; a missing `dir` holds none.
+/// removed; a missing directory holds none.
 pub(crate) fn remove_pins_except(
     dir: &Path,
     keep: impl FnOnce() -> Option<HashSet<SandboxId>>,
 ) -> Result<usize, NetworkError> {
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(NetworkError::io("read", dir, e)),
-    };
     let mut found = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| NetworkError::io("read", dir, e))?;
-        let id = entry.file_name().to_str().and_then(SandboxId::parse);
-        found.push((entry.path(), id));
+    for d in [dir.to_path_buf(), crate::userns::dir_for(dir)] {
+        let entries = match fs::read_dir(&d) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(NetworkError::io("read", &d, e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| NetworkError::io("read", &d, e))?;
+            let id = entry.file_name().to_str().and_then(SandboxId::parse);
+            found.push((entry.path(), id));
+        }
     }
     if found.is_empty() {
         return Ok(0);
@@ -163,7 +189,7 @@ pub(crate) fn remove_pins_except(
     let mut removed = 0;
     for (path, id) in found {
         let live = id.is_some_and(|id| keep.contains(&id));
-        if !live && remove(&path)? {
+        if !live && remove_pin(&path)? {
             removed += 1;
         }
     }

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use async_trait::async_trait;
-use cubelet_engine::spec::{NetworkStatus, PortMapping};
+use cubelet_engine::spec::{NetworkStatus, PortMapping, UserNamespace};
 use cubelet_engine::{Flow, FlowContext, LiveSandboxes, SandboxId, StepError};
 
 use crate::create::{self, InFlight};
@@ -69,7 +69,7 @@ impl NoneNetwork {
         host_network: bool,
         ports: &[PortMapping],
     ) -> Result<NetworkStatus, NetworkError> {
-        self.create_with(sandbox, host_network, ports, &|| false)
+        self.create_with(sandbox, host_network, ports, None, &|| false)
             .await
     }
 
@@ -79,6 +79,7 @@ impl NoneNetwork {
         sandbox: &SandboxId,
         host_network: bool,
         ports: &[PortMapping],
+        userns: Option<UserNamespace>,
         cancelled: &(dyn Fn() -> bool + Sync),
     ) -> Result<NetworkStatus, NetworkError> {
         let build = |()| async {
@@ -86,12 +87,13 @@ impl NoneNetwork {
                 tracing::debug!(sandbox = %sandbox, ports = ports.len(), "network provider none: port mappings ignored");
             }
             let pin = self.netns_path(sandbox);
-            netns::create(pin.clone()).await?;
+            let userns_path = netns::create(pin.clone(), userns).await?;
             netns::loopback_up(pin.clone()).await?;
             Ok(NetworkStatus {
                 netns_path: Some(pin),
                 ips: Vec::new(),
                 interface: None,
+                userns_path,
             })
         };
         let undo = || async { self.teardown(sandbox) };
@@ -137,6 +139,7 @@ impl Flow for NoneNetwork {
                 ctx.sandbox_id(),
                 spec.host_network(),
                 &spec.port_mappings,
+                spec.namespaces.userns,
                 &cancelled,
             )
             .await?;

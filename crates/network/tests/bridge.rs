@@ -510,3 +510,90 @@ fn init_refuses_a_link_of_the_bridge_name_that_is_not_a_bridge() {
         Ok(())
     });
 }
+
+#[test]
+fn a_pod_with_a_user_namespace_gets_a_netns_that_namespace_owns() {
+    use cubelet_engine::spec::{IdMapping, NamespaceOptions, UserNamespace};
+    isolated(|env| async move {
+        let (net, leases) = provider(&env, "10.91.0.0/24");
+        net.init().await?;
+        let map = IdMapping {
+            container_id: 0,
+            host_id: 100_000,
+            length: 65_536,
+        };
+        let userns = UserNamespace {
+            uids: map,
+            gids: map,
+        };
+        let spec = SandboxSpec {
+            namespaces: NamespaceOptions {
+                userns: Some(userns),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let (a, b) = (sid(1), sid(2));
+        let c = ctx(&a, spec.clone());
+        net.create(&c).await?;
+        let status: NetworkStatus = c.get().expect("status published");
+        let user_pin = status.userns_path.clone().expect("a user namespace pin");
+        assert_eq!(user_pin, env.state_dir.join("userns").join(a.as_str()));
+        let net_pin = net.netns_path(&a);
+        let user = format!("--user={}", user_pin.display());
+        let netns = format!("--net={}", net_pin.display());
+        // The mappings are the pod's.
+        let map_text = run(&["nsenter", &user, "cat", "/proc/self/uid_map"])?;
+        assert_eq!(
+            map_text.split_whitespace().collect::<Vec<_>>(),
+            ["0", "100000", "65536"]
+        );
+        // Root of the pod's user namespace administers its network namespace
+        // (it may not if the node's user namespace owned it), and sees the
+        // pod's interface with its address.
+        run(&[
+            "nsenter",
+            &user,
+            &netns,
+            "ip",
+            "addr",
+            "add",
+            "192.0.2.9/32",
+            "dev",
+            "lo",
+        ])?;
+        let addr = run(&["nsenter", &user, &netns, "ip", "-o", "-4", "addr", "show"])?;
+        assert!(addr.contains(&v4(&status).to_string()), "{addr}");
+        // Without a user namespace a pod's netns is the node user namespace's.
+        let plain = ctx(&b, SandboxSpec::default());
+        net.create(&plain).await?;
+        assert_eq!(plain.get::<NetworkStatus>().expect("b").userns_path, None);
+        let owned_by_node = format!("--net={}", net.netns_path(&b).display());
+        assert!(run(&[
+            "nsenter",
+            &user,
+            &owned_by_node,
+            "ip",
+            "addr",
+            "add",
+            "192.0.2.9/32",
+            "dev",
+            "lo",
+        ])
+        .is_err());
+
+        // The GC takes the user-namespace pin of a sandbox that is gone...
+        let report = net.gc(&live(&[&b])).await?;
+        assert_eq!(report.netns, 2, "netns and userns pins of a: {report:?}");
+        assert!(!user_pin.exists());
+        assert_eq!(pins(&env), vec![b.to_string()]);
+        // ... and destroy takes it for a sandbox torn down normally.
+        net.create(&c).await?;
+        assert!(user_pin.exists());
+        net.destroy(&c).await?;
+        net.destroy(&plain).await?;
+        assert!(!user_pin.exists());
+        assert_eq!(ns_mounts(&env.state_dir), 0, "nsfs mounts left");
+        assert_clean(&env, &leases, &net)
+    });
+}

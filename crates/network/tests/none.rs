@@ -79,6 +79,7 @@ fn pods_get_a_pinned_loopback_only_namespace_and_no_address() {
                     netns_path: Some(net.netns_path(id)),
                     ips: Vec::new(),
                     interface: None,
+                    userns_path: None,
                 }
             );
             assert_eq!(

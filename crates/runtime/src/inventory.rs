@@ -30,6 +30,8 @@ pub struct Inventory {
     pub snapshots: BTreeSet<String>,
     /// Keys of extraction snapshots older than [`STALE_EXTRACT_AGE`].
     pub stale_extracts: BTreeSet<String>,
+    /// Container ids with recursive read-only mounts staged on the node.
+    pub staged: BTreeSet<String>,
 }
 
 impl Inventory {
@@ -39,6 +41,7 @@ impl Inventory {
             .iter()
             .chain(&self.tasks)
             .chain(&self.snapshots)
+            .chain(&self.staged)
             .map(String::as_str)
             .collect()
     }
@@ -71,6 +74,8 @@ impl ContainerRuntime {
     pub async fn inventory(&self) -> Result<Inventory, RuntimeError> {
         let client = self.client();
         let mut inv = Inventory::default();
+        inv.staged
+            .extend(crate::staged::staged_ids(&self.staged_root()));
         let containers = client
             .containers()
             .list(client.request(ListContainersRequest::default()))

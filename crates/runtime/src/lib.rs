@@ -16,6 +16,8 @@ pub mod container;
 pub mod error;
 pub mod events;
 pub mod exec_stream;
+#[allow(unsafe_code)]
+mod idmap;
 pub mod image;
 pub mod inventory;
 pub mod io;
@@ -24,6 +26,7 @@ pub mod pause;
 pub mod sandbox;
 pub mod shims;
 pub mod spec;
+mod staged;
 pub mod stats;
 pub mod types;
 

@@ -140,7 +140,8 @@ impl SandboxProvider {
             labels,
             annotations: spec.annotations.clone(),
             cgroup_parent: spec.cgroup_parent.clone(),
-            namespaces: ContainerNamespaces::for_infra(&spec.namespaces, net.netns_path.as_deref()),
+            namespaces: ContainerNamespaces::for_infra(&spec.namespaces, net.netns_path.as_deref())
+                .in_userns(&spec.namespaces, net.userns_path.as_deref()),
             hostname: spec.effective_hostname().to_owned(),
             runtime_handler: spec.runtime_handler.clone(),
             ..Default::default()

@@ -569,6 +569,7 @@ async fn sandbox_provider_create_destroy_cleanup() {
             pid: NamespaceMode::Pod,
             ipc: NamespaceMode::Node,
             target_id: None,
+            userns: None,
         },
         cgroup_parent: Some(env.cgroup_parent.clone()),
         ..Default::default()

@@ -585,6 +585,7 @@ mod tests {
             netns_path: Some("/run/netns/x".into()),
             ips: vec!["10.88.0.2".parse().unwrap()],
             interface: Some("eth0".into()),
+            userns_path: None,
         });
         rec.spec.labels = BTreeMap::from([("app".to_owned(), "web".to_owned())]);
         store.put_sandbox(&rec).unwrap();

@@ -70,6 +70,8 @@ fn mounts(config: &cri::ContainerConfig) -> CriResult<Vec<MountSpec>> {
             )?,
             readonly: m.readonly,
             propagation,
+            recursive_readonly: m.recursive_read_only,
+            idmapped: !m.uid_mappings.is_empty() || !m.gid_mappings.is_empty(),
         });
     }
     Ok(mounts)
@@ -194,6 +196,7 @@ pub fn container_request(config: Option<&cri::ContainerConfig>) -> CriResult<Con
             .collect(),
         working_dir: config.working_dir.clone(),
         user: user(sc)?,
+        supplemental_groups_policy: super::supplemental_groups_policy(sc),
         supplemental_groups: sc
             .map(|s| {
                 s.supplemental_groups

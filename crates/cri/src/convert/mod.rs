@@ -13,10 +13,12 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use cubelet_engine::spec::{DnsConfig, NamespaceMode, NamespaceOptions, PortMapping, Protocol};
+use cubelet_engine::spec::{
+    DnsConfig, IdMapping, NamespaceMode, NamespaceOptions, PortMapping, Protocol, UserNamespace,
+};
 use cubelet_engine::{SandboxId, SandboxSpec};
 use cubelet_pod::{SandboxRecord, SandboxState};
-use cubelet_runtime::spec::{HugepageLimit, Resources};
+use cubelet_runtime::spec::{HugepageLimit, ResolvedUser, Resources, SupplementalGroupsPolicy};
 use k8s_cri::v1 as cri;
 
 use crate::error::{CriError, CriResult};
@@ -136,6 +138,103 @@ pub fn container_resources(r: Option<&cri::LinuxContainerResources>) -> Resource
     }
 }
 
+/// Converts CRI `UserNamespace` options: `NODE` (or none) is the node's
+/// user namespace (`None`); `POD` needs exactly one uid and one gid mapping,
+/// each mapping container id 0 and fitting in 32 bits. `CONTAINER` and
+/// `TARGET` are refused, as the CRI says.
+pub fn user_namespace(
+    field: &str,
+    u: Option<&cri::UserNamespace>,
+) -> CriResult<Option<UserNamespace>> {
+    let Some(u) = u else {
+        return Ok(None);
+    };
+    match cri::NamespaceMode::try_from(u.mode) {
+        Ok(cri::NamespaceMode::Node) => {
+            if !u.uids.is_empty() || !u.gids.is_empty() {
+                return Err(CriError::invalid(
+                    field,
+                    "mappings are only for mode POD (NODE uses the node's)",
+                ));
+            }
+            Ok(None)
+        }
+        Ok(cri::NamespaceMode::Pod) => {
+            let one = |what: &str, maps: &[cri::IdMapping]| -> CriResult<IdMapping> {
+                let [m] = maps else {
+                    return Err(CriError::invalid(
+                        format!("{field}.{what}"),
+                        format!("exactly one mapping is supported, got {}", maps.len()),
+                    ));
+                };
+                if m.container_id != 0 {
+                    return Err(CriError::invalid(
+                        format!("{field}.{what}"),
+                        format!(
+                            "container id 0 must be mapped (the mapping starts at {})",
+                            m.container_id
+                        ),
+                    ));
+                }
+                if m.length == 0 || m.host_id.checked_add(m.length - 1).is_none() {
+                    return Err(CriError::invalid(
+                        format!("{field}.{what}"),
+                        format!(
+                            "length {} from host id {} is empty or past 2^32",
+                            m.length, m.host_id
+                        ),
+                    ));
+                }
+                Ok(IdMapping {
+                    container_id: m.container_id,
+                    host_id: m.host_id,
+                    length: m.length,
+                })
+            };
+            Ok(Some(UserNamespace {
+                uids: one("uids", &u.uids)?,
+                gids: one("gids", &u.gids)?,
+            }))
+        }
+        Ok(other) => Err(CriError::invalid(
+            format!("{field}.mode"),
+            format!(
+                "{} is not supported for user namespaces (only NODE and POD)",
+                other.as_str_name()
+            ),
+        )),
+        Err(_) => Err(CriError::invalid(
+            format!("{field}.mode"),
+            format!("unknown mode {}", u.mode),
+        )),
+    }
+}
+
+/// The runtime's supplemental-groups policy of a container's security
+/// context (checked by [`crate::validate::container_config`]).
+pub fn supplemental_groups_policy(
+    sc: Option<&cri::LinuxContainerSecurityContext>,
+) -> SupplementalGroupsPolicy {
+    match sc.map(|s| cri::SupplementalGroupsPolicy::try_from(s.supplemental_groups_policy)) {
+        Some(Ok(cri::SupplementalGroupsPolicy::Strict)) => SupplementalGroupsPolicy::Strict,
+        _ => SupplementalGroupsPolicy::Merge,
+    }
+}
+
+/// ContainerStatus `user`: the uid, primary gid and every group the
+/// container's first process got, as the runtime resolved them
+/// (`ContainerRuntime::process_user`).
+pub fn container_user(user: Option<&ResolvedUser>) -> Option<cri::ContainerUser> {
+    let user = user?;
+    Some(cri::ContainerUser {
+        linux: Some(cri::LinuxContainerUser {
+            uid: i64::from(user.uid),
+            gid: i64::from(user.gid),
+            supplemental_groups: user.additional_gids.iter().map(|g| i64::from(*g)).collect(),
+        }),
+    })
+}
+
 /// Validates a `PodSandboxConfig` and converts it to a [`SandboxSpec`].
 pub fn sandbox_spec(
     config: Option<&cri::PodSandboxConfig>,
@@ -240,12 +339,31 @@ pub fn sandbox_spec(
     let linux = config.linux.as_ref();
     let sc = linux.and_then(|l| l.security_context.as_ref());
     let ns = sc.and_then(|s| s.namespace_options.as_ref());
+    let userns_field = "config.linux.security_context.namespace_options.userns_options";
     let namespaces = NamespaceOptions {
         network: ns.map_or(NamespaceMode::Pod, |n| mode(n.network)),
         pid: ns.map_or(NamespaceMode::Pod, |n| mode(n.pid)),
         ipc: ns.map_or(NamespaceMode::Pod, |n| mode(n.ipc)),
         target_id: ns.map(|n| n.target_id.clone()).filter(|t| !t.is_empty()),
+        userns: user_namespace(userns_field, ns.and_then(|n| n.userns_options.as_ref()))?,
     };
+    if namespaces.userns.is_some() {
+        // As Kubernetes' own validation: a pod in its own user namespace
+        // shares no namespace with the node (its netns must be one that its
+        // user namespace owns).
+        for (what, m) in [
+            ("network", namespaces.network),
+            ("pid", namespaces.pid),
+            ("ipc", namespaces.ipc),
+        ] {
+            if m == NamespaceMode::Node {
+                return Err(CriError::invalid(
+                    userns_field,
+                    format!("a pod user namespace cannot go with the node's {what} namespace"),
+                ));
+            }
+        }
+    }
     let cgroup_parent = linux
         .map(|l| l.cgroup_parent.clone())
         .filter(|c| !c.is_empty());
@@ -531,5 +649,149 @@ mod tests {
         assert!(clean_relative("f", "c/0.log").is_ok());
         assert!(clean_relative("f", "../0.log").is_err());
         assert!(clean_relative("f", "/0.log").is_err());
+    }
+
+    #[test]
+    fn user_namespaces_node_or_pod_with_one_mapping_each() {
+        let f = "userns";
+        let map = |container_id, host_id, length| cri::IdMapping {
+            host_id,
+            container_id,
+            length,
+        };
+        let pod = |uids: Vec<cri::IdMapping>, gids: Vec<cri::IdMapping>| cri::UserNamespace {
+            mode: cri::NamespaceMode::Pod as i32,
+            uids,
+            gids,
+        };
+        assert_eq!(user_namespace(f, None).unwrap(), None);
+        let node = cri::UserNamespace {
+            mode: cri::NamespaceMode::Node as i32,
+            ..Default::default()
+        };
+        assert_eq!(user_namespace(f, Some(&node)).unwrap(), None);
+        let ok = user_namespace(
+            f,
+            Some(&pod(vec![map(0, 1000, 100000)], vec![map(0, 2000, 100000)])),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(ok.uids.host_id, 1000);
+        assert_eq!(ok.gids.host_id, 2000);
+        let field = |r: CriResult<Option<UserNamespace>>| match r {
+            Err(CriError::InvalidArgument { field, .. }) => field,
+            other => panic!("not refused: {other:?}"),
+        };
+        // critest: more than one mapping, container id 0 not mapped.
+        let two = vec![map(0, 1000, 100000), map(0, 2000, 100000)];
+        assert_eq!(
+            field(user_namespace(f, Some(&pod(two.clone(), two)))),
+            "userns.uids"
+        );
+        let shifted = vec![map(1, 1000, 100000)];
+        assert_eq!(
+            field(user_namespace(f, Some(&pod(shifted.clone(), shifted)))),
+            "userns.uids"
+        );
+        let ok_uids = vec![map(0, 1000, 10)];
+        assert_eq!(
+            field(user_namespace(f, Some(&pod(ok_uids.clone(), Vec::new())))),
+            "userns.gids"
+        );
+        let past = vec![map(0, u32::MAX, 2)];
+        assert_eq!(
+            field(user_namespace(f, Some(&pod(past.clone(), past)))),
+            "userns.uids"
+        );
+        let empty = vec![map(0, 1000, 0)];
+        assert_eq!(
+            field(user_namespace(f, Some(&pod(empty.clone(), empty)))),
+            "userns.uids"
+        );
+        // critest: CONTAINER and TARGET are refused; NODE takes no mappings.
+        for mode in [cri::NamespaceMode::Container, cri::NamespaceMode::Target] {
+            let u = cri::UserNamespace {
+                mode: mode as i32,
+                ..Default::default()
+            };
+            assert_eq!(field(user_namespace(f, Some(&u))), "userns.mode");
+        }
+        let node_maps = cri::UserNamespace {
+            mode: cri::NamespaceMode::Node as i32,
+            uids: ok_uids.clone(),
+            gids: ok_uids,
+        };
+        assert_eq!(field(user_namespace(f, Some(&node_maps))), "userns");
+    }
+
+    #[test]
+    fn a_pod_user_namespace_shares_nothing_with_the_node() {
+        let mut c = config();
+        let m = cri::IdMapping {
+            host_id: 65536,
+            container_id: 0,
+            length: 65536,
+        };
+        let userns = cri::UserNamespace {
+            mode: cri::NamespaceMode::Pod as i32,
+            uids: vec![m],
+            gids: vec![m],
+        };
+        c.linux = Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    userns_options: Some(userns.clone()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let spec = sandbox_spec(Some(&c), "runc").unwrap();
+        assert_eq!(spec.namespaces.userns.map(|u| u.uids.host_id), Some(65536));
+        for set in [
+            |n: &mut cri::NamespaceOption| n.network = cri::NamespaceMode::Node as i32,
+            |n: &mut cri::NamespaceOption| n.pid = cri::NamespaceMode::Node as i32,
+            |n: &mut cri::NamespaceOption| n.ipc = cri::NamespaceMode::Node as i32,
+        ] {
+            let mut c = c.clone();
+            let ns = c
+                .linux
+                .as_mut()
+                .and_then(|l| l.security_context.as_mut())
+                .and_then(|s| s.namespace_options.as_mut())
+                .unwrap();
+            set(ns);
+            assert!(matches!(
+                sandbox_spec(Some(&c), "runc"),
+                Err(CriError::InvalidArgument { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn container_user_and_groups_policy() {
+        assert_eq!(container_user(None), None);
+        let u = container_user(Some(&ResolvedUser {
+            uid: 1000,
+            gid: 1000,
+            additional_gids: vec![1000, 50000, 1234],
+        }))
+        .unwrap()
+        .linux
+        .unwrap();
+        assert_eq!((u.uid, u.gid), (1000, 1000));
+        assert_eq!(u.supplemental_groups, vec![1000, 50000, 1234]);
+        assert_eq!(
+            supplemental_groups_policy(Some(&cri::LinuxContainerSecurityContext {
+                supplemental_groups_policy: cri::SupplementalGroupsPolicy::Strict as i32,
+                ..Default::default()
+            })),
+            SupplementalGroupsPolicy::Strict
+        );
+        assert_eq!(
+            supplemental_groups_policy(None),
+            SupplementalGroupsPolicy::Merge
+        );
     }
 }

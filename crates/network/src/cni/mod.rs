@@ -287,9 +287,14 @@ impl CniNetwork {
         };
         let build = |(list, binaries): (NetworkList, Vec<PathBuf>)| async move {
             let pin = self.netns_path(sandbox);
-            netns::create(pin.clone()).await?;
-            self.attach(sandbox, spec, &list, &binaries, &pin, cancelled)
-                .await
+            let userns_path = netns::create(pin.clone(), spec.namespaces.userns).await?;
+            let status = self
+                .attach(sandbox, spec, &list, &binaries, &pin, cancelled)
+                .await?;
+            Ok(NetworkStatus {
+                userns_path,
+                ..status
+            })
         };
         create::create(
             &self.in_flight,
@@ -374,6 +379,7 @@ impl CniNetwork {
             netns_path: Some(pin.to_path_buf()),
             ips,
             interface: Some(POD_INTERFACE.into()),
+            userns_path: None,
         })
     }
 

@@ -75,14 +75,16 @@ struct StateDir(tempfile::TempDir);
 
 impl Drop for StateDir {
     fn drop(&mut self) {
-        let netns = self.0.path().join("netns");
-        // Pins first (a failed test may leave some), then the directory mount.
-        if let Ok(rd) = std::fs::read_dir(&netns) {
-            for e in rd.flatten() {
-                let _ = umount2(&e.path(), MntFlags::MNT_DETACH);
+        for dir in ["netns", "userns"] {
+            let dir = self.0.path().join(dir);
+            // Pins first (a failed test may leave some), then the directory mount.
+            if let Ok(rd) = std::fs::read_dir(&dir) {
+                for e in rd.flatten() {
+                    let _ = umount2(&e.path(), MntFlags::MNT_DETACH);
+                }
             }
+            let _ = umount2(&dir, MntFlags::MNT_DETACH);
         }
-        let _ = umount2(&netns, MntFlags::MNT_DETACH);
     }
 }
 

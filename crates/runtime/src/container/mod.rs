@@ -280,6 +280,12 @@ impl ContainerRuntime {
         self.config.state_dir.join("io").join(id)
     }
 
+    /// Where recursive read-only mounts are staged, one directory per
+    /// container (see [`crate::staged`]).
+    pub(crate) fn staged_root(&self) -> PathBuf {
+        self.config.state_dir.join(crate::staged::DIR)
+    }
+
     fn lock_live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
         // A poisoned map only means a panic elsewhere while holding it; the
         // map itself is still consistent (every update is one insert/remove).

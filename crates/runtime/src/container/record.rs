@@ -25,8 +25,8 @@ use super::{
 use crate::error::{cd, cd_container, RuntimeError};
 use crate::io as fifo_io;
 use crate::spec::{
-    build_oci_spec, linux_resources, resolve_user, user_needs_lookup, ContainerSpec, Resources,
-    SpecOptions, UserRequest,
+    build_oci_spec, linux_resources, resolve_user, user_needs_lookup, ContainerSpec, ResolvedUser,
+    Resources, SpecOptions, SupplementalGroupsPolicy, UserRequest,
 };
 
 impl ContainerRuntime {
@@ -101,22 +101,94 @@ impl ContainerRuntime {
                 return Err(e);
             }
         };
-        let res = self
-            .create_record(
-                id,
-                spec,
-                &handler_name,
-                runtime_type,
-                runtime_options,
-                &snap.into_inner().mounts,
-            )
-            .await;
+        let staged = self.stage_mounts(id, spec).await;
+        let res = match &staged {
+            Ok(staged) => {
+                self.create_record(
+                    id,
+                    staged.as_ref().unwrap_or(spec),
+                    &handler_name,
+                    runtime_type,
+                    runtime_options,
+                    &snap.into_inner().mounts,
+                )
+                .await
+            }
+            Err(_) => Ok(()),
+        };
         self.delete_lease(&lease).await;
-        if let Err(e) = res {
+        if let Err(e) = staged.and(res) {
+            let _ = self.unstage_mounts(id).await;
             let _ = self.remove_snapshot(id).await;
             return Err(e);
         }
         Ok(())
+    }
+
+    /// `spec` with its recursive read-only mounts staged on the node (see
+    /// [`crate::staged`]); `None` when it has none.
+    async fn stage_mounts(
+        &self,
+        id: &str,
+        spec: &ContainerSpec,
+    ) -> Result<Option<ContainerSpec>, RuntimeError> {
+        let userns = spec.namespaces.user.as_ref().and_then(|u| u.path.clone());
+        if !spec
+            .mounts
+            .iter()
+            .any(|m| crate::staged::needs_staging(m, userns.as_deref()))
+        {
+            return Ok(None);
+        }
+        let dir = self.staged_root().join(id);
+        let mounts = spec.mounts.clone();
+        let staged = crate::staged::on_thread(move || {
+            crate::staged::stage_blocking(&dir, &mounts, userns.as_deref())
+        })
+        .await?;
+        Ok(Some(ContainerSpec {
+            mounts: staged,
+            ..spec.clone()
+        }))
+    }
+
+    /// The rootfs mounts of container `id`, idmapped into its pod's user
+    /// namespace when it has one (see [`crate::staged::idmap_rootfs_blocking`]).
+    pub(crate) async fn userns_rootfs(
+        &self,
+        id: &str,
+        container: &containerd_client::services::v1::Container,
+        mounts: Vec<containerd_client::types::Mount>,
+    ) -> Result<Vec<containerd_client::types::Mount>, RuntimeError> {
+        let Some(userns) = container
+            .spec
+            .as_ref()
+            .and_then(|s| crate::staged::spec_userns(&s.value))
+        else {
+            return Ok(mounts);
+        };
+        let dir = self.staged_root().join(id);
+        let staged = crate::staged::on_thread(move || {
+            let r = crate::staged::idmap_rootfs_blocking(&dir, mounts, &userns);
+            if r.is_err() {
+                if let Err(e) = crate::staged::remove_blocking(&dir) {
+                    tracing::warn!(dir = %dir.display(), error = %e, "removing half-made idmapped layers failed");
+                }
+            }
+            r
+        })
+        .await?;
+        Ok(staged)
+    }
+
+    /// Removes what [`Self::stage_mounts`] staged for container `id`;
+    /// nothing staged is fine. Returns how many mounts were removed.
+    pub(crate) async fn unstage_mounts(&self, id: &str) -> Result<usize, RuntimeError> {
+        let dir = self.staged_root().join(id);
+        if !dir.exists() {
+            return Ok(0);
+        }
+        crate::staged::on_thread(move || crate::staged::remove_blocking(&dir)).await
     }
 
     async fn create_lease(&self, id: &str) -> Result<String, RuntimeError> {
@@ -169,6 +241,14 @@ impl ContainerRuntime {
             })
         } else {
             None
+        };
+        let user = match spec.supplemental_groups_policy {
+            SupplementalGroupsPolicy::Merge => user,
+            // Only what the request names: the image's groups stay out.
+            SupplementalGroupsPolicy::Strict => user.map(|u| crate::spec::ResolvedUser {
+                additional_gids: Vec::new(),
+                ..u
+            }),
         };
         let opts = SpecOptions {
             min_oom_score_adj: self.agent_oom_floor()?,
@@ -285,6 +365,7 @@ impl ContainerRuntime {
     /// refuses an explicit removal ("cannot remove snapshot with child").
     pub async fn remove(&self, id: &str) -> Result<(), RuntimeError> {
         self.delete_task(id).await?;
+        self.unstage_mounts(id).await?;
         self.remove_snapshot(id).await?;
         self.delete_container(id).await?;
         fifo_io::remove_dir(&self.io_dir(id))?;
@@ -298,6 +379,30 @@ impl ContainerRuntime {
                 source,
             }),
         }
+    }
+
+    /// The identity container `id`'s process starts with, as its OCI spec
+    /// says after image defaults: uid, primary gid and every group id of
+    /// `additionalGids` (the primary one first). `None` for a container
+    /// without a process spec.
+    pub async fn process_user(&self, id: &str) -> Result<Option<ResolvedUser>, RuntimeError> {
+        let c = self.get_container(id).await?;
+        let Some(any) = c.spec else {
+            return Ok(None);
+        };
+        let oci: oci_spec::runtime::Spec =
+            serde_json::from_slice(&any.value).map_err(|e| RuntimeError::InvalidArgument {
+                field: "spec".to_owned(),
+                reason: format!("container {id}: {e}"),
+            })?;
+        Ok(oci.process().as_ref().map(|p| {
+            let u = p.user();
+            ResolvedUser {
+                uid: u.uid(),
+                gid: u.gid(),
+                additional_gids: u.additional_gids().clone().unwrap_or_default(),
+            }
+        }))
     }
 
     /// Reports the container's state, pid, exit code and times.

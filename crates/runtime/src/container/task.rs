@@ -79,6 +79,7 @@ impl ContainerRuntime {
             .map_err(cd("snapshots.mounts"))?
             .into_inner()
             .mounts;
+        let mounts = self.userns_rootfs(id, &container, mounts).await?;
         let fifos = Fifos::create(self.io_dir(id), stdin, tty)?;
         let sink = Arc::new(LogSink::open(log_path).await?);
         let keepers = fifos.keep_open()?;
@@ -103,9 +104,15 @@ impl ContainerRuntime {
             Ok(c) => c.into_inner(),
             Err(e) => {
                 let _ = fifo_io::remove_dir(&fifos.dir);
+                let _ = self.unstage_mounts(id).await;
                 return Err(e);
             }
         };
+        // The task's mount namespace holds its own copy of staged mounts:
+        // the node's can go, so they keep no volume busy after the task.
+        if let Err(e) = self.unstage_mounts(id).await {
+            tracing::warn!(container_id = id, error = %e, "unmounting staged mounts failed; removal retries");
+        }
         let readers = fifos.open_readers();
         let stdin_keeper = keepers.stdin;
         let readers = match readers {

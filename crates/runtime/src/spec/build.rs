@@ -3,8 +3,9 @@
 use std::collections::{HashMap, HashSet};
 
 use oci_spec::runtime::{
-    LinuxBuilder, LinuxCapabilitiesBuilder, LinuxNamespace, LinuxNamespaceBuilder,
-    LinuxNamespaceType, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
+    LinuxBuilder, LinuxCapabilitiesBuilder, LinuxIdMapping, LinuxIdMappingBuilder, LinuxNamespace,
+    LinuxNamespaceBuilder, LinuxNamespaceType, ProcessBuilder, RootBuilder, Spec, SpecBuilder,
+    UserBuilder,
 };
 
 use super::capabilities::effective_capabilities;
@@ -57,12 +58,7 @@ pub fn build_oci_spec(
             })
         }
     };
-    let mut gids = user.additional_gids.clone();
-    for g in &spec.supplemental_groups {
-        if !gids.contains(g) {
-            gids.push(*g);
-        }
-    }
+    let gids = process_groups(&user, spec);
     let caps = effective_capabilities(spec)?;
     let capabilities = LinuxCapabilitiesBuilder::default()
         .bounding(caps.clone())
@@ -103,6 +99,13 @@ pub fn build_oci_spec(
     .iter()
     .filter_map(|(t, j)| namespace(*t, j))
     .collect();
+    if let Some(user) = &ns.user {
+        let join = user
+            .path
+            .clone()
+            .map_or(NamespaceJoin::New, NamespaceJoin::Path);
+        namespaces.extend(namespace(LinuxNamespaceType::User, &join));
+    }
     namespaces.push(
         namespace(LinuxNamespaceType::Mount, &NamespaceJoin::New).ok_or_else(|| {
             RuntimeError::InvalidArgument {
@@ -123,6 +126,11 @@ pub fn build_oci_spec(
         .sysctl(spec.sysctls.clone().into_iter().collect::<HashMap<_, _>>());
     if let Some(p) = rootfs_propagation(&spec.mounts) {
         linux = linux.rootfs_propagation(p);
+    }
+    if let Some(user) = &ns.user {
+        linux = linux
+            .uid_mappings(vec![id_mapping(&user.mapping.uids)?])
+            .gid_mappings(vec![id_mapping(&user.mapping.gids)?]);
     }
     if spec.privileged {
         // Nothing masked or read-only (the builder's defaults would be).
@@ -177,6 +185,30 @@ pub fn build_oci_spec(
     Ok(oci)
 }
 
+/// The groups of the container's process: the primary group first (as
+/// containerd puts it in `additionalGids`, so `id -G` lists it whatever the
+/// image says), the image's groups for the user (already left out under
+/// [`SupplementalGroupsPolicy::Strict`]), then the requested ones; no
+/// duplicates.
+pub fn process_groups(user: &ResolvedUser, spec: &ContainerSpec) -> Vec<u32> {
+    let mut gids = vec![user.gid];
+    for g in user.additional_gids.iter().chain(&spec.supplemental_groups) {
+        if !gids.contains(g) {
+            gids.push(*g);
+        }
+    }
+    gids
+}
+
+fn id_mapping(m: &cubelet_engine::spec::IdMapping) -> Result<LinuxIdMapping, RuntimeError> {
+    LinuxIdMappingBuilder::default()
+        .container_id(m.container_id)
+        .host_id(m.host_id)
+        .size(m.length)
+        .build()
+        .map_err(oci_err("user namespace mappings"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,6 +238,7 @@ mod tests {
             pid: NamespaceMode::Node,
             ipc: NamespaceMode::Node,
             target_id: None,
+            userns: None,
         };
         let infra = ContainerNamespaces::for_infra(&host, None);
         assert_eq!(
@@ -214,7 +247,8 @@ mod tests {
                 network: NamespaceJoin::Host,
                 ipc: NamespaceJoin::Host,
                 uts: NamespaceJoin::Host,
-                pid: NamespaceJoin::Host
+                pid: NamespaceJoin::Host,
+                user: None,
             }
         );
 
@@ -258,5 +292,98 @@ mod tests {
             oci.linux().as_ref().unwrap().cgroups_path().as_deref(),
             Some(Path::new("/cubelet/c"))
         );
+    }
+
+    #[test]
+    fn a_pod_user_namespace_is_joined_with_its_mappings() {
+        use cubelet_engine::spec::{IdMapping, NamespaceOptions, UserNamespace};
+        let map = IdMapping {
+            container_id: 0,
+            host_id: 1000,
+            length: 100_000,
+        };
+        let pod = NamespaceOptions {
+            userns: Some(UserNamespace {
+                uids: map,
+                gids: IdMapping {
+                    host_id: 2000,
+                    ..map
+                },
+            }),
+            ..Default::default()
+        };
+        let infra = ContainerNamespaces::for_infra(&pod, Some(Path::new("/run/x/netns/p")))
+            .in_userns(&pod, Some(Path::new("/run/x/userns/p")));
+        let app = ContainerNamespaces::for_pod_container(&pod, 42, None);
+        for (ns, path) in [(infra, "/run/x/userns/p"), (app, "/proc/42/ns/user")] {
+            let s = ContainerSpec {
+                image: image(&[], &["x"], &[]),
+                namespaces: ns,
+                ..Default::default()
+            };
+            let oci = build_oci_spec("c", &s, &SpecOptions::default()).unwrap();
+            let linux = oci.linux().as_ref().unwrap();
+            let user = linux
+                .namespaces()
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|n| n.typ() == LinuxNamespaceType::User)
+                .expect("a user namespace");
+            assert_eq!(user.path().as_deref(), Some(Path::new(path)));
+            let uids = linux.uid_mappings().as_ref().unwrap();
+            assert_eq!(
+                (uids[0].container_id(), uids[0].host_id(), uids[0].size()),
+                (0, 1000, 100_000)
+            );
+            assert_eq!(linux.gid_mappings().as_ref().unwrap()[0].host_id(), 2000);
+        }
+        // Without one, no user namespace and no mappings.
+        let s = ContainerSpec {
+            image: image(&[], &["x"], &[]),
+            namespaces: ContainerNamespaces::for_pod_container(
+                &NamespaceOptions::default(),
+                42,
+                None,
+            ),
+            ..Default::default()
+        };
+        let oci = build_oci_spec("c", &s, &SpecOptions::default()).unwrap();
+        let linux = oci.linux().as_ref().unwrap();
+        assert!(!linux
+            .namespaces()
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|n| n.typ() == LinuxNamespaceType::User));
+        assert!(linux.uid_mappings().is_none());
+    }
+
+    #[test]
+    fn process_groups_put_the_primary_group_first_then_image_then_requested() {
+        let user = ResolvedUser {
+            uid: 1000,
+            gid: 1000,
+            additional_gids: vec![50000, 1000],
+        };
+        let spec = ContainerSpec {
+            supplemental_groups: vec![1234, 50000],
+            ..Default::default()
+        };
+        assert_eq!(process_groups(&user, &spec), vec![1000, 50000, 1234]);
+        let root = ResolvedUser::default();
+        assert_eq!(process_groups(&root, &ContainerSpec::default()), vec![0]);
+        let s = ContainerSpec {
+            image: image(&[], &["x"], &[]),
+            supplemental_groups: vec![7],
+            ..Default::default()
+        };
+        let opts = SpecOptions {
+            user: Some(user),
+            ..Default::default()
+        };
+        let oci = build_oci_spec("c", &s, &opts).unwrap();
+        let u = oci.process().as_ref().unwrap().user();
+        assert_eq!(u.additional_gids().as_deref(), Some(&[1000, 50000, 7][..]));
     }
 }

@@ -49,6 +49,15 @@ pub struct MountSpec {
     pub readonly: bool,
     /// Propagation.
     pub propagation: Propagation,
+    /// Read-only all the way down: every mount below `host_path` too (CRI
+    /// `recursive_read_only`; needs `readonly` and private propagation).
+    #[serde(default)]
+    pub recursive_readonly: bool,
+    /// Owners seen through the pod's user namespace (kubelet sends the
+    /// pod's mappings as the mount's): an idmapped mount when the container
+    /// has a user namespace, a plain bind otherwise.
+    #[serde(default)]
+    pub idmapped: bool,
 }
 
 /// A device node exposed to the container.
@@ -142,6 +151,31 @@ pub struct ContainerNamespaces {
     pub uts: NamespaceJoin,
     /// PID.
     pub pid: NamespaceJoin,
+    /// The pod's user namespace; `None` is the node's.
+    #[serde(default)]
+    pub user: Option<UserNamespaceJoin>,
+}
+
+/// A user namespace a container runs in, with its mappings (runc 1.1 needs
+/// them also to join one by path).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserNamespaceJoin {
+    /// The namespace to join; `None` makes a new one.
+    pub path: Option<PathBuf>,
+    /// Its uid and gid mappings.
+    pub mapping: cubelet_engine::spec::UserNamespace,
+}
+
+/// Which groups a container's process gets besides its primary one (CRI
+/// `SupplementalGroupsPolicy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SupplementalGroupsPolicy {
+    /// The groups the image's `/etc/group` gives the user, plus the
+    /// requested supplemental groups.
+    #[default]
+    Merge,
+    /// Only the requested supplemental groups (and the primary group).
+    Strict,
 }
 
 impl ContainerNamespaces {
@@ -174,6 +208,24 @@ impl ContainerNamespaces {
             } else {
                 NamespaceJoin::New
             },
+            user: None,
+        }
+    }
+
+    /// These namespaces in the pod's user namespace, when it has one:
+    /// `userns_path` is the pin the network step made (a new namespace is
+    /// made without one).
+    pub fn in_userns(
+        self,
+        options: &cubelet_engine::spec::NamespaceOptions,
+        userns_path: Option<&Path>,
+    ) -> Self {
+        Self {
+            user: options.userns.map(|mapping| UserNamespaceJoin {
+                path: userns_path.map(Path::to_path_buf),
+                mapping,
+            }),
+            ..self
         }
     }
 
@@ -206,6 +258,10 @@ impl ContainerNamespaces {
             } else {
                 proc_ns(infra_pid, "uts")
             },
+            user: options.userns.map(|mapping| UserNamespaceJoin {
+                path: Some(format!("/proc/{infra_pid}/ns/user").into()),
+                mapping,
+            }),
             pid: match options.pid {
                 NamespaceMode::Pod => proc_ns(infra_pid, "pid"),
                 NamespaceMode::Container => NamespaceJoin::New,
@@ -240,6 +296,9 @@ pub struct ContainerSpec {
     pub user: UserRequest,
     /// Supplemental groups to add.
     pub supplemental_groups: Vec<u32>,
+    /// Whether the image's groups for the user are added too.
+    #[serde(default)]
+    pub supplemental_groups_policy: SupplementalGroupsPolicy,
     /// Capabilities to add (`CAP_X` or `X`, or `ALL`).
     pub capabilities_add: Vec<String>,
     /// Capabilities to drop (`CAP_X` or `X`, or `ALL`).

@@ -188,6 +188,8 @@ mod tests {
             container_path: "/data".into(),
             readonly: false,
             propagation,
+            recursive_readonly: false,
+            idmapped: false,
         };
         let root = |mounts: Vec<MountSpec>| {
             let s = ContainerSpec {
@@ -231,12 +233,16 @@ mod tests {
                     container_path: "/data".into(),
                     readonly: true,
                     propagation: Propagation::HostToContainer,
+                    recursive_readonly: false,
+                    idmapped: false,
                 },
                 MountSpec {
                     host_path: "/my/hosts".into(),
                     container_path: "/etc/hosts".into(),
                     readonly: false,
                     propagation: Propagation::Bidirectional,
+                    recursive_readonly: false,
+                    idmapped: false,
                 },
             ],
             cgroup_parent: Some("kubepods/pod1".into()),
