@@ -228,7 +228,7 @@ async fn matrix(d: &Daemon) -> anyhow::Result<()> {
     restart_with(d, "").await?;
     println!(
         "fault matrix: {} step failures, {} kill -9 points, {} failed",
-        3 * 3 * 2,
+        3 * 3 * PHASES.len(),
         2 * 3,
         failed.len()
     );
