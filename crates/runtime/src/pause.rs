@@ -14,7 +14,6 @@ use bytes::Bytes;
 use cubelet_registry::media::{digest, sha256_digest};
 use cubelet_registry::{Fetched, ImageDocuments};
 use oci_spec::image::{Descriptor, ImageManifestBuilder, MediaType, Platform};
-use serde_json::json;
 
 use crate::error::RuntimeError;
 use crate::image::content::Store;
@@ -63,6 +62,33 @@ fn descriptor(
     ))
 }
 
+/// The pause image's config document.
+#[derive(serde::Serialize)]
+struct PauseConfig {
+    architecture: String,
+    config: PauseProcess,
+    os: String,
+    rootfs: PauseRootfs,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    variant: Option<String>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct PauseProcess {
+    entrypoint: [&'static str; 1],
+    labels: std::collections::BTreeMap<&'static str, &'static str>,
+    stop_signal: &'static str,
+    working_dir: &'static str,
+}
+
+#[derive(serde::Serialize)]
+struct PauseRootfs {
+    diff_ids: [String; 1],
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
 /// Builds the image blobs for `platform` from the binary at `binary`
 /// (blocking).
 fn build(binary: &Path, platform: &Platform) -> Result<PauseBlobs, RuntimeError> {
@@ -97,16 +123,24 @@ fn build(binary: &Path, platform: &Platform) -> Result<PauseBlobs, RuntimeError>
     );
     let layer_digest = sha256_digest(&layer);
 
-    let mut config = json!({
-        "architecture": platform.architecture().to_string(),
-        "os": platform.os().to_string(),
-        "config": { "Entrypoint": [PAUSE_PATH], "WorkingDir": "/", "StopSignal": "SIGTERM",
-                    "Labels": { "io.cubelet.pause": "true" } },
-        "rootfs": { "type": "layers", "diff_ids": [diff_id] },
-    });
-    if let (Some(variant), Some(map)) = (platform.variant(), config.as_object_mut()) {
-        map.insert("variant".to_owned(), variant.as_str().into());
-    }
+    // A typed document, fields in the order serde_json's default (sorted)
+    // map wrote them: the bytes, and so the image's digest, must not depend
+    // on whether some crate in the build turns on `preserve_order`.
+    let config = PauseConfig {
+        architecture: platform.architecture().to_string(),
+        config: PauseProcess {
+            entrypoint: [PAUSE_PATH],
+            labels: std::collections::BTreeMap::from([("io.cubelet.pause", "true")]),
+            stop_signal: "SIGTERM",
+            working_dir: "/",
+        },
+        os: platform.os().to_string(),
+        rootfs: PauseRootfs {
+            diff_ids: [diff_id],
+            kind: "layers",
+        },
+        variant: platform.variant().as_ref().map(|v| v.as_str().to_owned()),
+    };
     let config = Bytes::from(
         serde_json::to_vec(&config).map_err(|source| RuntimeError::Json {
             what: "pause config",
@@ -245,8 +279,12 @@ mod tests {
         );
     }
 
-    /// The documents are byte for byte what Cubelet wrote before it used
-    /// oci-spec's types, so a node keeps its pause image across the upgrade.
+    /// The documents are the same bytes whatever else is compiled with this
+    /// crate, so a node keeps its pause image across builds: the config is
+    /// a typed document (not a map whose key order depends on serde_json's
+    /// `preserve_order` feature), and the layer is gzip from flate2's zlib-rs
+    /// backend, which this crate asks for itself (the default backend
+    /// depended on what else was in the build, and with it the digest).
     #[test]
     fn amd64_documents_are_unchanged() {
         let (_dir, bin) = fake_binary();
@@ -257,11 +295,11 @@ mod tests {
         );
         assert_eq!(
             String::from_utf8_lossy(&a.docs.manifest.data),
-            r#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:5f8dfd4c4758010acfa2df54d1bdda7c2e6688cf6735202a9d768ac48cb76e6b","size":263},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:41793f4f374b555d51a33def0219daed344de27808ac6d9a4e7ee6971bf22afc","size":99}]}"#
+            r#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:5f8dfd4c4758010acfa2df54d1bdda7c2e6688cf6735202a9d768ac48cb76e6b","size":263},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:ee2168a17ae33867fd491e3ac231add5973669a6a82aecbc06e4eacb632ef88c","size":99}]}"#
         );
         assert_eq!(
             a.docs.top.digest,
-            "sha256:a4f36c819c17c25a1e05b5e9d9801317760d490acd11b1df7691c69768640385"
+            "sha256:65587d5338b423c78f3d62d409283cc1469809454a78c7bccdee70fad2b05bd3"
         );
     }
 
