@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use tracing_subscriber::fmt::format::FmtSpan;
 use tracing_subscriber::EnvFilter;
 
 /// Command-line flags.
@@ -73,6 +74,14 @@ fn main() -> ExitCode {
                 .or_else(|_| EnvFilter::try_from_default_env())
                 .unwrap_or_else(|_| EnvFilter::new("info")),
         )
+        // CUBELET_LOG_SPANS=1 logs each enabled span as it closes, with its
+        // busy and idle time: where a CRI call's time goes (README,
+        // "Performance").
+        .with_span_events(if std::env::var_os("CUBELET_LOG_SPANS").is_some() {
+            FmtSpan::CLOSE
+        } else {
+            FmtSpan::NONE
+        })
         .with_writer(std::io::stderr)
         // Colour only on a terminal: journald, kubectl logs and log files
         // get plain text.

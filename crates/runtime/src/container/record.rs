@@ -16,6 +16,7 @@ use containerd_client::services::v1::{
 };
 use containerd_client::types::v1::Status as TaskStatus;
 use prost_types::Any;
+use tracing::{debug_span, Instrument};
 
 use super::{
     json_any, ts_to_system, unix_nanos, ContainerRuntime, ContainerState, ContainerStatus,
@@ -45,6 +46,7 @@ impl ContainerRuntime {
 
     /// Creates container `id` (not started): rootfs snapshot from the image's
     /// chain id, OCI spec, containerd record. Removes what it made on failure.
+    #[tracing::instrument(name = "runtime.create", level = "debug", skip_all)]
     pub async fn create(&self, id: &str, spec: &ContainerSpec) -> Result<(), RuntimeError> {
         // Decided before anything is built: a limit the node cannot enforce
         // is left out (or refused) here, never handed to runc.
@@ -84,16 +86,22 @@ impl ContainerRuntime {
         if let Ok(v) = lease.parse() {
             prepare.metadata_mut().insert("containerd-lease", v);
         }
-        let snap = self.client.snapshots().prepare(prepare).await.map_err(|s| {
-            if s.code() == tonic::Code::AlreadyExists {
-                RuntimeError::AlreadyExists {
-                    kind: "container",
-                    id: id.to_owned(),
+        let snap = self
+            .client
+            .snapshots()
+            .prepare(prepare)
+            .instrument(debug_span!("snapshots.prepare"))
+            .await
+            .map_err(|s| {
+                if s.code() == tonic::Code::AlreadyExists {
+                    RuntimeError::AlreadyExists {
+                        kind: "container",
+                        id: id.to_owned(),
+                    }
+                } else {
+                    RuntimeError::containerd("snapshots.prepare", s)
                 }
-            } else {
-                RuntimeError::containerd("snapshots.prepare", s)
-            }
-        });
+            });
         let snap = match snap {
             Ok(s) => s,
             Err(e) => {
@@ -191,6 +199,7 @@ impl ContainerRuntime {
         crate::staged::on_thread(move || crate::staged::remove_blocking(&dir)).await
     }
 
+    #[tracing::instrument(name = "leases.create", level = "debug", skip_all)]
     async fn create_lease(&self, id: &str) -> Result<String, RuntimeError> {
         let lease_id = format!("cubelet-create-{id}-{}", unix_nanos(SystemTime::now()));
         let expire = crate::logs::rfc3339_nano(SystemTime::now() + Duration::from_secs(3600));
@@ -205,6 +214,7 @@ impl ContainerRuntime {
         Ok(lease_id)
     }
 
+    #[tracing::instrument(name = "leases.delete", level = "debug", skip_all)]
     async fn delete_lease(&self, lease: &str) {
         let req = self.client.request(LeaseDeleteRequest {
             id: lease.to_owned(),
@@ -254,7 +264,7 @@ impl ContainerRuntime {
             min_oom_score_adj: self.agent_oom_floor()?,
             user,
         };
-        let oci = build_oci_spec(id, spec, &opts)?;
+        let oci = debug_span!("build_oci_spec").in_scope(|| build_oci_spec(id, spec, &opts))?;
         let mut labels: HashMap<String, String> = spec
             .labels
             .iter()
@@ -299,6 +309,7 @@ impl ContainerRuntime {
             .create(self.client.request(CreateContainerRequest {
                 container: Some(container),
             }))
+            .instrument(debug_span!("containers.create"))
             .await
             .map_err(cd_container("containers.create", id))?;
         Ok(())
@@ -306,6 +317,7 @@ impl ContainerRuntime {
 
     /// Mounts the prepared rootfs read-only for a moment to read
     /// `/etc/passwd` and `/etc/group`.
+    #[tracing::instrument(name = "user_lookup", level = "debug", skip_all)]
     async fn read_user_files(
         &self,
         id: &str,
@@ -322,6 +334,7 @@ impl ContainerRuntime {
 
     /// Deletes the containerd container record (its task must be gone).
     /// Idempotent.
+    #[tracing::instrument(name = "containers.delete", level = "debug", skip_all)]
     pub async fn delete_container(&self, id: &str) -> Result<(), RuntimeError> {
         match self
             .client
@@ -339,6 +352,7 @@ impl ContainerRuntime {
     }
 
     /// Removes snapshot `id` of the agent's snapshotter. Idempotent.
+    #[tracing::instrument(name = "snapshots.remove", level = "debug", skip_all)]
     pub(crate) async fn remove_snapshot(&self, id: &str) -> Result<(), RuntimeError> {
         match self
             .client
@@ -363,6 +377,7 @@ impl ContainerRuntime {
     /// unreferenced, and if containerd's GC collects it first, the GC leaves
     /// the child link in the image's parent snapshot behind, which then
     /// refuses an explicit removal ("cannot remove snapshot with child").
+    #[tracing::instrument(name = "runtime.remove", level = "debug", skip_all)]
     pub async fn remove(&self, id: &str) -> Result<(), RuntimeError> {
         self.delete_task(id).await?;
         self.unstage_mounts(id).await?;

@@ -14,6 +14,7 @@ use containerd_client::services::v1::{
 use containerd_client::types::v1::Status as TaskStatus;
 use nix::sys::signal::Signal;
 use tokio::task::JoinHandle;
+use tracing::{debug_span, Instrument};
 
 use super::{
     ts_to_system, unix_nanos, ContainerRuntime, Live, LABEL_LOG, LABEL_STARTED, LABEL_STDIN,
@@ -279,6 +280,7 @@ impl ContainerRuntime {
     /// Stops the container: its stop signal (image `StopSignal`, else
     /// SIGTERM), up to `timeout` for it to exit, then SIGKILL. Idempotent:
     /// no task or an exited task is success.
+    #[tracing::instrument(name = "runtime.stop", level = "debug", skip_all)]
     pub async fn stop(&self, id: &str, timeout: Duration) -> Result<(), RuntimeError> {
         let Some(process) = self.get_task(id).await? else {
             return Ok(());
@@ -309,6 +311,7 @@ impl ContainerRuntime {
 
     /// Deletes the task (after killing it if it still runs) and stops log
     /// copying. Idempotent.
+    #[tracing::instrument(name = "task.delete", level = "debug", skip_all)]
     pub async fn delete_task(&self, id: &str) -> Result<(), RuntimeError> {
         if let Some(p) = self.get_task(id).await? {
             if p.status != TaskStatus::Stopped as i32 && p.status != TaskStatus::Created as i32 {
@@ -320,6 +323,7 @@ impl ContainerRuntime {
                 .delete(self.client.request(DeleteTaskRequest {
                     container_id: id.to_owned(),
                 }))
+                .instrument(debug_span!("tasks.delete"))
                 .await
             {
                 Ok(_) => {}
@@ -331,14 +335,18 @@ impl ContainerRuntime {
         if let Some(live) = live {
             // The shim closed the FIFOs with the task; give the copiers a
             // moment to write what they still hold, then stop them.
-            for mut h in live.copiers {
-                if tokio::time::timeout(Duration::from_secs(2), &mut h)
-                    .await
-                    .is_err()
-                {
-                    h.abort();
+            async {
+                for mut h in live.copiers {
+                    if tokio::time::timeout(Duration::from_secs(2), &mut h)
+                        .await
+                        .is_err()
+                    {
+                        h.abort();
+                    }
                 }
             }
+            .instrument(debug_span!("log_copiers.drain"))
+            .await;
         }
         Ok(())
     }
@@ -368,7 +376,6 @@ fn parse_signal(name: &str) -> Signal {
 }
 
 fn spawn_copiers(id: &str, readers: fifo_io::Readers, sink: &Arc<LogSink>) -> Vec<JoinHandle<()>> {
-    use tracing::Instrument;
     let span = tracing::info_span!("log_copier", container = id);
     let mut v = vec![tokio::spawn(
         copy_stream(readers.stdout, Stream::Stdout, sink.clone()).instrument(span.clone()),
