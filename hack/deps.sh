@@ -8,7 +8,7 @@ PACKAGES=(
     containerd runc protobuf-compiler docker-registry busybox-static
     containernetworking-plugins prometheus iproute2 nftables iptables
     e2fsprogs util-linux mount curl ca-certificates file procps openssl
-    python3 python3-yaml python3-jsonschema
+    python3 python3-yaml python3-jsonschema fonts-dejavu-core
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
