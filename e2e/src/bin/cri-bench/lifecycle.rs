@@ -41,7 +41,7 @@ pub(crate) struct Lifecycle {
 
 impl Lifecycle {
     /// RunPodSandbox + CreateContainer + StartContainer: a pod to running.
-    pub(crate) fn to_running(&self) -> Duration {
+    pub(crate) fn pod_to_running(&self) -> Duration {
         self.calls[0] + self.calls[1] + self.calls[2]
     }
 }
@@ -300,11 +300,11 @@ mod tests {
     }
 
     #[test]
-    fn to_running_is_the_first_three_calls() {
+    fn pod_to_running_is_the_first_three_calls() {
         let mut l = Lifecycle::default();
         for (k, c) in l.calls.iter_mut().enumerate() {
             *c = Duration::from_millis(k as u64 + 1);
         }
-        assert_eq!(l.to_running(), Duration::from_millis(6));
+        assert_eq!(l.pod_to_running(), Duration::from_millis(6));
     }
 }

@@ -65,7 +65,7 @@ const ROWS: [Row; 9] = [
     },
     Row {
         name: "pod to running (the three above)",
-        of: Lifecycle::to_running,
+        of: Lifecycle::pod_to_running,
     },
     Row {
         name: CALLS[3],
