@@ -38,7 +38,7 @@ impl Cri {
             let verbose = serde_json::json!({
                 "sandboxID": rec.id.as_str(),
                 "state": rec.state.as_str(),
-                "pid": rec.process.as_ref().map(|p| p.pid),
+                "pid": rec.process.as_ref().and_then(|p| p.pid),
                 "runtimeHandler": rec.spec.runtime_handler,
                 "netnsPath": rec.network.as_ref().and_then(|n| n.netns_path.clone()),
                 "sandboxDir": rec.storage.as_ref().map(|s| s.sandbox_dir.clone()),

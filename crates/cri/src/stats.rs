@@ -174,7 +174,7 @@ impl Cri {
         if sb.state != SandboxState::Ready || sb.spec.host_network() {
             return Vec::new();
         }
-        let Some(pid) = sb.process.as_ref().map(|p| p.pid) else {
+        let Some(pid) = sb.process.as_ref().and_then(|p| p.pid) else {
             return Vec::new();
         };
         read_net_dev(pid).unwrap_or_else(|e| {

@@ -149,8 +149,9 @@ impl FakeFlow {
             self.acquire(id);
             // The sandbox slot carries the name of the last fake to finish.
             ctx.publish(crate::spec::SandboxProcess {
-                pid: 1,
+                pid: Some(1),
                 runtime_handler: self.name.clone(),
+                ..Default::default()
             });
         } else {
             self.release(id);

@@ -241,8 +241,9 @@ mod tests {
     fn outputs_are_typed() {
         let ctx = FlowContext::new(SandboxId::new_unchecked("a"), Arc::default());
         let process = SandboxProcess {
-            pid: 5,
+            pid: Some(5),
             runtime_handler: "runc".into(),
+            ..Default::default()
         };
         ctx.publish(process.clone());
         ctx.publish(NetworkStatus::default());

@@ -263,13 +263,43 @@ pub struct StorageStatus {
     pub scratch_path: Option<PathBuf>,
 }
 
-/// Published by the sandbox step: the pod infra process, if there is one.
+/// Published by the sandbox step: where the pod's shared namespaces are.
+///
+/// A sandbox either has an infra (pause) process, whose namespaces its
+/// containers join by `/proc/<pid>/ns/*`, or none: then its IPC and UTS
+/// namespaces are pinned by bind mounts under `pins_dir` (the network
+/// namespace is the network step's pin) and containers join those paths.
+/// Records written before sandboxes without an infra process existed carry
+/// only `pid` and `runtime_handler`, and still read as infra sandboxes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxProcess {
-    /// Host PID of the infra process.
-    pub pid: u32,
-    /// Runtime handler that runs it.
+    /// Host PID of the infra process; `None` for a sandbox without one.
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// Runtime handler that runs the pod's containers.
     pub runtime_handler: String,
+    /// The pinned IPC namespace of a sandbox without an infra process;
+    /// `None` with an infra process or the node's IPC namespace.
+    #[serde(default)]
+    pub ipc_path: Option<PathBuf>,
+    /// The pinned UTS namespace (with the pod's hostname set) of a sandbox
+    /// without an infra process; `None` with an infra process or the
+    /// node's network (and so UTS) namespace.
+    #[serde(default)]
+    pub uts_path: Option<PathBuf>,
+    /// The directory holding the pins of a sandbox without an infra
+    /// process; it exists from the start of its create to the end of its
+    /// teardown, so it marks the sandbox's namespaces as alive even when
+    /// the pod shares every namespace with the node.
+    #[serde(default)]
+    pub pins_dir: Option<PathBuf>,
+}
+
+impl SandboxProcess {
+    /// True for a sandbox whose namespaces are pinned, with no infra process.
+    pub fn is_infraless(&self) -> bool {
+        self.pid.is_none()
+    }
 }
 
 #[cfg(test)]

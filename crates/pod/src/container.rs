@@ -129,9 +129,16 @@ impl PodService {
                 kind: "image",
                 id: req.image.clone(),
             })?;
-        let infra_pid = sandbox.process.as_ref().map(|p| p.pid).ok_or_else(|| {
-            PodError::FailedPrecondition(format!("pod sandbox {} has no infra process", sandbox.id))
-        })?;
+        let infra_pid = sandbox
+            .process
+            .as_ref()
+            .and_then(|p| p.pid)
+            .ok_or_else(|| {
+                PodError::FailedPrecondition(format!(
+                    "pod sandbox {} has no infra process",
+                    sandbox.id
+                ))
+            })?;
         let mut options = sandbox.spec.namespaces.clone();
         if let Some((mode, target)) = &req.pid {
             options.pid = *mode;

@@ -168,8 +168,9 @@ impl Flow for SandboxProvider {
             }
         };
         ctx.publish(SandboxProcess {
-            pid,
+            pid: Some(pid),
             runtime_handler: handler,
+            ..Default::default()
         });
         Ok(())
     }

@@ -530,7 +530,7 @@ async fn sandbox_provider_create_destroy_cleanup() {
     provider.create(&ctx).await.unwrap();
     let proc_ = ctx.get::<SandboxProcess>().unwrap();
     assert_eq!(proc_.runtime_handler, "runc");
-    let pid = proc_.pid.to_string();
+    let pid = proc_.pid.expect("an infra process").to_string();
     assert_eq!(
         ns_ino(&pid, "net"),
         std::fs::metadata(netns.path()).unwrap().ino()
@@ -576,7 +576,12 @@ async fn sandbox_provider_create_destroy_cleanup() {
     };
     let ctx = FlowContext::new(hid.clone(), Arc::new(spec));
     provider.create(&ctx).await.unwrap();
-    let pid = ctx.get::<SandboxProcess>().unwrap().pid.to_string();
+    let pid = ctx
+        .get::<SandboxProcess>()
+        .unwrap()
+        .pid
+        .unwrap()
+        .to_string();
     for ns in ["net", "uts", "ipc"] {
         assert_eq!(
             ns_ino(&pid, ns),
@@ -672,7 +677,7 @@ async fn sandbox_with_the_builtin_pause_image() {
     };
     let ctx = FlowContext::new(sid.clone(), Arc::new(spec));
     provider.create(&ctx).await.unwrap();
-    let pid = ctx.get::<SandboxProcess>().unwrap().pid;
+    let pid = ctx.get::<SandboxProcess>().unwrap().pid.unwrap();
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
     assert!(
         cmdline.starts_with(b"/pause"),

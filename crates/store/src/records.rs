@@ -223,6 +223,37 @@ mod tests {
     }
 
     #[test]
+    fn old_sandbox_process_json_reads_as_an_infra_process() {
+        let json = serde_json::json!({
+            "id": "abc",
+            "spec": SandboxSpec::default(),
+            "state": "ready",
+            "created_at": { "secs_since_epoch": 1, "nanos_since_epoch": 0 },
+            "process": { "pid": 42, "runtime_handler": "runc" },
+        });
+        let rec: SandboxRecord = serde_json::from_value(json).unwrap();
+        let p = rec.process.unwrap();
+        assert_eq!((p.pid, p.runtime_handler.as_str()), (Some(42), "runc"));
+        assert!(!p.is_infraless());
+        assert_eq!((p.ipc_path, p.uts_path, p.pins_dir), (None, None, None));
+    }
+
+    #[test]
+    fn pinned_sandbox_process_round_trips() {
+        let p = SandboxProcess {
+            pid: None,
+            runtime_handler: "runc".into(),
+            ipc_path: Some("/run/cubelet/podns/a/ipc".into()),
+            uts_path: None,
+            pins_dir: Some("/run/cubelet/podns/a".into()),
+        };
+        let back: SandboxProcess =
+            serde_json::from_value(serde_json::to_value(&p).unwrap()).unwrap();
+        assert_eq!(back, p);
+        assert!(back.is_infraless());
+    }
+
+    #[test]
     fn old_container_json_without_optional_fields_decodes() {
         let json = serde_json::json!({
             "id": "c1",
