@@ -19,8 +19,8 @@ pub const DURATION_BUCKETS: &[f64] = &[
 ];
 
 /// The `kind` label values of `cubelet_gc_reclaimed_total` the GC reports
-/// (sandboxes, containerd objects, shims, network, storage and journal
-/// objects); each series is exported at 0 from the start.
+/// (sandboxes, containerd objects, shims, network, pod namespace pins,
+/// storage and journal objects); each series is exported at 0 from the start.
 pub const GC_RECLAIMED_KINDS: &[&str] = &[
     "sandbox",
     "container",
@@ -28,6 +28,7 @@ pub const GC_RECLAIMED_KINDS: &[&str] = &[
     "snapshot",
     "shim",
     "netns",
+    "podns",
     "veth",
     "lease",
     "port_rule",
@@ -46,6 +47,7 @@ pub const GC_FAILURE_KINDS: &[&str] = &[
     "containerd",
     "shim",
     "network",
+    "podns",
     "storage",
     "journal",
 ];

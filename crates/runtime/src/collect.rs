@@ -1,9 +1,12 @@
-//! The runtime as a garbage collector: shims whose task containerd forgot.
+//! The runtime as a garbage collector: shims whose task containerd forgot,
+//! and the namespace pins of sandboxes without an infra process that no
+//! sandbox owns any more.
 
 use async_trait::async_trait;
 use cubelet_engine::{Collector, GcReport, LiveSandboxes};
 
 use crate::container::ContainerRuntime;
+use crate::podns::PodNamespaces;
 
 #[async_trait]
 impl Collector for ContainerRuntime {
@@ -18,6 +21,24 @@ impl Collector for ContainerRuntime {
         match self.reap_orphan_shims().await {
             Ok(n) => report.add("shim", n),
             Err(e) => report.fail("shim", &e),
+        }
+        report
+    }
+}
+
+#[async_trait]
+impl Collector for PodNamespaces {
+    fn name(&self) -> &'static str {
+        "podns"
+    }
+
+    /// Pin directories are listed first, the live set read after (a create
+    /// records its sandbox before it makes the directory).
+    async fn collect(&self, live: &dyn LiveSandboxes) -> GcReport {
+        let mut report = GcReport::default();
+        match cubelet_engine::blocking(|| self.remove_except(|| live.now())) {
+            Ok(n) => report.add("podns", n),
+            Err(e) => report.fail("podns", &e),
         }
         report
     }

@@ -104,6 +104,17 @@ pub enum RuntimeError {
     /// the variants of those names instead.
     #[error(transparent)]
     Registry(RegistryError),
+    /// A pod namespace could not be made, pinned or removed.
+    #[error("{op} {path}")]
+    Namespace {
+        /// What was being done.
+        op: &'static str,
+        /// Pin or directory involved.
+        path: String,
+        /// Why.
+        #[source]
+        source: nix::errno::Errno,
+    },
 }
 
 /// `map_err` adapter: [`RuntimeError::containerd`] for `op`.

@@ -3,7 +3,8 @@
 //! Owns everything that talks to containerd over its gRPC API, in Cubelet's
 //! own containerd namespace: image pull and unpack, the pod infra (pause)
 //! image, containers and tasks, stdio FIFOs and CRI log files, exit events,
-//! and the `sandbox` flow provider. Registries are spoken to through the
+//! and the `sandbox` flow provider (a pause container, or the pod's IPC and
+//! UTS namespaces pinned without one: `podns`). Registries are spoken to through the
 //! `cubelet-registry` crate, whose oci-spec image types this crate stores.
 //! Containerd's protobuf types stay inside this crate (converted in
 //! `convert.rs`-style helpers); it knows nothing of CRI wire types, of the
@@ -23,6 +24,7 @@ pub mod inventory;
 pub mod io;
 pub mod logs;
 pub mod pause;
+pub mod podns;
 pub mod sandbox;
 pub mod shims;
 pub mod spec;

@@ -1,0 +1,405 @@
+//! Pod namespaces without an infra process: a sandbox's IPC and UTS
+//! namespaces, made on a dedicated thread and pinned by bind mounts, as the
+//! network providers pin the pod's network namespace.
+//!
+//! `unshare` acts on the calling thread, so each sandbox's namespaces are
+//! made on a fresh OS thread that unshares them, sets the pod's hostname in
+//! its new UTS namespace, bind-mounts `/proc/thread-self/ns/{ipc,uts}` onto
+//! the pin files and exits: no async task ever runs on a thread that changed
+//! namespace. The pins are `<dir>/<sandbox id>/{ipc,uts}`. A sandbox's
+//! directory exists from the first thing its create does to the last thing
+//! its teardown does, so a crash anywhere in between leaves something that
+//! teardown, recovery and the GC find by the sandbox id alone, and its
+//! presence says the sandbox's namespaces are alive (also for a pod that
+//! shares every namespace with the node and so has no pin at all).
+//!
+//! No `unsafe` is needed here: `nix` wraps the system calls safely.
+
+use std::collections::HashSet;
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use cubelet_engine::spec::SandboxProcess;
+use cubelet_engine::SandboxId;
+use nix::errno::Errno;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::statfs::{statfs, NSFS_MAGIC};
+
+use crate::error::RuntimeError;
+
+/// File name of the IPC namespace pin in a sandbox's directory.
+pub const IPC_PIN: &str = "ipc";
+/// File name of the UTS namespace pin in a sandbox's directory.
+pub const UTS_PIN: &str = "uts";
+
+/// The namespaces a sandbox without an infra process asks for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PinRequest {
+    /// A new IPC namespace (false: the pod uses the node's).
+    pub ipc: bool,
+    /// A new UTS namespace with this hostname (`None`: the node's, as for
+    /// host-network pods).
+    pub hostname: Option<String>,
+}
+
+/// Where a sandbox's namespaces are pinned.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pins {
+    /// The sandbox's directory.
+    pub dir: PathBuf,
+    /// The IPC namespace pin, when one was asked for.
+    pub ipc: Option<PathBuf>,
+    /// The UTS namespace pin, when one was asked for.
+    pub uts: Option<PathBuf>,
+}
+
+/// The pins of every sandbox without an infra process, under one directory.
+#[derive(Debug, Clone)]
+pub struct PodNamespaces {
+    dir: PathBuf,
+}
+
+impl PodNamespaces {
+    /// Pins under `dir` (`<state_dir>/podns`).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// The directory every sandbox's pins are under.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The directory of `id`'s pins.
+    pub fn sandbox_dir(&self, id: &SandboxId) -> PathBuf {
+        self.dir.join(id.as_str())
+    }
+
+    /// Creates the directory and makes it a mount point with shared
+    /// propagation (as `ip netns` does for `/run/netns`), so that a pin
+    /// unmounted here also leaves the mount namespaces that were copied
+    /// while it existed. Idempotent.
+    pub fn prepare(&self) -> Result<(), RuntimeError> {
+        let dir = &self.dir;
+        fs::create_dir_all(dir).map_err(|e| io_err("create directory", dir, e))?;
+        let shared = || {
+            mount(
+                None::<&str>,
+                dir,
+                None::<&str>,
+                MsFlags::MS_SHARED | MsFlags::MS_REC,
+                None::<&str>,
+            )
+        };
+        match shared() {
+            Ok(()) => Ok(()),
+            Err(Errno::EINVAL) => {
+                // Not a mount point yet: bind it onto itself first.
+                mount(
+                    Some(dir),
+                    dir,
+                    None::<&str>,
+                    MsFlags::MS_BIND | MsFlags::MS_REC,
+                    None::<&str>,
+                )
+                .map_err(|e| ns_err("bind mount", dir, e))?;
+                shared().map_err(|e| ns_err("make shared", dir, e))
+            }
+            Err(e) => Err(ns_err("make shared", dir, e)),
+        }
+    }
+
+    /// Makes `id`'s namespaces as `req` asks, on a thread of their own, and
+    /// pins them. Pins that already exist are kept; on failure nothing of
+    /// the sandbox is left (its directory and every pin in it removed).
+    pub async fn create(&self, id: &SandboxId, req: &PinRequest) -> Result<Pins, RuntimeError> {
+        let dir = self.sandbox_dir(id);
+        let req = req.clone();
+        let what = dir.display().to_string();
+        on_thread(what, move || {
+            let made = create_blocking(&dir, &req);
+            if made.is_err() {
+                if let Err(e) = remove_blocking(&dir) {
+                    tracing::warn!(dir = %dir.display(), error = %cubelet_engine::chain(&e), "removing the pins of a failed create");
+                }
+            }
+            made
+        })
+        .await
+    }
+
+    /// Unmounts and deletes `id`'s pins and directory. Returns whether there
+    /// was anything; nothing is fine (idempotent).
+    pub fn remove(&self, id: &SandboxId) -> Result<bool, RuntimeError> {
+        remove_blocking(&self.sandbox_dir(id))
+    }
+
+    /// Removes the pins of every sandbox not in `keep()` (and anything else
+    /// in the directory that is not a sandbox id). `keep` is asked after the
+    /// directory has been listed (see [`cubelet_engine::LiveSandboxes`]);
+    /// when it returns `None` nothing is removed. Returns how many
+    /// sandboxes' pins were removed; a missing directory holds none.
+    pub fn remove_except(
+        &self,
+        keep: impl FnOnce() -> Option<HashSet<SandboxId>>,
+    ) -> Result<usize, RuntimeError> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(io_err("read", &self.dir, e)),
+        };
+        let mut found = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| io_err("read", &self.dir, e))?;
+            let id = entry.file_name().to_str().and_then(SandboxId::parse);
+            found.push((entry.path(), id));
+        }
+        if found.is_empty() {
+            return Ok(0);
+        }
+        let Some(keep) = keep() else {
+            return Ok(0);
+        };
+        let mut removed = 0;
+        for (path, id) in found {
+            if id.is_some_and(|id| keep.contains(&id)) {
+                continue;
+            }
+            let gone = if path.is_dir() {
+                remove_blocking(&path)?
+            } else {
+                remove_pin(&path)?
+            };
+            if gone {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// True when `path` is a mounted namespace (an nsfs bind mount).
+pub fn is_pinned(path: &Path) -> bool {
+    statfs(path)
+        .map(|s| s.filesystem_type() == NSFS_MAGIC)
+        .unwrap_or(false)
+}
+
+/// Whether the namespaces of a sandbox without an infra process are still
+/// there: its directory exists and every pin it was given is mounted.
+/// Always false for a sandbox with an infra process (ask the runtime about
+/// its task instead).
+pub fn pins_alive(process: &SandboxProcess) -> bool {
+    process.is_infraless()
+        && process.pins_dir.as_deref().is_some_and(Path::is_dir)
+        && [&process.ipc_path, &process.uts_path]
+            .into_iter()
+            .flatten()
+            .all(|p| is_pinned(p))
+}
+
+fn create_blocking(dir: &Path, req: &PinRequest) -> Result<Pins, RuntimeError> {
+    fs::create_dir_all(dir).map_err(|e| io_err("create directory", dir, e))?;
+    let ipc = req.ipc.then(|| dir.join(IPC_PIN));
+    let uts = req.hostname.as_ref().map(|_| dir.join(UTS_PIN));
+    let mut flags = CloneFlags::empty();
+    let mut todo = Vec::new();
+    for (pin, flag, ns) in [
+        (&ipc, CloneFlags::CLONE_NEWIPC, IPC_PIN),
+        (&uts, CloneFlags::CLONE_NEWUTS, UTS_PIN),
+    ] {
+        let Some(pin) = pin.as_deref().filter(|p| !is_pinned(p)) else {
+            continue;
+        };
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(pin)
+            .map_err(|e| io_err("create pin", pin, e))?;
+        flags |= flag;
+        todo.push((pin, ns));
+    }
+    if flags.is_empty() {
+        return Ok(Pins {
+            dir: dir.to_path_buf(),
+            ipc,
+            uts,
+        });
+    }
+    // This thread now gets namespaces of its own and exits right after.
+    unshare(flags).map_err(|e| ns_err("unshare namespaces for", dir, e))?;
+    if flags.contains(CloneFlags::CLONE_NEWUTS) {
+        if let Some(hostname) = &req.hostname {
+            nix::unistd::sethostname(hostname)
+                .map_err(|e| ns_err("set the hostname in", dir, e))?;
+        }
+    }
+    for (pin, ns) in todo {
+        mount(
+            Some(Path::new("/proc/thread-self/ns").join(ns).as_path()),
+            pin,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| ns_err("bind mount namespace on", pin, e))?;
+    }
+    Ok(Pins {
+        dir: dir.to_path_buf(),
+        ipc,
+        uts,
+    })
+}
+
+/// Unmounts and deletes every pin in `dir`, then `dir`. Whether anything
+/// was there.
+fn remove_blocking(dir: &Path) -> Result<bool, RuntimeError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io_err("read", dir, e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| io_err("read", dir, e))?;
+        remove_pin(&entry.path())?;
+    }
+    match fs::remove_dir(dir) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(io_err("remove", dir, e)),
+    }
+}
+
+/// Unmounts and deletes one pin. Whether there was anything.
+fn remove_pin(pin: &Path) -> Result<bool, RuntimeError> {
+    let mut removed = match umount2(pin, MntFlags::MNT_DETACH) {
+        Ok(()) => true,
+        Err(Errno::EINVAL | Errno::ENOENT) => false,
+        Err(e) => return Err(ns_err("unmount namespace pin", pin, e)),
+    };
+    match fs::remove_file(pin) {
+        Ok(()) => removed = true,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("remove namespace pin", pin, e)),
+    }
+    Ok(removed)
+}
+
+/// Runs blocking `work` on a fresh OS thread (which inherits the caller's
+/// namespaces and leaves with its own) and awaits its result without
+/// blocking the executor.
+async fn on_thread<T, W>(what: String, work: W) -> Result<T, RuntimeError>
+where
+    W: FnOnce() -> Result<T, RuntimeError> + Send + 'static,
+    T: Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("cubelet-podns".into())
+        .spawn(move || {
+            let _ = tx.send(work());
+        })
+        .map_err(|e| RuntimeError::Io {
+            op: "start the namespace thread for",
+            path: what.clone(),
+            source: e,
+        })?;
+    rx.await.unwrap_or_else(|_| {
+        Err(RuntimeError::Io {
+            op: "namespace thread for",
+            path: what,
+            source: io::Error::other("namespace thread panicked"),
+        })
+    })
+}
+
+fn io_err(op: &'static str, path: &Path, source: io::Error) -> RuntimeError {
+    RuntimeError::Io {
+        op,
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+fn ns_err(op: &'static str, path: &Path, source: Errno) -> RuntimeError {
+    RuntimeError::Namespace {
+        op,
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process(dir: &Path, ipc: bool) -> SandboxProcess {
+        SandboxProcess {
+            pid: None,
+            runtime_handler: "runc".into(),
+            ipc_path: ipc.then(|| dir.join(IPC_PIN)),
+            uts_path: None,
+            pins_dir: Some(dir.to_path_buf()),
+        }
+    }
+
+    #[test]
+    fn a_sandbox_with_an_infra_process_is_never_alive_by_its_pins() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut p = process(tmp.path(), false);
+        assert!(pins_alive(&p), "no pins asked for: the directory is enough");
+        p.pid = Some(1);
+        assert!(!pins_alive(&p));
+    }
+
+    #[test]
+    fn pins_are_alive_only_while_mounted_and_the_directory_exists() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("a");
+        std::fs::create_dir(&dir).unwrap();
+        // A plain file where the pin should be is not a namespace.
+        std::fs::write(dir.join(IPC_PIN), b"").unwrap();
+        assert!(!pins_alive(&process(&dir, true)));
+        assert!(pins_alive(&process(&dir, false)));
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(!pins_alive(&process(&dir, false)));
+    }
+
+    #[test]
+    fn removing_unmounted_leftovers_is_idempotent() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pods = PodNamespaces::new(tmp.path());
+        let id = SandboxId::new_unchecked("abc");
+        assert!(!pods.remove(&id).unwrap(), "nothing there");
+        let dir = pods.sandbox_dir(&id);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join(UTS_PIN), b"").unwrap();
+        assert!(pods.remove(&id).unwrap());
+        assert!(!dir.exists());
+        assert!(!pods.remove(&id).unwrap());
+    }
+
+    #[test]
+    fn the_gc_keeps_live_sandboxes_and_asks_only_after_listing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pods = PodNamespaces::new(tmp.path().join("podns"));
+        // A missing directory holds nothing, and keep is not asked.
+        assert_eq!(pods.remove_except(|| panic!("asked")).unwrap(), 0);
+        for id in ["live", "dead"] {
+            std::fs::create_dir_all(pods.sandbox_dir(&SandboxId::new_unchecked(id))).unwrap();
+        }
+        std::fs::write(pods.dir().join("Not An Id"), b"").unwrap();
+        assert_eq!(pods.remove_except(|| None).unwrap(), 0, "store unreadable");
+        let keep = || Some([SandboxId::new_unchecked("live")].into_iter().collect());
+        assert_eq!(pods.remove_except(keep).unwrap(), 2);
+        let mut left: Vec<_> = std::fs::read_dir(pods.dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["live"]);
+    }
+}
