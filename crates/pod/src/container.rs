@@ -6,7 +6,9 @@ use std::time::{Duration, SystemTime};
 
 use cubelet_engine::spec::NamespaceMode;
 use cubelet_runtime::container::{ContainerState as RtState, ExecOutput};
-use cubelet_runtime::spec::{ContainerKind, ContainerNamespaces, ContainerSpec, Resources};
+use cubelet_runtime::spec::{
+    ContainerKind, ContainerNamespaces, ContainerSpec, PodNamespacePaths, Resources,
+};
 use cubelet_runtime::RuntimeError;
 use cubelet_store::{ContainerRecord, ContainerState, SandboxState};
 use tracing::{info_span, warn, Instrument};
@@ -129,16 +131,19 @@ impl PodService {
                 kind: "image",
                 id: req.image.clone(),
             })?;
-        let infra_pid = sandbox
-            .process
-            .as_ref()
-            .and_then(|p| p.pid)
-            .ok_or_else(|| {
-                PodError::FailedPrecondition(format!(
-                    "pod sandbox {} has no infra process",
-                    sandbox.id
-                ))
-            })?;
+        let process = sandbox.process.as_ref().ok_or_else(|| {
+            PodError::FailedPrecondition(format!(
+                "pod sandbox {} has no namespaces to join",
+                sandbox.id
+            ))
+        })?;
+        let pod_namespaces = PodNamespacePaths::of_sandbox(
+            process,
+            sandbox
+                .network
+                .as_ref()
+                .and_then(|n| n.netns_path.as_deref()),
+        );
         let mut options = sandbox.spec.namespaces.clone();
         if let Some((mode, target)) = &req.pid {
             options.pid = *mode;
@@ -170,7 +175,11 @@ impl PodService {
             kind: ContainerKind::Container,
             log_path: log_path.clone(),
             cgroup_parent: sandbox.spec.cgroup_parent.clone(),
-            namespaces: ContainerNamespaces::for_pod_container(&options, infra_pid, target_pid),
+            namespaces: ContainerNamespaces::for_pod_container(
+                &options,
+                &pod_namespaces,
+                target_pid,
+            )?,
             hostname: sandbox.spec.effective_hostname().to_owned(),
             runtime_handler: sandbox.spec.runtime_handler.clone(),
             ..req.spec

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use cubelet_engine::spec::SandboxProcess;
 use cubelet_runtime::container::{ContainerState, ContainerStatus, ExecOutput};
 use cubelet_runtime::events::{ContainerEvent, ContainerEventKind};
 use cubelet_runtime::spec::{ContainerSpec, Resources};
@@ -47,6 +48,8 @@ struct State {
     exec: Option<Result<ExecOutput, String>>,
     orphan_shims: usize,
     next_pid: u32,
+    /// Pin directories the fake reports as alive.
+    pins: std::collections::HashSet<std::path::PathBuf>,
 }
 
 /// The fake runtime. Cheap to clone; clones share state.
@@ -154,6 +157,18 @@ impl FakeRuntime {
     /// (`tasks.start` failing with it).
     pub fn set_exec(&self, result: Result<ExecOutput, String>) {
         self.lock().exec = Some(result);
+    }
+
+    /// Reports the pins under `dir` (a sandbox without an infra process) as
+    /// alive, or, with `alive` false, as gone.
+    pub fn set_pins_alive(&self, dir: impl Into<std::path::PathBuf>, alive: bool) {
+        let dir = dir.into();
+        let mut s = self.lock();
+        if alive {
+            s.pins.insert(dir);
+        } else {
+            s.pins.remove(&dir);
+        }
     }
 
     /// How many orphan shims the next reap finds.
@@ -339,5 +354,13 @@ impl Runtime for FakeRuntime {
     async fn reap_orphan_shims(&self) -> Result<usize, RuntimeError> {
         self.enter("reap_orphan_shims", "").await?;
         Ok(std::mem::take(&mut self.lock().orphan_shims))
+    }
+
+    fn pins_alive(&self, process: &SandboxProcess) -> bool {
+        process.is_infraless()
+            && process
+                .pins_dir
+                .as_ref()
+                .is_some_and(|d| self.lock().pins.contains(d))
     }
 }

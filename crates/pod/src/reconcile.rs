@@ -18,7 +18,8 @@ pub struct ReconcileReport {
     pub failed: Vec<(SandboxId, EngineError)>,
     /// Sandboxes whose create never finished, now left to the GC.
     pub abandoned: usize,
-    /// Ready sandboxes whose infra process is gone, now not ready.
+    /// Ready sandboxes whose infra process (or, without one, whose pinned
+    /// namespaces) are gone, now not ready.
     pub not_ready: usize,
     /// Running containers whose output was picked up again.
     pub reattached: usize,
@@ -58,12 +59,17 @@ impl PodService {
                     report.abandoned += 1;
                 }
                 SandboxState::Ready => {
-                    let alive = matches!(
-                        self.runtime().status(rec.id.as_str()).await,
-                        Ok(s) if s.state == RtState::Running
-                    );
+                    // A sandbox without an infra process lives while its
+                    // pinned namespaces do; one with lives while its task runs.
+                    let alive = match rec.process.as_ref() {
+                        Some(p) if p.is_infraless() => self.runtime().pins_alive(p),
+                        _ => matches!(
+                            self.runtime().status(rec.id.as_str()).await,
+                            Ok(s) if s.state == RtState::Running
+                        ),
+                    };
                     if !alive {
-                        warn!(sandbox_id = %rec.id, "infra process gone; sandbox not ready");
+                        warn!(sandbox_id = %rec.id, "infra process or pinned namespaces gone; sandbox not ready");
                         blocking(|| {
                             store.update_sandbox(&rec.id, |r| r.state = SandboxState::NotReady)
                         })?;

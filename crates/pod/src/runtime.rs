@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use cubelet_engine::spec::SandboxProcess;
 use cubelet_runtime::container::{ContainerRuntime, ContainerStatus, ExecOutput};
 use cubelet_runtime::image::ImageService;
 use cubelet_runtime::spec::{ContainerSpec, Resources};
@@ -58,6 +59,10 @@ pub trait Runtime: Send + Sync + 'static {
 
     /// Stops shims whose task the runtime does not know; returns how many.
     async fn reap_orphan_shims(&self) -> Result<usize, RuntimeError>;
+
+    /// Whether the pinned namespaces of a sandbox without an infra process
+    /// are still there (its pin directory, every pin mounted).
+    fn pins_alive(&self, process: &SandboxProcess) -> bool;
 }
 
 /// The real runtime: containers and tasks in containerd, images in its
@@ -132,5 +137,9 @@ impl Runtime for Containerd {
 
     async fn reap_orphan_shims(&self) -> Result<usize, RuntimeError> {
         self.containers.reap_orphan_shims().await
+    }
+
+    fn pins_alive(&self, process: &SandboxProcess) -> bool {
+        cubelet_runtime::podns::pins_alive(process)
     }
 }

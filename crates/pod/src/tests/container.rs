@@ -230,6 +230,45 @@ async fn a_target_pid_namespace_joins_the_target_container() {
     );
 }
 
+#[tokio::test]
+async fn containers_of_a_pod_without_infra_join_its_pins() {
+    let r = Rig::new();
+    let sb = r.infraless_pod("web").await;
+    let mut req = request("app");
+    req.pid = Some((NamespaceMode::Container, None));
+    let id = r.pods.create_container(sb.as_str(), req).await.unwrap();
+    let ns = r.runtime.container(&id).unwrap().spec.namespaces;
+    assert_eq!(ns.network, NamespaceJoin::Path("/netns/web".into()));
+    assert_eq!(ns.ipc, NamespaceJoin::Path("/pins/web/ipc".into()));
+    assert_eq!(ns.uts, NamespaceJoin::Path("/pins/web/uts".into()));
+    assert_eq!(ns.pid, NamespaceJoin::New);
+    // Without a request of its own the pod's choice (one per container) holds.
+    let id = r.created(&sb, "plain").await;
+    assert_eq!(
+        r.runtime.container(&id).unwrap().spec.namespaces.pid,
+        NamespaceJoin::New
+    );
+}
+
+#[tokio::test]
+async fn a_pod_pid_namespace_asked_of_a_pod_without_infra_is_refused() {
+    let r = Rig::new();
+    let sb = r.infraless_pod("web").await;
+    let mut req = request("app");
+    req.pid = Some((NamespaceMode::Pod, None));
+    let err = r.pods.create_container(sb.as_str(), req).await.unwrap_err();
+    assert!(
+        matches!(err, PodError::Runtime(RuntimeError::FailedPrecondition(_))),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("PID namespace"), "{err}");
+    assert_eq!(r.runtime.calls("create"), 0, "nothing was created");
+    assert!(
+        r.pods.containers_of(&sb).unwrap().is_empty(),
+        "nothing recorded"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pod_being_stopped_gains_no_container() {
     let r = Rig::new();

@@ -127,6 +127,35 @@ impl Rig {
         id
     }
 
+    /// A ready pod (pid namespace per container) whose sandbox step, as
+    /// `runtime.sandbox: auto` does, pinned its IPC and UTS namespaces
+    /// under `/pins/<name>` instead of starting an infra process; the
+    /// network step pinned `/netns/<name>`. The fake runtime reports the
+    /// pins alive.
+    pub(super) async fn infraless_pod(&self, name: &str) -> SandboxId {
+        let mut s = spec(name);
+        s.namespaces.pid = cubelet_engine::spec::NamespaceMode::Container;
+        let id = self.pods.run_sandbox(s).await.expect("run sandbox");
+        let dir = std::path::PathBuf::from(format!("/pins/{name}"));
+        self.store
+            .update_sandbox(&id, |r| {
+                r.process = Some(cubelet_engine::spec::SandboxProcess {
+                    pid: None,
+                    runtime_handler: "runc".to_owned(),
+                    ipc_path: Some(dir.join("ipc")),
+                    uts_path: Some(dir.join("uts")),
+                    pins_dir: Some(dir.clone()),
+                });
+                r.network = Some(cubelet_engine::spec::NetworkStatus {
+                    netns_path: Some(format!("/netns/{name}").into()),
+                    ..Default::default()
+                });
+            })
+            .expect("store");
+        self.runtime.set_pins_alive(dir, true);
+        id
+    }
+
     pub(super) fn sandbox(&self, id: &SandboxId) -> Option<cubelet_store::SandboxRecord> {
         self.store.get_sandbox(id).expect("store")
     }

@@ -43,6 +43,24 @@ async fn a_ready_pod_without_its_infra_process_is_not_ready() {
 }
 
 #[tokio::test]
+async fn a_pod_without_infra_is_ready_while_its_pins_are() {
+    let r = Rig::new();
+    let kept = r.infraless_pod("kept").await;
+    let lost = r.infraless_pod("lost").await;
+    r.runtime.set_pins_alive("/pins/lost", false);
+    let status_calls = r.runtime.calls("status");
+    let report = r.pods.reconcile().await.unwrap();
+    assert_eq!(report.not_ready, 1);
+    assert_eq!(r.sandbox(&kept).unwrap().state, SandboxState::Ready);
+    assert_eq!(r.sandbox(&lost).unwrap().state, SandboxState::NotReady);
+    assert_eq!(
+        r.runtime.calls("status"),
+        status_calls,
+        "no infra task is asked about"
+    );
+}
+
+#[tokio::test]
 async fn running_containers_are_reattached_and_lost_ones_unknown() {
     let r = Rig::new();
     let sb = r.ready_pod("web").await;

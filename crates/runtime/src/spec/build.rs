@@ -213,7 +213,8 @@ fn id_mapping(m: &cubelet_engine::spec::IdMapping) -> Result<LinuxIdMapping, Run
 mod tests {
     use super::*;
     use crate::spec::test_support::image;
-    use crate::spec::ContainerNamespaces;
+    use crate::spec::{ContainerNamespaces, PodNamespacePaths};
+    use cubelet_engine::spec::SandboxProcess;
     use std::path::Path;
 
     #[test]
@@ -252,7 +253,8 @@ mod tests {
             }
         );
 
-        let c = ContainerNamespaces::for_pod_container(&pod, 42, None);
+        let infra = PodNamespacePaths::of_infra(42);
+        let c = ContainerNamespaces::for_pod_container(&pod, &infra, None).unwrap();
         assert_eq!(c.network, NamespaceJoin::Path("/proc/42/ns/net".into()));
         assert_eq!(c.pid, NamespaceJoin::Path("/proc/42/ns/pid".into()));
         let own_pid = NamespaceOptions {
@@ -260,7 +262,9 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            ContainerNamespaces::for_pod_container(&own_pid, 42, None).pid,
+            ContainerNamespaces::for_pod_container(&own_pid, &infra, None)
+                .unwrap()
+                .pid,
             NamespaceJoin::New
         );
 
@@ -314,7 +318,9 @@ mod tests {
         };
         let infra = ContainerNamespaces::for_infra(&pod, Some(Path::new("/run/x/netns/p")))
             .in_userns(&pod, Some(Path::new("/run/x/userns/p")));
-        let app = ContainerNamespaces::for_pod_container(&pod, 42, None);
+        let app =
+            ContainerNamespaces::for_pod_container(&pod, &PodNamespacePaths::of_infra(42), None)
+                .unwrap();
         for (ns, path) in [(infra, "/run/x/userns/p"), (app, "/proc/42/ns/user")] {
             let s = ContainerSpec {
                 image: image(&[], &["x"], &[]),
@@ -343,9 +349,10 @@ mod tests {
             image: image(&[], &["x"], &[]),
             namespaces: ContainerNamespaces::for_pod_container(
                 &NamespaceOptions::default(),
-                42,
+                &PodNamespacePaths::of_infra(42),
                 None,
-            ),
+            )
+            .unwrap(),
             ..Default::default()
         };
         let oci = build_oci_spec("c", &s, &SpecOptions::default()).unwrap();
@@ -385,5 +392,82 @@ mod tests {
         let oci = build_oci_spec("c", &s, &opts).unwrap();
         let u = oci.process().as_ref().unwrap().user();
         assert_eq!(u.additional_gids().as_deref(), Some(&[1000, 50000, 7][..]));
+    }
+
+    #[test]
+    fn containers_of_a_sandbox_without_infra_join_its_pins() {
+        use cubelet_engine::spec::{NamespaceMode, NamespaceOptions};
+        let process = SandboxProcess {
+            pid: None,
+            runtime_handler: "runc".into(),
+            ipc_path: Some("/run/podns/a/ipc".into()),
+            uts_path: Some("/run/podns/a/uts".into()),
+            pins_dir: Some("/run/podns/a".into()),
+        };
+        let pod = PodNamespacePaths::of_sandbox(&process, Some(Path::new("/run/netns/a")));
+        let own_pid = NamespaceOptions {
+            pid: NamespaceMode::Container,
+            ..Default::default()
+        };
+        let c = ContainerNamespaces::for_pod_container(&own_pid, &pod, None).unwrap();
+        assert_eq!(
+            c,
+            ContainerNamespaces {
+                network: NamespaceJoin::Path("/run/netns/a".into()),
+                ipc: NamespaceJoin::Path("/run/podns/a/ipc".into()),
+                uts: NamespaceJoin::Path("/run/podns/a/uts".into()),
+                pid: NamespaceJoin::New,
+                user: None,
+            }
+        );
+        // A target's PID namespace, or the node's, needs no infra process.
+        let target = NamespaceOptions {
+            pid: NamespaceMode::Target,
+            ..own_pid.clone()
+        };
+        assert_eq!(
+            ContainerNamespaces::for_pod_container(&target, &pod, Some(7))
+                .unwrap()
+                .pid,
+            NamespaceJoin::Path("/proc/7/ns/pid".into())
+        );
+        // The pod's PID namespace does: there is none to join.
+        let e = ContainerNamespaces::for_pod_container(&NamespaceOptions::default(), &pod, None)
+            .unwrap_err();
+        assert!(matches!(e, RuntimeError::FailedPrecondition(_)), "{e}");
+        // Host network and IPC: nothing of the pod's is joined for them.
+        let host = NamespaceOptions {
+            network: NamespaceMode::Node,
+            ipc: NamespaceMode::Node,
+            pid: NamespaceMode::Container,
+            ..Default::default()
+        };
+        let bare = PodNamespacePaths::of_sandbox(
+            &SandboxProcess {
+                ipc_path: None,
+                uts_path: None,
+                ..process.clone()
+            },
+            None,
+        );
+        let c = ContainerNamespaces::for_pod_container(&host, &bare, None).unwrap();
+        assert_eq!(
+            (c.network, c.ipc, c.uts),
+            (
+                NamespaceJoin::Host,
+                NamespaceJoin::Host,
+                NamespaceJoin::Host
+            )
+        );
+        // A pod network namespace that is missing is refused, not guessed.
+        let e = ContainerNamespaces::for_pod_container(&own_pid, &bare, None).unwrap_err();
+        assert!(e.to_string().contains("network"), "{e}");
+        // So is a pod user namespace: only an infra process holds one.
+        let userns = NamespaceOptions {
+            userns: Some(Default::default()),
+            ..own_pid.clone()
+        };
+        let e = ContainerNamespaces::for_pod_container(&userns, &pod, None).unwrap_err();
+        assert!(e.to_string().contains("user namespace"), "{e}");
     }
 }

@@ -23,8 +23,8 @@ pub use build::{build_oci_spec, process_groups};
 pub use capabilities::{effective_capabilities, DEFAULT_CAPABILITIES};
 pub use model::{
     ContainerKind, ContainerNamespaces, ContainerSpec, DeviceSpec, HugepageLimit, MountSpec,
-    NamespaceJoin, Propagation, Resources, SeccompProfile, SpecOptions, SupplementalGroupsPolicy,
-    UserNamespaceJoin, DEFAULT_PATH_ENV,
+    NamespaceJoin, PodNamespacePaths, Propagation, Resources, SeccompProfile, SpecOptions,
+    SupplementalGroupsPolicy, UserNamespaceJoin, DEFAULT_PATH_ENV,
 };
 pub use mounts::{DEFAULT_MASKED_PATHS, DEFAULT_READONLY_PATHS};
 pub use resources::{cgroup_path, clamp_oom_score_adj, linux_resources};

@@ -229,47 +229,120 @@ impl ContainerNamespaces {
         }
     }
 
-    /// The namespaces of an application container of a pod whose infra
-    /// process is `infra_pid`: network, IPC and UTS are the pod's (or the
+    /// The namespaces of an application container of a pod whose shared
+    /// namespaces are at `pod`: network, IPC and UTS are the pod's (or the
     /// node's); PID is the pod's for `Pod`, its own for `Container`, the
-    /// node's for `Node` and the target's (`target_pid`) for `Target`.
+    /// node's for `Node` and the target's (`target_pid`) for `Target`. A
+    /// namespace the container must share that the pod does not have is
+    /// `FailedPrecondition` (a pod-level PID namespace asked of a sandbox
+    /// without an infra process, above all).
     pub fn for_pod_container(
         options: &cubelet_engine::spec::NamespaceOptions,
-        infra_pid: u32,
+        pod: &PodNamespacePaths,
         target_pid: Option<u32>,
-    ) -> Self {
+    ) -> Result<Self, RuntimeError> {
         use cubelet_engine::spec::NamespaceMode;
-        let proc_ns =
-            |pid: u32, ns: &str| NamespaceJoin::Path(format!("/proc/{pid}/ns/{ns}").into());
+        let join = |path: &Option<PathBuf>, what: &str| match path {
+            Some(p) => Ok(NamespaceJoin::Path(p.clone())),
+            None => Err(RuntimeError::FailedPrecondition(format!(
+                "the container shares the pod's {what} namespace, but the pod sandbox has none"
+            ))),
+        };
         let host_net = options.network == NamespaceMode::Node;
-        Self {
+        Ok(Self {
             network: if host_net {
                 NamespaceJoin::Host
             } else {
-                proc_ns(infra_pid, "net")
+                join(&pod.network, "network")?
             },
             ipc: if options.ipc == NamespaceMode::Node {
                 NamespaceJoin::Host
             } else {
-                proc_ns(infra_pid, "ipc")
+                join(&pod.ipc, "IPC")?
             },
             uts: if host_net {
                 NamespaceJoin::Host
             } else {
-                proc_ns(infra_pid, "uts")
+                join(&pod.uts, "UTS")?
             },
-            user: options.userns.map(|mapping| UserNamespaceJoin {
-                path: Some(format!("/proc/{infra_pid}/ns/user").into()),
-                mapping,
-            }),
+            user: match options.userns {
+                None => None,
+                Some(mapping) => Some(UserNamespaceJoin {
+                    path: Some(pod.user.clone().ok_or_else(|| {
+                        RuntimeError::FailedPrecondition(
+                            "the pod has a user namespace, but its sandbox has none to join"
+                                .to_owned(),
+                        )
+                    })?),
+                    mapping,
+                }),
+            },
             pid: match options.pid {
-                NamespaceMode::Pod => proc_ns(infra_pid, "pid"),
+                NamespaceMode::Pod => match &pod.pid {
+                    Some(p) => NamespaceJoin::Path(p.clone()),
+                    None => {
+                        return Err(RuntimeError::FailedPrecondition(
+                            "a pod-level PID namespace is asked for, but the pod sandbox was \
+                             not created with one and has no infra process"
+                                .to_owned(),
+                        ))
+                    }
+                },
                 NamespaceMode::Container => NamespaceJoin::New,
                 NamespaceMode::Node => NamespaceJoin::Host,
                 NamespaceMode::Target => match target_pid {
-                    Some(pid) => proc_ns(pid, "pid"),
+                    Some(pid) => NamespaceJoin::Path(format!("/proc/{pid}/ns/pid").into()),
                     None => NamespaceJoin::New,
                 },
+            },
+        })
+    }
+}
+
+/// Where a pod's shared namespaces are, for its containers to join.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodNamespacePaths {
+    /// Network namespace; `None` when the pod has none of its own.
+    pub network: Option<PathBuf>,
+    /// IPC namespace.
+    pub ipc: Option<PathBuf>,
+    /// UTS namespace.
+    pub uts: Option<PathBuf>,
+    /// PID namespace; only a pod with an infra process has one.
+    pub pid: Option<PathBuf>,
+    /// User namespace (of a pod that has one of its own); only a pod with
+    /// an infra process has one to join.
+    pub user: Option<PathBuf>,
+}
+
+impl PodNamespacePaths {
+    /// The namespaces of the pod's infra process `pid`: `/proc/<pid>/ns/*`.
+    pub fn of_infra(pid: u32) -> Self {
+        let ns = |name: &str| Some(PathBuf::from(format!("/proc/{pid}/ns/{name}")));
+        Self {
+            network: ns("net"),
+            ipc: ns("ipc"),
+            uts: ns("uts"),
+            pid: ns("pid"),
+            user: ns("user"),
+        }
+    }
+
+    /// The namespaces of a sandbox as its step published them: the infra
+    /// process's, or the pins of a sandbox without one (with the network
+    /// step's netns pin, `netns`).
+    pub fn of_sandbox(
+        process: &cubelet_engine::spec::SandboxProcess,
+        netns: Option<&Path>,
+    ) -> Self {
+        match process.pid {
+            Some(pid) => Self::of_infra(pid),
+            None => Self {
+                network: netns.map(Path::to_path_buf),
+                ipc: process.ipc_path.clone(),
+                uts: process.uts_path.clone(),
+                pid: None,
+                user: None,
             },
         }
     }
