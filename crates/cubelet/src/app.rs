@@ -16,7 +16,8 @@ use cubelet_runtime::cgroups::CgroupSupport;
 use cubelet_runtime::container::{ContainerRuntime, HandlerConfig, RuntimeConfig};
 use cubelet_runtime::events::EventMonitor;
 use cubelet_runtime::image::ImageService;
-use cubelet_runtime::sandbox::{PauseImage, SandboxProvider};
+use cubelet_runtime::podns::PodNamespaces;
+use cubelet_runtime::sandbox::{PauseImage, SandboxMode, SandboxProvider};
 use cubelet_runtime::Containerd;
 use cubelet_storage::{LocalStorage, ScratchConfig, StorageConfig};
 use cubelet_store::{SandboxState, Store};
@@ -45,6 +46,8 @@ pub(crate) struct Parts {
     pub(crate) network: PodNetwork,
     pub(crate) storage: Arc<LocalStorage>,
     pub(crate) runtime: Arc<ContainerRuntime>,
+    /// Pinned namespaces of sandboxes without an infra process.
+    pub(crate) podns: PodNamespaces,
 }
 
 async fn connect_containerd(config: &Config, readiness: &Readiness) -> Result<Containerd> {
@@ -150,7 +153,15 @@ pub async fn run(config: Config) -> Result<()> {
         }),
     }));
     let network = PodNetwork::build(&config, &store)?;
-    let sandbox = Arc::new(SandboxProvider::new(Arc::clone(&runtime), pause.clone()));
+    let podns = PodNamespaces::new(config.state_dir.join("podns"));
+    let sandbox_mode = match config.runtime.sandbox {
+        crate::config::SandboxMode::Auto => SandboxMode::Auto,
+        crate::config::SandboxMode::Pause => SandboxMode::Pause,
+    };
+    let sandbox = Arc::new(
+        SandboxProvider::new(Arc::clone(&runtime), pause.clone())
+            .with_pinned_namespaces(podns.clone(), sandbox_mode),
+    );
 
     let engine = EngineBuilder::new()
         .provider(
@@ -242,6 +253,7 @@ pub async fn run(config: Config) -> Result<()> {
         network,
         storage,
         runtime: Arc::clone(&runtime),
+        podns,
     });
 
     // Events first, so no exit is missed between reconciliation and serving.

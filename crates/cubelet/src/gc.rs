@@ -1,7 +1,7 @@
 //! The garbage collector: reclaims sandboxes whose teardown failed or that
 //! kubelet never removed, and orphans (containerd containers, tasks and
-//! snapshots, netns pins, veths, leases, sandbox directories, mounts,
-//! journal entries) that belong to no known sandbox or container.
+//! snapshots, netns pins, IPC/UTS pins, veths, leases, sandbox directories,
+//! mounts, journal entries) that belong to no known sandbox or container.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -136,11 +136,13 @@ impl Gc {
         let journal = JournalOrphans {
             store: &parts.store,
         };
-        let collectors: [&dyn Collector; 5] = [
+        let collectors: [&dyn Collector; 6] = [
             &containerd,
             // Shims whose task containerd forgot (it lists its tasks itself).
             &*parts.runtime,
             network,
+            // IPC/UTS pins of sandboxes without an infra process.
+            &parts.podns,
             &*parts.storage,
             &journal,
         ];

@@ -1,21 +1,36 @@
-//! The `sandbox` flow provider: the pod infra (pause) container.
+//! The `sandbox` flow provider: the pod's shared namespaces, with or
+//! without an infra (pause) process.
 //!
-//! `create` runs the pause process in the pod's network namespace (published
-//! by the network step, or the node's for host-network pods) with its own
-//! IPC/UTS/PID namespaces unless the pod uses the node's, and publishes a
-//! [`SandboxProcess`]. The container id is the sandbox id, so `destroy` and
-//! `cleanup` (both: kill and delete the task, then the rootfs snapshot, the
-//! container record and the FIFOs; the pause process keeps nothing worth
-//! keeping) need nothing but the id and are idempotent.
+//! **With an infra process** `create` runs the pause process in the pod's
+//! network namespace (published by the network step, or the node's for
+//! host-network pods) with its own IPC/UTS/PID namespaces unless the pod
+//! uses the node's, and publishes a [`SandboxProcess`] with its pid. The
+//! container id is the sandbox id, so teardown needs nothing but the id.
+//!
+//! **Without one** (`runtime.sandbox: auto`, the default, for pods that do
+//! not share a PID namespace nor have a user namespace of their own:
+//! [`SandboxProvider::needs_infra`]) `create`
+//! makes the pod's IPC and UTS namespaces on a thread of their own, sets the
+//! hostname and pins them ([`crate::podns`]); containers join those pins and
+//! the network step's netns pin by path. This is most of RunPodSandbox's
+//! cost saved: no container, no shim, no task.
+//!
+//! `destroy` and `cleanup` (both: remove everything; neither kind keeps
+//! anything worth keeping) are idempotent and need only the id: a sandbox
+//! that has a pin directory never had a pause container (the directory is
+//! the first thing its create makes), so its teardown unmounts the pins and
+//! touches no containerd object; any other sandbox's teardown kills and
+//! deletes the pause task, its rootfs snapshot, container record and FIFOs.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use cubelet_engine::spec::{NetworkStatus, SandboxProcess};
-use cubelet_engine::{Flow, FlowContext, StepError};
+use cubelet_engine::spec::{NamespaceMode, NetworkStatus, SandboxProcess};
+use cubelet_engine::{Flow, FlowContext, SandboxSpec, StepError};
 
-use crate::container::ContainerRuntime;
+use crate::container::{ContainerRuntime, HandlerConfig};
 use crate::error::RuntimeError;
+use crate::podns::{PinRequest, PodNamespaces};
 use crate::spec::{ContainerKind, ContainerNamespaces, ContainerSpec, Resources, SeccompProfile};
 use crate::types::ImageInfo;
 
@@ -98,17 +113,62 @@ impl PauseImageSource for PauseImage {
     }
 }
 
+/// How the `sandbox` step gives pods their shared namespaces
+/// (`runtime.sandbox`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SandboxMode {
+    /// No infra process unless the pod needs one (a pod-level PID
+    /// namespace, or a runtime that is not runc's shim): IPC and UTS
+    /// namespaces are pinned instead.
+    #[default]
+    Auto,
+    /// A pause container for every pod.
+    Pause,
+}
+
 /// The `sandbox` flow provider.
 #[derive(Debug)]
 pub struct SandboxProvider {
     runtime: Arc<ContainerRuntime>,
     pause: Arc<dyn PauseImageSource>,
+    mode: SandboxMode,
+    pins: Option<PodNamespaces>,
 }
 
 impl SandboxProvider {
-    /// A provider running pause containers from `pause` on `runtime`.
+    /// A provider running a pause container from `pause` on `runtime` for
+    /// every pod (and knowing no pinned namespaces).
     pub fn new(runtime: Arc<ContainerRuntime>, pause: Arc<dyn PauseImageSource>) -> Self {
-        Self { runtime, pause }
+        Self {
+            runtime,
+            pause,
+            mode: SandboxMode::Pause,
+            pins: None,
+        }
+    }
+
+    /// Pins namespaces of pods without an infra process under `pins` (its
+    /// `init` prepares the directory), when `mode` lets a pod go without
+    /// one. Teardown and the GC find pins there in either mode, so a
+    /// sandbox made before a change of mode is still torn down whole.
+    pub fn with_pinned_namespaces(mut self, pins: PodNamespaces, mode: SandboxMode) -> Self {
+        self.pins = Some(pins);
+        self.mode = mode;
+        self
+    }
+
+    /// Whether `spec`'s pod (run by `handler`) gets a pause container: in
+    /// `pause` mode always; in `auto` mode when it shares one PID namespace
+    /// (only a process can hold one: a PID namespace dies with its init),
+    /// when it has a user namespace of its own (its IPC and UTS namespaces
+    /// must be owned by that user namespace, and a thread of this
+    /// multi-threaded agent cannot enter a user namespace: `setns` refuses,
+    /// so it would take a child process, which is what the pause container
+    /// is), or when its runtime is not runc's containerd shim (a VM runtime
+    /// builds the pod around its sandbox container, and pinned host
+    /// namespaces mean nothing inside a VM).
+    pub fn needs_infra(&self, spec: &SandboxSpec, handler: &HandlerConfig) -> bool {
+        self.pins.is_none() || infra_needed(self.mode, spec, handler)
     }
 
     /// The container spec of the infra container of `ctx`'s sandbox.
@@ -149,12 +209,59 @@ impl SandboxProvider {
     }
 }
 
+/// [`SandboxProvider::needs_infra`] of a provider that can pin namespaces.
+fn infra_needed(mode: SandboxMode, spec: &SandboxSpec, handler: &HandlerConfig) -> bool {
+    mode == SandboxMode::Pause
+        || spec.namespaces.pid == NamespaceMode::Pod
+        || spec.namespaces.userns.is_some()
+        || !handler.runtime_type.starts_with("io.containerd.runc.")
+}
+
+impl SandboxProvider {
+    /// `create` of a pod without an infra process: its IPC namespace unless
+    /// it uses the node's, its UTS namespace (with the hostname) unless it
+    /// uses the node's network, pinned.
+    async fn create_pinned(
+        &self,
+        ctx: &FlowContext,
+        pins: &PodNamespaces,
+        runtime_handler: String,
+    ) -> Result<(), StepError> {
+        let spec = ctx.spec();
+        let req = PinRequest {
+            ipc: spec.namespaces.ipc != NamespaceMode::Node,
+            hostname: (!spec.host_network()).then(|| spec.effective_hostname().to_owned()),
+        };
+        let pinned = pins.create(ctx.sandbox_id(), &req).await?;
+        tracing::debug!(sandbox = %ctx.sandbox_id(), dir = %pinned.dir.display(), "pod namespaces pinned, no infra process");
+        ctx.publish(SandboxProcess {
+            pid: None,
+            runtime_handler,
+            ipc_path: pinned.ipc,
+            uts_path: pinned.uts,
+            pins_dir: Some(pinned.dir),
+        });
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl Flow for SandboxProvider {
+    async fn init(&self) -> Result<(), StepError> {
+        if let Some(pins) = &self.pins {
+            cubelet_engine::blocking(|| pins.prepare())?;
+        }
+        Ok(())
+    }
+
     async fn create(&self, ctx: &FlowContext) -> Result<(), StepError> {
         let id = ctx.sandbox_id().as_str();
-        let (handler, _) = self.runtime.handler(&ctx.spec().runtime_handler)?;
+        let (handler, config) = self.runtime.handler(&ctx.spec().runtime_handler)?;
+        let infra = self.needs_infra(ctx.spec(), config);
         let handler = handler.to_owned();
+        if let (false, Some(pins)) = (infra, &self.pins) {
+            return self.create_pinned(ctx, pins, handler).await;
+        }
         let image = self.pause.pause_image().await?;
         let spec = self.infra_spec(ctx, image);
         self.runtime.create(id, &spec).await?;
@@ -175,13 +282,68 @@ impl Flow for SandboxProvider {
         Ok(())
     }
 
-    /// The pause process has nothing to flush: `remove` kills it outright
-    /// (`SIGKILL`) and takes its rootfs, record and FIFOs with it.
+    /// Pins go by unmounting them. The pause process has nothing to flush:
+    /// `remove` kills it outright (`SIGKILL`) and takes its rootfs, record
+    /// and FIFOs with it.
     async fn destroy(&self, ctx: &FlowContext) -> Result<(), StepError> {
-        Ok(self.runtime.remove(ctx.sandbox_id().as_str()).await?)
+        let id = ctx.sandbox_id();
+        if let Some(pins) = &self.pins {
+            if cubelet_engine::blocking(|| pins.remove(id))? {
+                // Made without an infra process: there is no container.
+                return Ok(());
+            }
+        }
+        Ok(self.runtime.remove(id.as_str()).await?)
     }
 
     async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError> {
         self.destroy(ctx).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cubelet_engine::spec::{NamespaceOptions, UserNamespace};
+
+    #[test]
+    fn only_pods_that_need_a_process_get_a_pause_container() {
+        let runc = HandlerConfig::default();
+        let own_pid = SandboxSpec {
+            namespaces: NamespaceOptions {
+                pid: NamespaceMode::Container,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(!infra_needed(SandboxMode::Auto, &own_pid, &runc));
+        let node_pid = SandboxSpec {
+            namespaces: NamespaceOptions {
+                pid: NamespaceMode::Node,
+                network: NamespaceMode::Node,
+                ipc: NamespaceMode::Node,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(!infra_needed(SandboxMode::Auto, &node_pid, &runc));
+        // A pod-level PID namespace (CRI's zero value) needs its init.
+        assert!(infra_needed(
+            SandboxMode::Auto,
+            &SandboxSpec::default(),
+            &runc
+        ));
+        // A user namespace of its own: the pause path.
+        let mut userns = own_pid.clone();
+        userns.namespaces.userns = Some(UserNamespace::default());
+        assert!(infra_needed(SandboxMode::Auto, &userns, &runc));
+        // Another runtime type: the pause path.
+        let vm = HandlerConfig {
+            runtime_type: "io.containerd.kata.v2".into(),
+            ..Default::default()
+        };
+        assert!(infra_needed(SandboxMode::Auto, &own_pid, &vm));
+        // Pause mode: always.
+        assert!(infra_needed(SandboxMode::Pause, &own_pid, &runc));
     }
 }

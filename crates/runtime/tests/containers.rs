@@ -16,8 +16,11 @@ use cubelet_runtime::container::ContainerRuntime;
 use cubelet_runtime::container::ContainerState;
 use cubelet_runtime::events::{ContainerEventKind, EventMonitor};
 use cubelet_runtime::logs::parse_entry;
-use cubelet_runtime::sandbox::{PauseImage, PauseImageSource, SandboxProvider};
-use cubelet_runtime::spec::{HugepageLimit, Resources, UserRequest};
+use cubelet_runtime::podns::PodNamespaces;
+use cubelet_runtime::sandbox::{PauseImage, PauseImageSource, SandboxMode, SandboxProvider};
+use cubelet_runtime::spec::{
+    ContainerNamespaces, HugepageLimit, PodNamespacePaths, Resources, UserRequest,
+};
 use cubelet_runtime::types::ImageInfo;
 use cubelet_runtime::RuntimeError;
 
@@ -609,6 +612,147 @@ async fn sandbox_provider_create_destroy_cleanup() {
     );
     let err = provider.create(&bad).await.unwrap_err();
     assert_eq!(err.kind(), StepErrorKind::InvalidArgument);
+    drop(netns);
+    env.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_without_infra_pins_what_its_containers_share() {
+    let test = "a_sandbox_without_infra_pins_what_its_containers_share";
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIP {test}: needs root to pin namespaces");
+        return;
+    }
+    let Some(env) = support::setup(test).await else {
+        return;
+    };
+    let pins = PodNamespaces::new(env.tmp.path().join("podns"));
+    let provider =
+        SandboxProvider::new(env.runtime.clone(), Arc::new(TestPause(env.image.clone())))
+            .with_pinned_namespaces(pins.clone(), SandboxMode::Auto);
+    provider.init().await.unwrap();
+    let netns = TestNetns::new(format!("{}-x", env.ns));
+    let sid = SandboxId::parse(&env.id("pinned")).unwrap();
+    let spec = SandboxSpec {
+        name: "pinned".into(),
+        hostname: "pinned-host".into(),
+        namespaces: NamespaceOptions {
+            pid: NamespaceMode::Container,
+            ..Default::default()
+        },
+        cgroup_parent: Some(env.cgroup_parent.clone()),
+        ..Default::default()
+    };
+    let ctx = FlowContext::new(sid.clone(), Arc::new(spec.clone()));
+    ctx.publish(NetworkStatus {
+        netns_path: Some(netns.path()),
+        ..Default::default()
+    });
+    provider.create(&ctx).await.unwrap();
+    let process = ctx.get::<SandboxProcess>().unwrap();
+    assert_eq!(process.pid, None);
+    assert_eq!(process.runtime_handler, "runc");
+    assert_eq!(process.pins_dir, Some(pins.sandbox_dir(&sid)));
+    assert!(cubelet_runtime::podns::pins_alive(&process));
+    assert!(
+        env.runtime
+            .status(sid.as_str())
+            .await
+            .unwrap_err()
+            .is_not_found(),
+        "no pause container"
+    );
+
+    // Two containers join the pins (and the netns pin): one IPC namespace
+    // (a message queue one makes, the other sees), one hostname.
+    let pod = PodNamespacePaths::of_sandbox(&process, Some(&netns.path()));
+    let namespaces = ContainerNamespaces::for_pod_container(&spec.namespaces, &pod, None).unwrap();
+    let mut a = env.sh(
+        "a",
+        "touch /dev/mqueue/cubelet-q && readlink /proc/self/ns/ipc > /tmp/ipc && exec sleep 100000",
+    );
+    a.namespaces = namespaces.clone();
+    a.hostname = "pinned-host".into();
+    let mut b = env.sh("b", "exec sleep 100000");
+    b.namespaces = namespaces;
+    b.hostname = "pinned-host".into();
+    let (ida, idb) = (env.id("a"), env.id("b"));
+    for (id, c) in [(&ida, &a), (&idb, &b)] {
+        env.runtime.create(id, c).await.unwrap();
+        env.runtime.start(id).await.unwrap();
+    }
+    let exec = |id: String, cmd: &'static str| {
+        let rt = env.runtime.clone();
+        async move {
+            let out = rt
+                .exec_sync(&id, &["sh".into(), "-c".into(), cmd.into()], None)
+                .await
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        }
+    };
+    let mut queue = String::new();
+    for _ in 0..50 {
+        queue = exec(idb.clone(), "ls /dev/mqueue").await;
+        if !queue.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(queue, "cubelet-q");
+    let ipc_b = exec(idb.clone(), "readlink /proc/self/ns/ipc").await;
+    assert_eq!(exec(ida.clone(), "cat /tmp/ipc").await, ipc_b);
+    let pin_ino = std::fs::metadata(process.ipc_path.as_ref().unwrap())
+        .unwrap()
+        .ino();
+    assert_eq!(ipc_b, format!("ipc:[{pin_ino}]"));
+    for id in [&ida, &idb] {
+        assert_eq!(exec(id.clone(), "hostname").await, "pinned-host");
+    }
+    let (pa, pb) = (
+        exec(ida.clone(), "readlink /proc/self/ns/pid").await,
+        exec(idb.clone(), "readlink /proc/self/ns/pid").await,
+    );
+    assert_ne!(pa, pb, "a PID namespace each");
+    for id in [&ida, &idb] {
+        env.runtime.remove(id).await.unwrap();
+    }
+
+    // Teardown unpins and never asks containerd; twice is fine.
+    provider.destroy(&ctx).await.unwrap();
+    assert!(!pins.sandbox_dir(&sid).exists());
+    assert!(!cubelet_runtime::podns::pins_alive(&process));
+    provider.destroy(&ctx).await.unwrap();
+    provider.cleanup(&ctx).await.unwrap();
+
+    // A pod sharing one PID namespace still gets a pause container, and
+    // pause mode gives every pod one.
+    let shared = SandboxId::parse(&env.id("shared")).unwrap();
+    let ctx = FlowContext::new(
+        shared.clone(),
+        Arc::new(SandboxSpec {
+            namespaces: NamespaceOptions::default(),
+            ..spec.clone()
+        }),
+    );
+    provider.create(&ctx).await.unwrap();
+    assert!(ctx.get::<SandboxProcess>().unwrap().pid.is_some());
+    assert!(!pins.sandbox_dir(&shared).exists());
+    provider.cleanup(&ctx).await.unwrap();
+    let pause = SandboxProvider::new(env.runtime.clone(), Arc::new(TestPause(env.image.clone())))
+        .with_pinned_namespaces(pins.clone(), SandboxMode::Pause);
+    let always = SandboxId::parse(&env.id("always")).unwrap();
+    let ctx = FlowContext::new(always.clone(), Arc::new(spec.clone()));
+    pause.create(&ctx).await.unwrap();
+    assert!(ctx.get::<SandboxProcess>().unwrap().pid.is_some());
+    pause.cleanup(&ctx).await.unwrap();
+    assert!(env
+        .runtime
+        .status(always.as_str())
+        .await
+        .unwrap_err()
+        .is_not_found());
+    let _ = nix::mount::umount2(pins.dir(), nix::mount::MntFlags::MNT_DETACH);
     drop(netns);
     env.teardown().await;
 }

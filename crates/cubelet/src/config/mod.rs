@@ -27,7 +27,7 @@ pub use self::error::ConfigError;
 pub use self::sections::{
     BridgeSection, CgroupDriver, CniSection, ContainerdConfig, CriConfig, EngineConfig, GcConfig,
     HandlerConfig, ImagesConfig, MetricsConfig, NetworkConfig, NetworkProvider, RuntimeConfig,
-    ScratchSection, StorageConfig, StreamingConfig,
+    SandboxMode, ScratchSection, StorageConfig, StreamingConfig,
 };
 
 /// The whole configuration.
@@ -123,6 +123,7 @@ runtime:
   cgroup_driver: cgroupfs
   restrict_oom_score_adj: true
   tolerate_missing_hugetlb_controller: true
+  sandbox: auto
 network:
   provider: bridge
   bridge: { name: cubelet0, subnet: 10.88.0.0/16, mtu: 1500 }

@@ -195,6 +195,21 @@ pub struct RuntimeConfig {
     /// limit per page size); when false a non-zero limit is refused. As
     /// containerd's option of the same name.
     pub tolerate_missing_hugetlb_controller: bool,
+    /// Whether pods get an infra (pause) process.
+    pub sandbox: SandboxMode,
+}
+
+/// `runtime.sandbox`: how pods get their shared namespaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxMode {
+    /// No infra process unless the pod shares one PID namespace, has a user
+    /// namespace of its own, or its handler is not runc's shim: its IPC and
+    /// UTS namespaces are pinned under the state dir and containers join
+    /// them by path.
+    Auto,
+    /// A pause container for every pod.
+    Pause,
 }
 
 impl Default for RuntimeConfig {
@@ -214,6 +229,7 @@ impl Default for RuntimeConfig {
             cgroup_driver: CgroupDriver::Cgroupfs,
             restrict_oom_score_adj: true,
             tolerate_missing_hugetlb_controller: true,
+            sandbox: SandboxMode::Auto,
         }
     }
 }
@@ -396,5 +412,18 @@ mod tests {
             .to_string();
         assert!(e.starts_with("streaming.tls_key_file"), "{e}");
         assert_eq!(Config::default().streaming.tls().unwrap(), None);
+    }
+
+    #[test]
+    fn the_sandbox_mode_is_auto_unless_pause_is_asked_for() {
+        use super::SandboxMode;
+        assert_eq!(Config::default().runtime.sandbox, SandboxMode::Auto);
+        let c = Config::from_yaml("runtime: { sandbox: pause }").unwrap();
+        assert_eq!(c.runtime.sandbox, SandboxMode::Pause);
+        assert_eq!(c.runtime.default_handler, "runc", "the rest kept");
+        let e = Config::from_yaml("runtime: { sandbox: none }")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("runtime.sandbox"), "{e}");
     }
 }
