@@ -27,3 +27,4 @@ pub mod validate;
 pub use error::{CriError, CriResult};
 pub use server::serve_unix;
 pub use service::{Cri, CriDeps, CriObserver, NodeConditions, NoopCriObserver};
+pub use stats::NetnsCounters;

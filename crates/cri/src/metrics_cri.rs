@@ -145,7 +145,7 @@ fn container_metrics(labels: &[String], cg: &CgroupStats, now: i64) -> Vec<cri::
 }
 
 impl Cri {
-    fn pod_metrics(
+    async fn pod_metrics(
         &self,
         sb: &SandboxRecord,
         containers: &[ContainerRecord],
@@ -165,7 +165,7 @@ impl Cri {
         let pod = self.pod_cgroup(sb, &cgroups);
         let pod_labels = label_values(sb, "POD", sb.id.as_str(), "");
         let mut metrics = container_metrics(&pod_labels, &pod, now);
-        for iface in self.pod_interfaces(sb) {
+        for iface in self.pod_interfaces(sb).await {
             let mut labels = pod_labels.clone();
             labels.push(iface.name.clone());
             metrics.extend(NETWORK_METRICS.iter().map(|(name, _, read)| cri::Metric {
@@ -185,7 +185,7 @@ impl Cri {
         }
     }
 
-    pub(crate) fn list_pod_sandbox_metrics_impl(
+    pub(crate) async fn list_pod_sandbox_metrics_impl(
         &self,
     ) -> CriResult<cri::ListPodSandboxMetricsResponse> {
         let store = self.pods();
@@ -200,7 +200,7 @@ impl Cri {
                 .into_iter()
                 .filter(|c| c.state == cubelet_pod::ContainerState::Running)
                 .collect();
-            pod_metrics.push(self.pod_metrics(&sb, &containers));
+            pod_metrics.push(self.pod_metrics(&sb, &containers).await);
         }
         Ok(cri::ListPodSandboxMetricsResponse { pod_metrics })
     }

@@ -67,6 +67,8 @@ pub struct CriDeps {
     /// The streaming server for Exec/Attach/PortForward; `None` answers
     /// those calls with `Unimplemented`.
     pub streaming: Option<cubelet_streaming::StreamingServer>,
+    /// Reads the network counters of pods without an infra process.
+    pub netns_counters: Arc<dyn crate::stats::NetnsCounters>,
 }
 
 impl fmt::Debug for CriDeps {
@@ -474,9 +476,10 @@ impl RuntimeService for Cri {
         &self,
         _r: Request<cri::ListPodSandboxMetricsRequest>,
     ) -> Result<Response<cri::ListPodSandboxMetricsResponse>, Status> {
-        self.call("ListPodSandboxMetrics", async {
-            self.list_pod_sandbox_metrics_impl()
-        })
+        self.call(
+            "ListPodSandboxMetrics",
+            self.list_pod_sandbox_metrics_impl(),
+        )
         .await
     }
 

@@ -4,14 +4,19 @@
 //! of the same container or pod, kept here in memory.
 
 use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 use std::time::SystemTime;
 
 use cubelet_pod::{ContainerRecord, SandboxRecord, SandboxState};
 use cubelet_runtime::spec::cgroup_path;
 use cubelet_runtime::stats::{
-    cpu_nano_cores, read_net_dev, CgroupLayout, CgroupStats, CpuSample, InterfaceStats,
+    cpu_nano_cores, parse_net_dev, read_net_dev, CgroupLayout, CgroupStats, CpuSample,
+    InterfaceStats,
 };
+use futures::future::BoxFuture;
 use k8s_cri::v1 as cri;
 use tracing::debug;
 
@@ -20,6 +25,16 @@ use futures::StreamExt;
 use crate::convert::{self, nanos};
 use crate::error::{CriError, CriResult};
 use crate::service::Cri;
+
+/// Reads `/proc/net/dev` as a pod's network namespace shows it, through
+/// the namespace's pin: the pod network stats of a sandbox without an
+/// infra process, which has no process to read `/proc/<pid>/net/dev` of.
+/// Entering a namespace is the network crate's business (docs/DESIGN.md),
+/// so the binary wires one in.
+pub trait NetnsCounters: Send + Sync + fmt::Debug + 'static {
+    /// The text of `/proc/net/dev` inside the namespace pinned at `netns`.
+    fn net_dev(&self, netns: PathBuf) -> BoxFuture<'static, io::Result<String>>;
+}
 
 /// Stats state of the shim: the cgroup layout (detected once) and the last
 /// CPU sample per container or pod.
@@ -150,7 +165,8 @@ impl Cri {
     }
 
     /// Cgroup readings of a pod: its parent cgroup when it has one, else the
-    /// sum of its infra container and containers.
+    /// sum of its infra container (a sandbox without an infra process has
+    /// no cgroup of its own) and containers.
     pub(crate) fn pod_cgroup(&self, sb: &SandboxRecord, containers: &[CgroupStats]) -> CgroupStats {
         let layout = self.inner.stats.layout();
         if let Some(parent) = sb.spec.cgroup_parent.as_deref().filter(|p| !p.is_empty()) {
@@ -159,25 +175,44 @@ impl Cri {
                 return s;
             }
         }
-        let mut total = layout.read(&cgroup_path(
-            sb.spec.cgroup_parent.as_deref(),
-            sb.id.as_str(),
-        ));
+        let infraless = sb.process.as_ref().is_some_and(|p| p.is_infraless());
+        let mut total = if infraless {
+            CgroupStats::default()
+        } else {
+            layout.read(&cgroup_path(
+                sb.spec.cgroup_parent.as_deref(),
+                sb.id.as_str(),
+            ))
+        };
         for c in containers {
             total.accumulate(c);
         }
         total
     }
 
-    /// The interfaces of a ready pod's network namespace.
-    pub(crate) fn pod_interfaces(&self, sb: &SandboxRecord) -> Vec<InterfaceStats> {
+    /// The interfaces of a ready pod's network namespace: read through its
+    /// infra process, or, without one, through the network step's pin.
+    pub(crate) async fn pod_interfaces(&self, sb: &SandboxRecord) -> Vec<InterfaceStats> {
         if sb.state != SandboxState::Ready || sb.spec.host_network() {
             return Vec::new();
         }
-        let Some(pid) = sb.process.as_ref().and_then(|p| p.pid) else {
+        let Some(process) = sb.process.as_ref() else {
             return Vec::new();
         };
-        read_net_dev(pid).unwrap_or_else(|e| {
+        let read = match process.pid {
+            Some(pid) => read_net_dev(pid).map_err(|e| e.to_string()),
+            None => match sb.network.as_ref().and_then(|n| n.netns_path.clone()) {
+                Some(netns) => self
+                    .deps()
+                    .netns_counters
+                    .net_dev(netns)
+                    .await
+                    .map(|text| parse_net_dev(&text))
+                    .map_err(|e| e.to_string()),
+                None => Ok(Vec::new()),
+            },
+        };
+        read.unwrap_or_else(|e| {
             debug!(sandbox_id = %sb.id, error = %e, "pod network stats");
             Vec::new()
         })
@@ -248,7 +283,7 @@ impl Cri {
             linux: Some(cri::LinuxPodSandboxStats {
                 cpu: self.inner.stats.cpu(sb.id.as_str(), pod.cpu_usage_ns, now),
                 memory: memory(&pod, now),
-                network: network(&self.pod_interfaces(sb), now),
+                network: network(&self.pod_interfaces(sb).await, now),
                 process: pod.processes.map(|n| cri::ProcessUsage {
                     timestamp: now,
                     process_count: Some(u64v(n)),

@@ -2,7 +2,8 @@
 //! network's lease store, metrics as the CRI observer, the image service as
 //! the sandbox step's pause image source, readiness as CRI conditions, and
 //! the containerd runtime plus the network crate's namespace dialing as the
-//! streaming server's backend.
+//! streaming server's backend, and the network crate's namespace threads as
+//! the pod network counters of sandboxes without an infra process.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -231,5 +232,16 @@ impl cubelet_streaming::ExecProcess for RuntimeExec {
 
     fn cleanup(self: Box<Self>) -> BoxFuture<'static, ()> {
         Box::pin(self.0.cleanup())
+    }
+}
+
+/// Pod network counters of sandboxes without an infra process, read inside
+/// their pinned namespaces by the network crate.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct NetnsCounters;
+
+impl cubelet_cri::NetnsCounters for NetnsCounters {
+    fn net_dev(&self, netns: PathBuf) -> BoxFuture<'static, std::io::Result<String>> {
+        Box::pin(cubelet_network::net_dev_in_netns(netns))
     }
 }

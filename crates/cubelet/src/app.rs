@@ -243,6 +243,7 @@ pub async fn run(config: Config) -> Result<()> {
         ),
         status_info,
         streaming: Some(streaming.clone()),
+        netns_counters: Arc::new(crate::adapters::NetnsCounters),
     });
 
     let parts = Arc::new(Parts {

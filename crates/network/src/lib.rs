@@ -41,5 +41,5 @@ pub use cni::{CniConfig, CniGcReport, CniNetwork, PluginVersion, Readiness};
 pub use error::NetworkError;
 pub use ipam::Ipam;
 pub use lease::{LeaseStore, MemLeases};
-pub use netns::connect_in_netns;
+pub use netns::{connect_in_netns, net_dev_in_netns};
 pub use none::{NoneGcReport, NoneNetwork};

@@ -328,3 +328,34 @@ pub async fn connect_in_netns(
     stream.set_nonblocking(true)?;
     tokio::net::TcpStream::from_std(stream)
 }
+
+/// The text of `/proc/net/dev` as the network namespace pinned at `netns`
+/// shows it, for the pod network stats of a sandbox with no process of its
+/// own to read `/proc/<pid>/net/dev` of.
+///
+/// Read on a fresh OS thread that enters the namespace, reads its own
+/// `/proc/thread-self/net/dev` (a thread's view follows its namespace) and
+/// exits.
+pub async fn net_dev_in_netns(netns: PathBuf) -> io::Result<String> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("cubelet-netns-stats".to_owned())
+        .spawn(move || {
+            let result = (|| {
+                let f = File::open(&netns).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("open network namespace {}: {e}", netns.display()),
+                    )
+                })?;
+                setns(&f, CloneFlags::CLONE_NEWNET).map_err(|e| {
+                    io::Error::other(format!("enter network namespace {}: {e}", netns.display()))
+                })?;
+                fs::read_to_string("/proc/thread-self/net/dev")
+            })();
+            // The thread ends right after, so its namespace dies with it.
+            let _ = tx.send(result);
+        })?;
+    rx.await
+        .map_err(|_| io::Error::other("netns stats thread panicked"))?
+}

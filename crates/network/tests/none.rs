@@ -250,3 +250,32 @@ fn cancelled_create_builds_nothing() {
         Ok(())
     });
 }
+
+#[test]
+fn interface_counters_are_read_inside_a_pinned_namespace() {
+    isolated(|env| async move {
+        let net = provider(&env);
+        net.init().await?;
+        let id = sid(7);
+        let c = ctx(&id, SandboxSpec::default());
+        net.create(&c).await?;
+        let pin = net.netns_path(&id);
+        let nsarg = format!("--net={}", pin.display());
+        run(&[
+            "nsenter", &nsarg, "ip", "link", "add", "tv7a", "type", "veth", "peer", "name", "tv7b",
+        ])?;
+        let inside = cubelet_network::net_dev_in_netns(pin.clone()).await?;
+        assert!(inside.contains("tv7a:"), "{inside}");
+        assert!(inside.contains("lo:"), "{inside}");
+        // The caller's namespace is not the pod's, and is left as it was.
+        let here = std::fs::read_to_string("/proc/thread-self/net/dev")?;
+        assert!(!here.contains("tv7a:"), "{here}");
+        let e = cubelet_network::net_dev_in_netns(env.state_dir.join("nope"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+        net.destroy(&c).await?;
+        assert_no_pins(&env);
+        Ok(())
+    });
+}
