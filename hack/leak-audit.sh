@@ -18,9 +18,10 @@ count() { # NAME COUNT DETAIL
     return 0
 }
 
-# Network namespace pins (ours live under state dirs as <dir>/netns/<id>).
+# Namespace pins (ours live under state dirs as <dir>/netns/<id> and, for
+# sandboxes without an infra process, <dir>/podns/<id>/{ipc,uts}).
 pins=$(grep -E ' nsfs ' /proc/self/mountinfo | awk '{print $5}' | grep -E 'cubelet' || true)
-count "netns pins" "$(printf '%s' "$pins" | grep -c . || true)" "$pins"
+count "namespace pins" "$(printf '%s' "$pins" | grep -c . || true)" "$pins"
 # Host veth ends named by the bridge provider (cb + id prefix), and test bridges.
 veths=$(ip -o link show type veth 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E '^cb' || true)
 count "veths" "$(printf '%s' "$veths" | grep -c . || true)" "$veths"

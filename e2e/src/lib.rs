@@ -313,6 +313,12 @@ impl Daemon {
         })
     }
 
+    /// Where the daemon pins the IPC and UTS namespaces of sandboxes
+    /// without an infra process (`<state_dir>/podns/<id>/{ipc,uts}`).
+    pub fn podns_dir(&self) -> PathBuf {
+        self.state_dir.join("podns")
+    }
+
     /// The config file directory (config.yaml, config.d/, certs.d/).
     pub fn config_dir(&self) -> &Path {
         self.config_dir.path()
@@ -1044,15 +1050,21 @@ pub async fn leaks(d: &Daemon) -> anyhow::Result<Vec<String>> {
             .into_iter()
             .map(|n| format!("staged mounts of {}", staged.join(n).display())),
     );
+    let podns = d.podns_dir();
+    out.extend(
+        dir_entries(&podns)
+            .into_iter()
+            .map(|n| format!("pod namespace pins {}", podns.join(n).display())),
+    );
     let task_dir = format!("/io.containerd.runtime.v2.task/{}/", d.namespace);
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     for m in info.lines().filter_map(|l| l.split(' ').nth(4)) {
         let under = [&d.root_dir, &d.state_dir, &d.lib_base]
             .iter()
             .any(|p| Path::new(m).starts_with(p));
-        // The netns and userns dirs themselves are shared bind mounts kept
-        // for the daemon's life.
-        let pin_dir = Path::new(m) == netns || Path::new(m) == userns;
+        // The pin dirs themselves are shared bind mounts kept for the
+        // daemon's life.
+        let pin_dir = Path::new(m) == netns || Path::new(m) == userns || Path::new(m) == podns;
         if (under && !pin_dir) || m.contains(&task_dir) {
             out.push(format!("mount {m}"));
         }
@@ -1372,6 +1384,22 @@ pub fn pod_config(name: &str, uid: &str, log_directory: &Path) -> PodSandboxConf
         labels: [("app".to_owned(), name.to_owned())].into_iter().collect(),
         ..Default::default()
     }
+}
+
+/// `cfg` with the namespaces kubelet asks for a pod that does not share
+/// its process namespace: the pod's network and IPC, a PID namespace per
+/// container (CRI's zero value is a pod-level one). In the daemon's default
+/// `runtime.sandbox: auto` such a pod gets no infra container.
+pub fn pid_per_container(mut cfg: PodSandboxConfig) -> PodSandboxConfig {
+    let linux = cfg.linux.get_or_insert_with(Default::default);
+    let sc = linux.security_context.get_or_insert_with(Default::default);
+    sc.namespace_options = Some(cri::NamespaceOption {
+        network: cri::NamespaceMode::Pod as i32,
+        pid: cri::NamespaceMode::Container as i32,
+        ipc: cri::NamespaceMode::Pod as i32,
+        ..Default::default()
+    });
+    cfg
 }
 
 /// A container config running `command` from `image`, logging to `<name>.log`.

@@ -1,0 +1,572 @@
+//! Sandboxes without an infra process (`runtime.sandbox: auto`, the
+//! default), over CRI against the real daemon and containerd.
+//!
+//! A pod that does not share one PID namespace gets no pause container: its
+//! containers share the IPC namespace (a message queue one makes, the other
+//! sees) and the UTS namespace (the pod's hostname) through pins under the
+//! state dir, and the netns pin. Status, stats, metrics, events and
+//! port-forward work for it; stop and remove leave nothing. A pod-level PID
+//! namespace still gets a pause container; `runtime.sandbox: pause` gives
+//! every pod one, and a restart in either mode keeps the pods of the other.
+//! A restart keeps an infra-less pod ready while its pins exist, and the GC
+//! takes pins no sandbox owns.
+//!
+//! Custom runner ([`cubelet_e2e::scenario_main`]): one daemon, scenarios in
+//! order, each followed by removal through CRI and the leak audit.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use cubelet_e2e::cri::{
+    ContainerEventType, ExecSyncRequest, GetEventsRequest, ListPodSandboxMetricsRequest,
+    PodSandboxConfig, PodSandboxState, PodSandboxStatsRequest, PodSandboxStatusRequest,
+    PortForwardRequest, RemovePodSandboxRequest, StopPodSandboxRequest,
+};
+use cubelet_e2e::{
+    container_config, eventually, http_get, pid_per_container, Daemon, DaemonOpts, Scenario,
+};
+use futures::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+const BUSYBOX: &str = "127.0.0.1:5000/busybox:test";
+
+fn scenarios() -> Vec<Scenario> {
+    vec![
+        ("infraless_pod_shares_ipc_and_uts", 180, |d| {
+            Box::pin(shares_ipc_and_uts(d))
+        }),
+        ("pod_pid_namespace_keeps_the_pause_container", 120, |d| {
+            Box::pin(pod_pid_keeps_pause(d))
+        }),
+        ("restart_keeps_infraless_pods_by_their_pins", 180, |d| {
+            Box::pin(restart_by_pins(d))
+        }),
+        ("pause_mode_and_back", 240, |d| {
+            Box::pin(pause_mode_and_back(d))
+        }),
+        ("gc_reclaims_orphan_pins", 120, |d| {
+            Box::pin(gc_orphan_pins(d))
+        }),
+    ]
+}
+
+fn main() -> ExitCode {
+    let opts = DaemonOpts {
+        index: 31,
+        extra_config: Some("gc: { interval: 1s }\n".to_owned()),
+        ..Default::default()
+    };
+    cubelet_e2e::scenario_main(opts, scenarios())
+}
+
+/// Runs an infra-less pod `name`; returns its id and config.
+async fn infraless(d: &Daemon, name: &str) -> anyhow::Result<(String, PodSandboxConfig)> {
+    d.pull(BUSYBOX).await?;
+    let cfg = pid_per_container(d.pod_config(name));
+    let id = d.run_pod(&cfg, "").await?;
+    Ok((id, cfg))
+}
+
+/// The ids of every containerd container of the daemon's namespace.
+async fn containerd_containers(d: &Daemon) -> anyhow::Result<BTreeSet<String>> {
+    Ok(d.ctr(&["containers", "ls", "-q"])
+        .await?
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Runs `sh -c cmd` in container `id`; its stdout, trimmed.
+async fn sh(d: &Daemon, id: &str, cmd: &str) -> anyhow::Result<String> {
+    let r = d
+        .runtime
+        .clone()
+        .exec_sync(ExecSyncRequest {
+            container_id: id.to_owned(),
+            cmd: vec!["sh".into(), "-c".into(), cmd.into()],
+            timeout: 10,
+        })
+        .await
+        .with_context(|| format!("exec {cmd:?} in {id}"))?
+        .into_inner();
+    ensure!(
+        r.exit_code == 0,
+        "{cmd:?} in {id} exited {}: {}",
+        r.exit_code,
+        String::from_utf8_lossy(&r.stderr)
+    );
+    Ok(String::from_utf8_lossy(&r.stdout).trim().to_owned())
+}
+
+/// The verbose info of PodSandboxStatus, as JSON.
+async fn verbose(d: &Daemon, id: &str) -> anyhow::Result<serde_json::Value> {
+    let r = d
+        .runtime
+        .clone()
+        .pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: id.to_owned(),
+            verbose: true,
+        })
+        .await?
+        .into_inner();
+    let info = r.info.get("info").context("no verbose info")?;
+    Ok(serde_json::from_str(info)?)
+}
+
+/// nsfs mounts at or under `dir`.
+fn ns_mounts(dir: &Path) -> usize {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter(|l| l.contains(" nsfs "))
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| Path::new(m).starts_with(dir))
+        .count()
+}
+
+async fn stop_and_remove(d: &Daemon, id: &str) -> anyhow::Result<()> {
+    let mut rt = d.runtime.clone();
+    rt.stop_pod_sandbox(StopPodSandboxRequest {
+        pod_sandbox_id: id.to_owned(),
+    })
+    .await?;
+    rt.remove_pod_sandbox(RemovePodSandboxRequest {
+        pod_sandbox_id: id.to_owned(),
+    })
+    .await?;
+    Ok(())
+}
+
+/// Forwards to `port` of pod `pod` over WebSocket (`v4.channel.k8s.io`)
+/// and sends `request`; what came back on the data channel, or an error
+/// once the pod's error channel speaks.
+async fn port_forward(d: &Daemon, pod: &str, port: u16, request: &[u8]) -> anyhow::Result<String> {
+    let url = d
+        .runtime
+        .clone()
+        .port_forward(PortForwardRequest {
+            pod_sandbox_id: pod.to_owned(),
+            port: vec![i32::from(port)],
+        })
+        .await?
+        .into_inner()
+        .url;
+    let ws_url = format!("{url}?port={port}").replacen("http://", "ws://", 1);
+    let mut req = ws_url.into_client_request()?;
+    let authority = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_owned())
+        .context("no authority")?;
+    req.headers_mut()
+        .insert("Sec-WebSocket-Protocol", "v4.channel.k8s.io".parse()?);
+    let tcp = tokio::net::TcpStream::connect(authority).await?;
+    let (mut ws, _) = tokio_tungstenite::client_async(req, tcp).await?;
+    // Each channel first carries the port.
+    for _ in 0..2 {
+        match ws.next().await {
+            Some(Ok(Message::Binary(_))) => {}
+            other => bail!("port-forward preamble: {other:?}"),
+        }
+    }
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(request);
+    ws.send(Message::Binary(frame.into())).await?;
+    let mut data = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+            Ok(Some(Ok(Message::Binary(b)))) => match b.split_first() {
+                Some((0, rest)) => data.extend_from_slice(rest),
+                Some((1, rest)) if !rest.is_empty() => {
+                    bail!("port-forward error: {}", String::from_utf8_lossy(rest))
+                }
+                _ => {}
+            },
+            Ok(Some(Ok(_))) => {}
+            _ => break,
+        }
+        if String::from_utf8_lossy(&data).contains("</html>")
+            || String::from_utf8_lossy(&data).contains("hello-pod")
+        {
+            break;
+        }
+    }
+    let _ = ws.close(None).await;
+    Ok(String::from_utf8_lossy(&data).into_owned())
+}
+
+async fn shares_ipc_and_uts(d: &Daemon) -> anyhow::Result<()> {
+    let mut events = d
+        .runtime
+        .clone()
+        .get_container_events(GetEventsRequest {})
+        .await?
+        .into_inner();
+    let (pod, cfg) = infraless(d, "nopause").await?;
+
+    // Ready, with an IP, and no infra container anywhere.
+    let status = d.pod_status(&pod).await?;
+    ensure!(
+        status.state == PodSandboxState::SandboxReady as i32,
+        "{status:?}"
+    );
+    let ip = status
+        .network
+        .as_ref()
+        .map(|n| n.ip.clone())
+        .unwrap_or_default();
+    ensure!(!ip.is_empty(), "no pod IP: {status:?}");
+    let info = verbose(d, &pod).await?;
+    ensure!(info["pid"].is_null(), "an infra pid: {info}");
+    ensure!(info["infraContainer"] == false, "{info}");
+    let pins = d.podns_dir().join(&pod);
+    ensure!(
+        info["ipcPath"] == pins.join("ipc").display().to_string()
+            && info["utsPath"] == pins.join("uts").display().to_string(),
+        "pins not where expected: {info}"
+    );
+    ensure!(ns_mounts(&pins) == 2, "ipc and uts pins mounted");
+    ensure!(
+        containerd_containers(d).await?.is_empty(),
+        "containerd holds a container for the pod itself"
+    );
+
+    // Two containers: one IPC namespace, one hostname, a PID namespace each.
+    let a = d
+        .start_in(
+            &pod,
+            &cfg,
+            container_config(
+                "a",
+                BUSYBOX,
+                &[
+                    "sh",
+                    "-c",
+                    "touch /dev/mqueue/cubelet-q && mkdir -p /tmp/www && \
+                     echo hello-pod > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www",
+                ],
+            ),
+        )
+        .await?;
+    let b = d
+        .start_in(
+            &pod,
+            &cfg,
+            container_config("b", BUSYBOX, &["sleep", "100000"]),
+        )
+        .await?;
+    ensure!(
+        containerd_containers(d).await? == [a.clone(), b.clone()].into_iter().collect(),
+        "containerd should hold the two containers and nothing else"
+    );
+    eventually(
+        "b sees a's message queue",
+        Duration::from_secs(10),
+        || async { Ok(sh(d, &b, "ls /dev/mqueue").await? == "cubelet-q") },
+    )
+    .await?;
+    let ipc_ino =
+        std::fs::metadata(pins.join("ipc")).map(|m| std::os::unix::fs::MetadataExt::ino(&m))?;
+    for c in [&a, &b] {
+        ensure!(
+            sh(d, c, "readlink /proc/self/ns/ipc").await? == format!("ipc:[{ipc_ino}]"),
+            "{c} is not in the pinned IPC namespace"
+        );
+        ensure!(sh(d, c, "hostname").await? == "nopause", "hostname of {c}");
+    }
+    ensure!(
+        sh(d, &a, "readlink /proc/self/ns/pid").await?
+            != sh(d, &b, "readlink /proc/self/ns/pid").await?,
+        "a PID namespace each"
+    );
+    ensure!(
+        sh(d, &b, "cat /proc/1/cmdline | tr '\\0' ' '").await? == "sleep 100000",
+        "b is pid 1 of its own namespace"
+    );
+
+    // Port-forward dials into the netns pin; the pod's traffic shows in
+    // its stats and metrics (read through the pin: there is no infra process).
+    let mut got = String::new();
+    for _ in 0..50 {
+        got = port_forward(d, &pod, 8080, b"GET /index.html HTTP/1.0\r\n\r\n")
+            .await
+            .unwrap_or_else(|e| format!("{e:#}"));
+        if got.contains("hello-pod") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ensure!(got.contains("hello-pod"), "port-forward: {got}");
+    let stats = d
+        .runtime
+        .clone()
+        .pod_sandbox_stats(PodSandboxStatsRequest {
+            pod_sandbox_id: pod.clone(),
+        })
+        .await?
+        .into_inner()
+        .stats
+        .context("no pod stats")?;
+    let linux = stats.linux.context("no linux pod stats")?;
+    let eth0 = linux
+        .network
+        .as_ref()
+        .and_then(|n| n.default_interface.clone())
+        .context("no pod network stats")?;
+    ensure!(eth0.name == "eth0", "{eth0:?}");
+    ensure!(
+        eth0.rx_bytes.map_or(0, |v| v.value) > 0 || eth0.tx_bytes.map_or(0, |v| v.value) > 0,
+        "no traffic counted: {eth0:?}"
+    );
+    ensure!(
+        linux.cpu.is_some() && linux.memory.is_some(),
+        "pod cpu/memory"
+    );
+    ensure!(linux.containers.len() == 2, "two containers' stats");
+    let metrics = d
+        .runtime
+        .clone()
+        .list_pod_sandbox_metrics(ListPodSandboxMetricsRequest {})
+        .await?
+        .into_inner();
+    let ours = metrics
+        .pod_metrics
+        .iter()
+        .find(|m| m.pod_sandbox_id == pod)
+        .context("no metrics for the pod")?;
+    ensure!(
+        ours.metrics
+            .iter()
+            .any(|m| m.name == "container_network_receive_bytes_total"),
+        "no pod network metrics"
+    );
+    ensure!(ours.container_metrics.len() == 2, "two containers' metrics");
+
+    // From the host: the pod answers on its IP (the bridge).
+    let (code, body) = http_get(format!("{ip}:8080").parse()?, "/index.html").await?;
+    ensure!(code == 200 && body.contains("hello-pod"), "{code} {body}");
+
+    // Stop: containers stopped, pins gone; remove: nothing left.
+    d.runtime
+        .clone()
+        .stop_pod_sandbox(StopPodSandboxRequest {
+            pod_sandbox_id: pod.clone(),
+        })
+        .await?;
+    ensure!(!pins.exists(), "pins left after StopPodSandbox");
+    ensure!(ns_mounts(&d.podns_dir()) == 0, "nsfs mounts left");
+    let status = d.pod_status(&pod).await?;
+    ensure!(
+        status.state == PodSandboxState::SandboxNotready as i32,
+        "{status:?}"
+    );
+    ensure!(
+        d.container_status(&a).await?.state
+            == cubelet_e2e::cri::ContainerState::ContainerExited as i32,
+        "a still running"
+    );
+    d.runtime
+        .clone()
+        .remove_pod_sandbox(RemovePodSandboxRequest {
+            pod_sandbox_id: pod.clone(),
+        })
+        .await?;
+
+    // The pod's own events: created, started, stopped, deleted, in order.
+    let mut seen = Vec::new();
+    let collect = async {
+        while let Some(ev) = events.next().await {
+            let ev = ev?;
+            if ev.container_id == pod {
+                let k = ContainerEventType::try_from(ev.container_event_type)?;
+                seen.push(k);
+                if k == ContainerEventType::ContainerDeletedEvent {
+                    return anyhow::Ok(());
+                }
+            }
+        }
+        bail!("event stream ended")
+    };
+    tokio::time::timeout(Duration::from_secs(10), collect)
+        .await
+        .with_context(|| format!("no DELETED event for the pod; saw {seen:?}"))??;
+    ensure!(
+        seen == [
+            ContainerEventType::ContainerCreatedEvent,
+            ContainerEventType::ContainerStartedEvent,
+            ContainerEventType::ContainerStoppedEvent,
+            ContainerEventType::ContainerDeletedEvent,
+        ],
+        "pod events: {seen:?}"
+    );
+    Ok(())
+}
+
+async fn pod_pid_keeps_pause(d: &Daemon) -> anyhow::Result<()> {
+    d.pull(BUSYBOX).await?;
+    let cfg = d.pod_config("shared-pid");
+    let pod = d.run_pod(&cfg, "").await?;
+    ensure!(
+        containerd_containers(d).await?.contains(&pod),
+        "no pause container for a pod-level PID namespace"
+    );
+    let info = verbose(d, &pod).await?;
+    ensure!(
+        info["pid"].is_u64() && info["infraContainer"] == true,
+        "{info}"
+    );
+    ensure!(!d.podns_dir().join(&pod).exists(), "pins for a pause pod");
+    let c = d
+        .start_in(
+            &pod,
+            &cfg,
+            container_config("c", BUSYBOX, &["sleep", "100000"]),
+        )
+        .await?;
+    ensure!(
+        sh(d, &c, "cat /proc/1/cmdline | tr '\\0' ' '")
+            .await?
+            .trim()
+            == "/pause",
+        "pid 1 of the pod is not the pause process"
+    );
+    ensure!(sh(d, &c, "hostname").await? == "shared-pid", "hostname");
+    stop_and_remove(d, &pod).await
+}
+
+async fn restart_by_pins(d: &Daemon) -> anyhow::Result<()> {
+    let (pod, cfg) = infraless(d, "survivor").await?;
+    let c = d
+        .start_in(
+            &pod,
+            &cfg,
+            container_config("c", BUSYBOX, &["sleep", "100000"]),
+        )
+        .await?;
+    d.restart().await?;
+    let status = d.pod_status(&pod).await?;
+    ensure!(
+        status.state == PodSandboxState::SandboxReady as i32,
+        "not ready after a restart: {status:?}"
+    );
+    ensure!(sh(d, &c, "hostname").await? == "survivor", "container lost");
+
+    // Pins gone while the agent was down: the sandbox is not ready.
+    let (doomed, _) = infraless(d, "doomed").await?;
+    d.kill9().await?;
+    let uts = d.podns_dir().join(&doomed).join("uts");
+    nix::mount::umount2(&uts, nix::mount::MntFlags::MNT_DETACH)?;
+    d.start_with_env(&[]).await?;
+    let status = d.pod_status(&doomed).await?;
+    ensure!(
+        status.state == PodSandboxState::SandboxNotready as i32,
+        "ready without its UTS pin: {status:?}"
+    );
+    ensure!(
+        d.pod_status(&pod).await?.state == PodSandboxState::SandboxReady as i32,
+        "the other pod is still ready"
+    );
+    stop_and_remove(d, &doomed).await?;
+    stop_and_remove(d, &pod).await
+}
+
+/// Writes (or with `None` removes) the drop-in that sets `runtime.sandbox`,
+/// and restarts the daemon.
+async fn set_mode(d: &Daemon, mode: Option<&str>) -> anyhow::Result<()> {
+    let file = d.config_dir().join("config.d").join("60-sandbox.yaml");
+    match mode {
+        Some(m) => std::fs::write(&file, format!("runtime: {{ sandbox: {m} }}\n"))?,
+        None => std::fs::remove_file(&file)?,
+    }
+    d.restart().await
+}
+
+async fn pause_mode_and_back(d: &Daemon) -> anyhow::Result<()> {
+    let (before, _) = infraless(d, "made-in-auto").await?;
+    set_mode(d, Some("pause")).await?;
+    let result = async {
+        ensure!(
+            d.pod_status(&before).await?.state == PodSandboxState::SandboxReady as i32,
+            "an auto-mode pod is kept by its pins in pause mode"
+        );
+        let (paused, cfg) = infraless(d, "made-in-pause").await?;
+        ensure!(
+            containerd_containers(d).await?.contains(&paused),
+            "pause mode: no pause container"
+        );
+        ensure!(!d.podns_dir().join(&paused).exists());
+        let c = d
+            .start_in(
+                &paused,
+                &cfg,
+                container_config("c", BUSYBOX, &["sleep", "100000"]),
+            )
+            .await?;
+        ensure!(
+            sh(d, &c, "cat /proc/1/cmdline | tr '\\0' ' '")
+                .await?
+                .trim()
+                == "sleep 100000",
+            "pid namespace per container, still"
+        );
+        // Torn down in pause mode: pins go.
+        stop_and_remove(d, &before).await?;
+        ensure!(!d.podns_dir().join(&before).exists());
+        anyhow::Ok(paused)
+    }
+    .await;
+    set_mode(d, None).await?;
+    let paused = result?;
+    // Back in auto mode, the pause-mode pod is torn down whole.
+    ensure!(
+        d.pod_status(&paused).await?.state == PodSandboxState::SandboxReady as i32,
+        "the pause-mode pod survives the switch back"
+    );
+    stop_and_remove(d, &paused).await?;
+    ensure!(
+        !containerd_containers(d).await?.contains(&paused),
+        "pause container left"
+    );
+    Ok(())
+}
+
+async fn gc_orphan_pins(d: &Daemon) -> anyhow::Result<()> {
+    // An orphan: the pins of a sandbox the store never knew (a pin of the
+    // test's own IPC namespace: pinning it changes nothing).
+    let orphan = d.podns_dir().join(format!("{:064x}", 0xdead_u32));
+    std::fs::create_dir_all(&orphan)?;
+    let pin = orphan.join("ipc");
+    std::fs::write(&pin, b"")?;
+    nix::mount::mount(
+        Some("/proc/self/ns/ipc"),
+        &pin,
+        None::<&str>,
+        nix::mount::MsFlags::MS_BIND,
+        None::<&str>,
+    )?;
+    // A live pod's pins stay.
+    let (pod, _) = infraless(d, "kept").await?;
+    eventually("orphan pins reclaimed", Duration::from_secs(30), || async {
+        Ok(!orphan.exists())
+    })
+    .await?;
+    ensure!(ns_mounts(&orphan) == 0, "orphan pin still mounted");
+    ensure!(
+        d.podns_dir().join(&pod).join("ipc").exists(),
+        "a live pod lost its pins"
+    );
+    let (_, metrics) = http_get(d.metrics, "/metrics").await?;
+    let reclaimed = metrics
+        .lines()
+        .find(|l| l.starts_with("cubelet_gc_reclaimed_total{kind=\"podns\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    ensure!(reclaimed >= 1.0, "podns reclaims not counted: {reclaimed}");
+    stop_and_remove(d, &pod).await
+}
