@@ -1,13 +1,15 @@
 //! The fault matrices, over CRI with the real providers.
 //!
 //! 1. Every step of every flow fails in turn: each provider (storage,
-//!    network, sandbox) × each flow (create, destroy, cleanup) × each phase
-//!    (before the step did anything, during it — the step stopped part-way,
-//!    its future dropped as a cancellation would — and after it did all of
-//!    it), by the daemon's test failpoints. A failed create is an error and leaves
+//!    network, sandbox — the sandbox step twice: with a pause container and
+//!    with pinned namespaces and no infra process) × each flow (create,
+//!    destroy, cleanup) × each phase (before the step did anything, during
+//!    it — the step stopped part-way, its future dropped as a cancellation
+//!    would — and after it did all of it), by the daemon's test failpoints.
+//!    A failed create is an error and leaves
 //!    nothing (rolled back); a destroy or cleanup that fails once is an error
 //!    and the retry kubelet would make succeeds. After each case the CRI
-//!    state is as expected and the leak audit (netns pins, veths, mounts,
+//!    state is as expected and the leak audit (netns and pod namespace pins, veths, mounts,
 //!    sandbox directories, containerd objects, shims, CRI records) is 0.
 //! 2. kill -9 at each step boundary of create and destroy (a failpoint
 //!    holds the flow after the step), then restart: a pod whose create never
@@ -20,9 +22,10 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use cubelet_e2e::cri::{
-    ListPodSandboxRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest,
+    ListPodSandboxRequest, PodSandboxConfig, RemovePodSandboxRequest, RunPodSandboxRequest,
+    StopPodSandboxRequest,
 };
-use cubelet_e2e::{eventually, leaks, with_daemon, Daemon, DaemonOpts};
+use cubelet_e2e::{eventually, leaks, pid_per_container, with_daemon, Daemon, DaemonOpts};
 
 const PROVIDERS: [&str; 3] = ["storage", "network", "sandbox"];
 const PHASES: [&str; 3] = ["before", "during", "after"];
@@ -37,11 +40,23 @@ async fn restart_with(d: &Daemon, failpoints: &str) -> anyhow::Result<()> {
     }
 }
 
-async fn run(d: &Daemon, name: &str) -> Result<String, tonic::Status> {
+/// The pod config of a case: the default pod (a pod-level PID namespace,
+/// so a pause container), or with `infraless` a pid-per-container pod,
+/// which gets pinned namespaces and no infra process.
+fn pod(d: &Daemon, name: &str, infraless: bool) -> PodSandboxConfig {
+    let cfg = d.pod_config(name);
+    if infraless {
+        pid_per_container(cfg)
+    } else {
+        cfg
+    }
+}
+
+async fn run(d: &Daemon, name: &str, infraless: bool) -> Result<String, tonic::Status> {
     d.runtime
         .clone()
         .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(d.pod_config(name)),
+            config: Some(pod(d, name, infraless)),
             runtime_handler: String::new(),
         })
         .await
@@ -94,14 +109,27 @@ async fn clean(d: &Daemon, case: &str) -> anyhow::Result<()> {
 }
 
 /// One case of the step-failure matrix.
-async fn step_fails(d: &Daemon, provider: &str, flow: &str, phase: &str) -> anyhow::Result<()> {
-    let case = format!("{provider}.{flow}@{phase}");
+async fn step_fails(
+    d: &Daemon,
+    provider: &str,
+    flow: &str,
+    phase: &str,
+    infraless: bool,
+) -> anyhow::Result<()> {
+    let point = format!("{provider}.{flow}@{phase}");
     let once = if flow == "create" { "fail" } else { "fail:1" };
-    restart_with(d, &format!("{case}={once}")).await?;
-    let name = format!("f-{provider}-{flow}-{phase}");
+    restart_with(d, &format!("{point}={once}")).await?;
+    let (case, name) = if infraless {
+        (
+            format!("{point} (no infra)"),
+            format!("fi-{provider}-{flow}-{phase}"),
+        )
+    } else {
+        (point.clone(), format!("f-{provider}-{flow}-{phase}"))
+    };
     match flow {
         "create" => {
-            let r = run(d, &name).await;
+            let r = run(d, &name, infraless).await;
             ensure!(r.is_err(), "{case}: RunPodSandbox succeeded");
             ensure!(
                 pod_ids(d).await?.is_empty(),
@@ -109,7 +137,7 @@ async fn step_fails(d: &Daemon, provider: &str, flow: &str, phase: &str) -> anyh
             );
         }
         "destroy" => {
-            let id = run(d, &name).await.context("RunPodSandbox")?;
+            let id = run(d, &name, infraless).await.context("RunPodSandbox")?;
             ensure!(
                 stop(d, &id).await.is_err(),
                 "{case}: StopPodSandbox succeeded"
@@ -120,7 +148,7 @@ async fn step_fails(d: &Daemon, provider: &str, flow: &str, phase: &str) -> anyh
             remove(d, &id).await.context("RemovePodSandbox")?;
         }
         _ => {
-            let id = run(d, &name).await.context("RunPodSandbox")?;
+            let id = run(d, &name, infraless).await.context("RunPodSandbox")?;
             stop(d, &id).await.context("StopPodSandbox")?;
             ensure!(
                 remove(d, &id).await.is_err(),
@@ -139,20 +167,28 @@ async fn step_fails(d: &Daemon, provider: &str, flow: &str, phase: &str) -> anyh
 }
 
 /// One case of the kill -9 matrix: the flow is held after `provider`'s step.
-async fn killed_after(d: &Daemon, provider: &str, flow: &str) -> anyhow::Result<()> {
-    let case = format!("kill -9 after {provider}.{flow}");
+async fn killed_after(
+    d: &Daemon,
+    provider: &str,
+    flow: &str,
+    infraless: bool,
+) -> anyhow::Result<()> {
+    let case = format!(
+        "kill -9 after {provider}.{flow}{}",
+        if infraless { " (no infra)" } else { "" }
+    );
     let hold = format!("{provider}.{flow}=sleep:300s");
-    let name = format!("k-{provider}-{flow}");
+    let name = format!("k{}-{provider}-{flow}", if infraless { "i" } else { "" });
     let told = if flow == "destroy" {
         restart_with(d, &hold).await?;
-        Some(run(d, &name).await.context("RunPodSandbox")?)
+        Some(run(d, &name, infraless).await.context("RunPodSandbox")?)
     } else {
         restart_with(d, &hold).await?;
         None
     };
     let call = {
         let mut rt = d.runtime.clone();
-        let config = d.pod_config(&name);
+        let config = pod(d, &name, infraless);
         let id = told.clone();
         tokio::spawn(async move {
             match id {
@@ -206,10 +242,17 @@ async fn killed_after(d: &Daemon, provider: &str, flow: &str) -> anyhow::Result<
 async fn matrix(d: &Daemon) -> anyhow::Result<()> {
     d.pull("127.0.0.1:5000/busybox:test").await?;
     let mut failed = Vec::new();
+    // Every provider with the default (pause) pod; the sandbox step again
+    // with a pod that gets pinned namespaces instead of an infra process.
+    let cases = PROVIDERS
+        .iter()
+        .map(|p| (*p, false))
+        .chain([("sandbox", true)])
+        .collect::<Vec<_>>();
     for flow in ["create", "destroy", "cleanup"] {
-        for provider in PROVIDERS {
+        for &(provider, infraless) in &cases {
             for phase in PHASES {
-                if let Err(e) = step_fails(d, provider, flow, phase).await {
+                if let Err(e) = step_fails(d, provider, flow, phase, infraless).await {
                     failed.push(format!("{e:#}"));
                     d.remove_all().await.ok();
                 }
@@ -217,8 +260,8 @@ async fn matrix(d: &Daemon) -> anyhow::Result<()> {
         }
     }
     for flow in ["create", "destroy"] {
-        for provider in PROVIDERS {
-            if let Err(e) = killed_after(d, provider, flow).await {
+        for &(provider, infraless) in &cases {
+            if let Err(e) = killed_after(d, provider, flow, infraless).await {
                 failed.push(format!("{e:#}"));
                 restart_with(d, "").await.ok();
                 d.remove_all().await.ok();
@@ -228,8 +271,8 @@ async fn matrix(d: &Daemon) -> anyhow::Result<()> {
     restart_with(d, "").await?;
     println!(
         "fault matrix: {} step failures, {} kill -9 points, {} failed",
-        3 * 3 * PHASES.len(),
-        2 * 3,
+        3 * cases.len() * PHASES.len(),
+        2 * cases.len(),
         failed.len()
     );
     ensure!(failed.is_empty(), "{}", failed.join("\n"));
