@@ -16,7 +16,17 @@
 //!
 //! Kubelet's cAdvisor is pointed at the daemon's containerd namespace
 //! (`--containerd`, `--containerd-namespace`), so pod network stats come
-//! from the infra container as they do for containerd's own pods.
+//! from the infra container as they do for containerd's own pods. In the
+//! daemon's default `runtime.sandbox: auto` only the pod that shares its
+//! process namespace (`shared`) has one; the others run without an infra
+//! process, and kubelet's `/stats/summary` has no `network` for them (every
+//! other field is there): the suite asserts exactly that.
+//! `CUBELET_KUBELET_SANDBOX=pause` runs the daemon with `runtime.sandbox:
+//! pause`, where every pod has network stats again.
+//! `CUBELET_KUBELET_CRI_STATS=1` turns on kubelet's alpha
+//! `PodAndContainerStatsFromCRI`: every pod's network then comes from
+//! Cubelet's `ListPodSandboxStats` (read through the netns pin), and the
+//! fields in [`CRI_STATS_ABSENT`] go.
 //!
 //! `CUBELET_KUBELET_TARGET=containerd` runs the same suite with kubelet
 //! pointed at the private containerd's own CRI plugin instead (a CNI bridge
@@ -35,8 +45,8 @@ use cubelet_e2e::cri::image_service_client::ImageServiceClient;
 use cubelet_e2e::cri::runtime_service_client::RuntimeServiceClient;
 use cubelet_e2e::cri::{
     ContainerStatusRequest, ImageStatusRequest, ListContainersRequest, ListImagesRequest,
-    ListPodSandboxRequest, RemoveImageRequest, RemovePodSandboxRequest, StatusRequest,
-    StopPodSandboxRequest,
+    ListPodSandboxRequest, PodSandboxStatusRequest, RemoveImageRequest, RemovePodSandboxRequest,
+    StatusRequest, StopPodSandboxRequest,
 };
 use cubelet_e2e::{
     connect, eventually, http_get, image_spec, run, with_daemon, workspace_root, Daemon, DaemonOpts,
@@ -149,6 +159,24 @@ const POD_SUMMARY_FIELDS: &[&str] = &[
     ".swap.time",
 ];
 
+/// Fields of [`POD_SUMMARY_FIELDS`] kubelet v1.28.7 leaves out with the CRI
+/// stats provider (`PodAndContainerStatsFromCRI`), whatever the runtime
+/// sends: it copies only the working set of a container's memory and no
+/// swap. The pod's available memory is Cubelet's gap: with no pod cgroup
+/// (this suite runs kubelet with `cgroupsPerQOS: false`) the pod's memory
+/// is the sum of its containers', which has no limit to subtract from.
+const CRI_STATS_ABSENT: &[&str] = &[
+    ".containers[].memory.availableBytes",
+    ".containers[].memory.majorPageFaults",
+    ".containers[].memory.pageFaults",
+    ".containers[].memory.rssBytes",
+    ".containers[].memory.usageBytes",
+    ".memory.availableBytes",
+    ".swap.swapAvailableBytes",
+    ".swap.swapUsageBytes",
+    ".swap.time",
+];
+
 fn kubelet_bin() -> PathBuf {
     std::env::var_os("CUBELET_KUBELET_BIN")
         .map(PathBuf::from)
@@ -175,6 +203,9 @@ struct Target {
     /// Whether the host's nat table had CNI portmap chains before; portmap
     /// leaves its base chains behind after the last DEL.
     cni_chains_before: bool,
+    /// Whether every pod gets an infra container (containerd; Cubelet in
+    /// `pause` mode); else only a pod that shares its process namespace.
+    infra_for_every_pod: bool,
 }
 
 /// The host nat table's rules and chains made by CNI plugins.
@@ -225,7 +256,32 @@ const CONTAINERD_CNI_CONF: &str = "/var/lib/cubelet-test/cni-conf/10-cubelet-e2e
 const CONTAINERD_CNI_BRIDGE: &str = "cbe2ectrd";
 const CONTAINERD_CNI_IPAM: &str = "/run/cubelet-test/cni-ipam-kubelet-e2e";
 
+/// `CUBELET_KUBELET_SANDBOX=pause`: the daemon runs with
+/// `runtime.sandbox: pause`.
+fn pause_mode() -> bool {
+    std::env::var("CUBELET_KUBELET_SANDBOX").as_deref() == Ok("pause")
+}
+
+/// `CUBELET_KUBELET_CRI_STATS=1`: kubelet runs with the alpha feature gate
+/// `PodAndContainerStatsFromCRI` and takes every stat from the runtime's
+/// `ListPodSandboxStats`/`ListContainerStats` instead of cAdvisor.
+fn cri_stats() -> bool {
+    std::env::var("CUBELET_KUBELET_CRI_STATS").as_deref() == Ok("1")
+}
+
 impl Target {
+    /// Whether `pod` gets an infra container.
+    fn has_infra(&self, pod: &str) -> bool {
+        self.infra_for_every_pod || pod == "shared"
+    }
+
+    /// Whether kubelet reports `pod`'s network: from the runtime with the
+    /// CRI stats provider; else from cAdvisor, which reads it only from an
+    /// infra container.
+    fn pod_network(&self, pod: &str) -> bool {
+        cri_stats() || self.has_infra(pod)
+    }
+
     fn cubelet(d: &Daemon) -> Target {
         Target {
             name: "cubelet",
@@ -235,6 +291,7 @@ impl Target {
             runtime: d.runtime.clone(),
             images: d.images.clone(),
             cni_chains_before: true,
+            infra_for_every_pod: pause_mode(),
         }
     }
 
@@ -263,6 +320,7 @@ impl Target {
             runtime: RuntimeServiceClient::new(channel),
             images,
             cni_chains_before,
+            infra_for_every_pod: true,
         })
     }
 
@@ -388,6 +446,11 @@ impl Kubelet {
             socket = target.socket.display(),
             plugins = dir.join("volume-plugins").display(),
         );
+        let config = if cri_stats() {
+            format!("{config}featureGates: {{ PodAndContainerStatsFromCRI: true }}\n")
+        } else {
+            config
+        };
         let config_file = dir.join("config.yaml");
         std::fs::write(&config_file, config)?;
         let sysctls = KUBELET_SYSCTLS
@@ -629,6 +692,21 @@ spec:
             ),
         ),
         (
+            "shared",
+            format!(
+                r#"apiVersion: v1
+kind: Pod
+metadata: {{ name: shared, namespace: {ns} }}
+spec:
+  shareProcessNamespace: true
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    command: ["sh", "-c", "exec sleep 3600"]
+"#
+            ),
+        ),
+        (
             "pulled",
             format!(
                 r#"apiVersion: v1
@@ -800,9 +878,54 @@ async fn print_start_times(t: &Target, ns: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Each of the suite's sandboxes has an infra container exactly when the
+/// mode says so (in `auto` mode: only the pod sharing its process namespace).
+async fn check_infra_containers(t: &Target, ns: &str) -> anyhow::Result<()> {
+    let mut rt = t.runtime.clone();
+    let pods = rt
+        .list_pod_sandbox(ListPodSandboxRequest::default())
+        .await?
+        .into_inner()
+        .items;
+    let mut seen = Vec::new();
+    for p in pods
+        .iter()
+        .filter(|p| p.metadata.as_ref().is_some_and(|m| m.namespace == ns))
+        .filter(|p| p.state == 0)
+    {
+        let name = p.metadata.as_ref().map_or("", |m| m.name.as_str());
+        let short = name.strip_suffix(&format!("-{NODE}")).unwrap_or(name);
+        let status = rt
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: p.id.clone(),
+                verbose: true,
+            })
+            .await?
+            .into_inner();
+        let info: Value = serde_json::from_str(status.info.get("info").context("no info")?)?;
+        let infra = info["infraContainer"] == true;
+        ensure!(
+            infra == t.has_infra(short),
+            "{short}: infra container {infra}, expected {}",
+            t.has_infra(short)
+        );
+        seen.push(format!("{short} {}", if infra { "pause" } else { "none" }));
+    }
+    seen.sort();
+    println!("kubelet: infra containers: {}", seen.join(", "));
+    Ok(())
+}
+
 /// What the pods in `want` lack in `/stats/summary`, as `pod: field`;
-/// prints the field counts once nothing is missing.
-async fn summary_gaps(k: &Kubelet, want: &[(&str, usize)]) -> anyhow::Result<Vec<String>> {
+/// prints the field counts once nothing is missing. A pod without an infra
+/// container must have every field but `network`, and no `network`:
+/// kubelet's default stats provider reads pod network from cAdvisor, which
+/// reads it only from the containerd container labelled as the sandbox.
+async fn summary_gaps(
+    t: &Target,
+    k: &Kubelet,
+    want: &[(&str, usize)],
+) -> anyhow::Result<Vec<String>> {
     let summary = k.json("/stats/summary").await?;
     let pods = summary["pods"].as_array().cloned().unwrap_or_default();
     let mut gaps = Vec::new();
@@ -817,14 +940,26 @@ async fn summary_gaps(k: &Kubelet, want: &[(&str, usize)]) -> anyhow::Result<Vec
         };
         let mut have = BTreeSet::new();
         field_paths(pod, "", &mut have);
-        let mut need: BTreeSet<String> =
-            POD_SUMMARY_FIELDS.iter().map(|s| (*s).to_owned()).collect();
+        let infra = t.pod_network(name);
+        let mut need: BTreeSet<String> = POD_SUMMARY_FIELDS
+            .iter()
+            .filter(|f| infra || !f.starts_with(".network"))
+            .map(|s| (*s).to_owned())
+            .collect();
         if *name == "web" {
             need.insert(".containers[].memory.availableBytes".to_owned());
         }
+        if cri_stats() {
+            need.retain(|f| !CRI_STATS_ABSENT.contains(&f.as_str()));
+        }
         gaps.extend(need.difference(&have).map(|f| format!("{name}: {f}")));
-        if pod["network"]["rxBytes"].as_u64().unwrap_or(0) == 0 {
+        if infra && pod["network"]["rxBytes"].as_u64().unwrap_or(0) == 0 {
             gaps.push(format!("{name}: no network traffic counted"));
+        }
+        if !infra && !pod["network"].is_null() {
+            gaps.push(format!(
+                "{name}: network stats without an infra container (the README says none)"
+            ));
         }
         counts.push(format!("{name} {}", have.len()));
     }
@@ -859,7 +994,7 @@ async fn scenario(t: &Target, k: &Kubelet) -> anyhow::Result<()> {
     for (name, yaml) in manifests(ns, host_port) {
         k.write_manifest(name, &yaml)?;
     }
-    let want = [("web", 2), ("hostport", 1), ("pulled", 1)];
+    let want = [("web", 2), ("hostport", 1), ("pulled", 1), ("shared", 1)];
     eventually(
         "every container running in kubelet's /pods",
         Duration::from_secs(120),
@@ -873,6 +1008,9 @@ async fn scenario(t: &Target, k: &Kubelet) -> anyhow::Result<()> {
     );
 
     print_start_times(t, ns).await?;
+    if t.name == "cubelet" {
+        check_infra_containers(t, ns).await?;
+    }
 
     // Ready: all three probe kinds pass.
     eventually("web ready", Duration::from_secs(60), || async {
@@ -999,7 +1137,7 @@ async fn scenario(t: &Target, k: &Kubelet) -> anyhow::Result<()> {
     // the fields it contributes can take a few seconds to appear.
     let since = Instant::now();
     loop {
-        let missing = summary_gaps(k, &want).await?;
+        let missing = summary_gaps(t, k, &want).await?;
         if missing.is_empty() {
             break;
         }
@@ -1116,7 +1254,11 @@ async fn kubelet_runs_static_pods() {
         );
         return;
     }
-    with_daemon(DaemonOpts::default(), Duration::from_secs(600), |d| {
+    let opts = DaemonOpts {
+        extra_config: pause_mode().then(|| "runtime: { sandbox: pause }\n".to_owned()),
+        ..Default::default()
+    };
+    with_daemon(opts, Duration::from_secs(600), |d| {
         Box::pin(async move {
             let target = match std::env::var("CUBELET_KUBELET_TARGET").as_deref() {
                 Ok("containerd") => Target::containerd(d).await?,
