@@ -1148,6 +1148,20 @@ async fn scenario(t: &Target, k: &Kubelet) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 
+    // /metrics/cadvisor: network series for the pods with an infra
+    // container only (cAdvisor's source, whatever the stats provider).
+    let cadvisor = k.get("/metrics/cadvisor").await?;
+    let net = samples(&cadvisor, "container_network_receive_bytes_total");
+    for (name, _) in &want {
+        let pod = format!("pod=\"{name}-{NODE}\"");
+        let has = net.iter().any(|l| l.contains(&pod));
+        ensure!(
+            has == t.has_infra(name),
+            "{name}: cAdvisor network series {has}, infra container {}",
+            t.has_infra(name)
+        );
+    }
+
     // Kubelet's own verdict on the runtime.
     let metrics = k.get("/metrics").await?;
     let errors = samples(&metrics, "kubelet_runtime_operations_errors_total");
