@@ -15,10 +15,11 @@
 //!
 //! No `unsafe` is needed here: `nix` wraps the system calls safely.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use cubelet_engine::spec::SandboxProcess;
 use cubelet_engine::SandboxId;
@@ -55,16 +56,34 @@ pub struct Pins {
     pub uts: Option<PathBuf>,
 }
 
+/// One lock per sandbox whose pins a thread is making.
+type Making = Arc<Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>>;
+
 /// The pins of every sandbox without an infra process, under one directory.
+/// Cheap to clone; clones share their bookkeeping.
 #[derive(Debug, Clone)]
 pub struct PodNamespaces {
     dir: PathBuf,
+    /// Held by the thread making a sandbox's pins until it is done, also
+    /// when the create that started it was dropped (a cancelled flow, a
+    /// step cut short); [`PodNamespaces::remove`] waits for it, so a
+    /// rollback never runs beside the creation it undoes and leaves pins
+    /// that thread makes after it.
+    making: Making,
 }
 
 impl PodNamespaces {
     /// Pins under `dir` (`<state_dir>/podns`).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+        Self {
+            dir: dir.into(),
+            making: Arc::default(),
+        }
+    }
+
+    fn making(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>> {
+        // Nothing panics while holding it (map inserts and removals only).
+        self.making.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The directory every sandbox's pins are under.
@@ -114,10 +133,17 @@ impl PodNamespaces {
     /// Makes `id`'s namespaces as `req` asks, on a thread of their own, and
     /// pins them. Pins that already exist are kept; on failure nothing of
     /// the sandbox is left (its directory and every pin in it removed).
+    ///
+    /// The work runs to its end on its thread even if this future is
+    /// dropped; [`PodNamespaces::remove`] waits for it.
     pub async fn create(&self, id: &SandboxId, req: &PinRequest) -> Result<Pins, RuntimeError> {
+        let lock = Arc::clone(self.making().entry(id.clone()).or_default());
+        let held = lock.lock_owned().await;
         let dir = self.sandbox_dir(id);
         let req = req.clone();
         let what = dir.display().to_string();
+        let making = Arc::clone(&self.making);
+        let id = id.clone();
         on_thread(what, move || {
             let made = create_blocking(&dir, &req);
             if made.is_err() {
@@ -125,15 +151,28 @@ impl PodNamespaces {
                     tracing::warn!(dir = %dir.display(), error = %cubelet_engine::chain(&e), "removing the pins of a failed create");
                 }
             }
+            // Done: a removal from now on has nothing to wait for.
+            making
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            drop(held);
             made
         })
         .await
     }
 
-    /// Unmounts and deletes `id`'s pins and directory. Returns whether there
-    /// was anything; nothing is fine (idempotent).
-    pub fn remove(&self, id: &SandboxId) -> Result<bool, RuntimeError> {
-        remove_blocking(&self.sandbox_dir(id))
+    /// Unmounts and deletes `id`'s pins and directory, after any creation of
+    /// them still in flight. Returns whether there was anything; nothing is
+    /// fine (idempotent).
+    pub async fn remove(&self, id: &SandboxId) -> Result<bool, RuntimeError> {
+        let in_flight = self.making().get(id).cloned();
+        let _settled = match &in_flight {
+            Some(lock) => Some(lock.lock().await),
+            None => None,
+        };
+        let dir = self.sandbox_dir(id);
+        cubelet_engine::blocking(|| remove_blocking(&dir))
     }
 
     /// Removes the pins of every sandbox not in `keep()` (and anything else
@@ -368,18 +407,18 @@ mod tests {
         assert!(!pins_alive(&process(&dir, false)));
     }
 
-    #[test]
-    fn removing_unmounted_leftovers_is_idempotent() {
+    #[tokio::test]
+    async fn removing_unmounted_leftovers_is_idempotent() {
         let tmp = tempfile::tempdir().unwrap();
         let pods = PodNamespaces::new(tmp.path());
         let id = SandboxId::new_unchecked("abc");
-        assert!(!pods.remove(&id).unwrap(), "nothing there");
+        assert!(!pods.remove(&id).await.unwrap(), "nothing there");
         let dir = pods.sandbox_dir(&id);
         std::fs::create_dir(&dir).unwrap();
         std::fs::write(dir.join(UTS_PIN), b"").unwrap();
-        assert!(pods.remove(&id).unwrap());
+        assert!(pods.remove(&id).await.unwrap());
         assert!(!dir.exists());
-        assert!(!pods.remove(&id).unwrap());
+        assert!(!pods.remove(&id).await.unwrap());
     }
 
     #[test]

@@ -288,7 +288,7 @@ impl Flow for SandboxProvider {
     async fn destroy(&self, ctx: &FlowContext) -> Result<(), StepError> {
         let id = ctx.sandbox_id();
         if let Some(pins) = &self.pins {
-            if cubelet_engine::blocking(|| pins.remove(id))? {
+            if pins.remove(id).await? {
                 // Made without an infra process: there is no container.
                 return Ok(());
             }

@@ -145,11 +145,11 @@ fn pins_hold_new_ipc_and_uts_namespaces_with_the_hostname() {
         assert_eq!(again, pins);
         assert_eq!(ino(&ipc), ino(again.ipc.as_deref().unwrap()));
 
-        assert!(pods.remove(&id)?);
+        assert!(pods.remove(&id).await?);
         assert!(!pods.sandbox_dir(&id).exists());
         assert_eq!(ns_mounts(pods.dir()), 0);
         assert!(!pins_alive(&process(&pins)));
-        assert!(!pods.remove(&id)?, "removing twice is fine");
+        assert!(!pods.remove(&id).await?, "removing twice is fine");
         Ok(())
     });
 }
@@ -176,9 +176,9 @@ fn a_pod_sharing_the_nodes_namespaces_has_a_directory_and_no_pins() {
             .await?;
         assert!(ipc_only.ipc.as_deref().is_some_and(is_pinned));
         assert_eq!(ipc_only.uts, None);
-        assert!(pods.remove(&id)?);
+        assert!(pods.remove(&id).await?);
         assert!(!pins_alive(&process(&pins)));
-        assert!(pods.remove(&sid(3))?);
+        assert!(pods.remove(&sid(3)).await?);
         assert_eq!(ns_mounts(pods.dir()), 0);
         Ok(())
     });
@@ -197,6 +197,34 @@ fn a_failed_create_leaves_nothing() {
         let e = pods.create(&id, &bad).await.unwrap_err();
         assert!(e.to_string().contains("hostname"), "{e}");
         assert!(!pods.sandbox_dir(&id).exists());
+        assert_eq!(ns_mounts(pods.dir()), 0);
+        Ok(())
+    });
+}
+
+#[test]
+fn a_removal_waits_for_a_creation_whose_caller_gave_up() {
+    isolated(|pods| async move {
+        pods.prepare()?;
+        let req = PinRequest {
+            ipc: true,
+            hostname: Some("h".into()),
+        };
+        for n in 20..40 {
+            let id = sid(n);
+            // The create is dropped as soon as it has to wait for its thread
+            // (as a flow cut short or cancelled would drop it); the rollback
+            // that follows must not leave what that thread makes afterwards.
+            tokio::select! {
+                biased;
+                _ = tokio::task::yield_now() => {}
+                _ = pods.create(&id, &req) => {}
+            }
+            pods.remove(&id).await?;
+            assert!(!pods.sandbox_dir(&id).exists(), "pins of {n} left");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert_eq!(std::fs::read_dir(pods.dir())?.count(), 0);
         assert_eq!(ns_mounts(pods.dir()), 0);
         Ok(())
     });
