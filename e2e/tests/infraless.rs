@@ -6,7 +6,8 @@
 //! sees) and the UTS namespace (the pod's hostname) through pins under the
 //! state dir, and the netns pin. Status, stats, metrics, events and
 //! port-forward work for it; stop and remove leave nothing. A pod-level PID
-//! namespace still gets a pause container; `runtime.sandbox: pause` gives
+//! namespace, or a user namespace of the pod's own, still gets a pause
+//! container; `runtime.sandbox: pause` gives
 //! every pod one, and a restart in either mode keeps the pods of the other.
 //! A restart keeps an infra-less pod ready while its pins exist, and the GC
 //! takes pins no sandbox owns.
@@ -21,9 +22,10 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use cubelet_e2e::cri::{
-    ContainerEventType, ExecSyncRequest, GetEventsRequest, ListPodSandboxMetricsRequest,
-    PodSandboxConfig, PodSandboxState, PodSandboxStatsRequest, PodSandboxStatusRequest,
-    PortForwardRequest, RemovePodSandboxRequest, StopPodSandboxRequest,
+    ContainerEventType, ExecSyncRequest, GetEventsRequest, IdMapping, LinuxContainerConfig,
+    LinuxContainerSecurityContext, ListPodSandboxMetricsRequest, NamespaceMode, PodSandboxConfig,
+    PodSandboxState, PodSandboxStatsRequest, PodSandboxStatusRequest, PortForwardRequest,
+    RemovePodSandboxRequest, StatusRequest, StopPodSandboxRequest, UserNamespace,
 };
 use cubelet_e2e::{
     container_config, eventually, http_get, pid_per_container, Daemon, DaemonOpts, Scenario,
@@ -41,6 +43,9 @@ fn scenarios() -> Vec<Scenario> {
         }),
         ("pod_pid_namespace_keeps_the_pause_container", 120, |d| {
             Box::pin(pod_pid_keeps_pause(d))
+        }),
+        ("a_pod_user_namespace_keeps_the_pause_container", 120, |d| {
+            Box::pin(userns_keeps_pause(d))
         }),
         ("restart_keeps_infraless_pods_by_their_pins", 180, |d| {
             Box::pin(restart_by_pins(d))
@@ -436,6 +441,74 @@ async fn pod_pid_keeps_pause(d: &Daemon) -> anyhow::Result<()> {
         "pid 1 of the pod is not the pause process"
     );
     ensure!(sh(d, &c, "hostname").await? == "shared-pid", "hostname");
+    stop_and_remove(d, &pod).await
+}
+
+async fn userns_keeps_pause(d: &Daemon) -> anyhow::Result<()> {
+    let status = d
+        .runtime
+        .clone()
+        .status(StatusRequest { verbose: false })
+        .await?
+        .into_inner();
+    let userns = status
+        .runtime_handlers
+        .iter()
+        .find(|h| h.name.is_empty())
+        .and_then(|h| h.features)
+        .is_some_and(|f| f.user_namespaces);
+    if !userns {
+        println!("SKIP: this node cannot make user namespaces");
+        return Ok(());
+    }
+    d.pull(BUSYBOX).await?;
+    // As kubelet asks for a hostUsers: false pod: a PID namespace per
+    // container, and a user namespace of the pod's own.
+    let mut cfg = pid_per_container(d.pod_config("own-users"));
+    let map = IdMapping {
+        host_id: 400_000,
+        container_id: 0,
+        length: 65536,
+    };
+    let options = cfg
+        .linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+        .and_then(|s| s.namespace_options.as_mut())
+        .context("namespace options")?;
+    options.userns_options = Some(UserNamespace {
+        mode: NamespaceMode::Pod as i32,
+        uids: vec![map],
+        gids: vec![map],
+    });
+    let options = options.clone();
+    let pod = d.run_pod(&cfg, "").await?;
+    ensure!(
+        containerd_containers(d).await?.contains(&pod),
+        "a pod with a user namespace runs its pause container"
+    );
+    ensure!(!d.podns_dir().join(&pod).exists(), "pins for a pause pod");
+    let mut c = container_config("c", BUSYBOX, &["sleep", "100000"]);
+    c.linux = Some(LinuxContainerConfig {
+        security_context: Some(LinuxContainerSecurityContext {
+            namespace_options: Some(options),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let c = d.start_in(&pod, &cfg, c).await?;
+    let map = sh(d, &c, "cat /proc/self/uid_map").await?;
+    ensure!(
+        map.split_whitespace().collect::<Vec<_>>() == ["0", "400000", "65536"],
+        "{map}"
+    );
+    ensure!(
+        sh(d, &c, "cat /proc/1/cmdline | tr '\\0' ' '")
+            .await?
+            .trim()
+            == "sleep 100000",
+        "a PID namespace of its own"
+    );
     stop_and_remove(d, &pod).await
 }
 
