@@ -550,8 +550,13 @@ impl Kubelet {
             .with_context(|| format!("kubelet has no pod {name}"))
     }
 
+    /// Writes a manifest whole: through a hidden file (kubelet skips
+    /// names starting with `.`) renamed into place, so kubelet's watcher
+    /// never reads one half written (it logs an error for an empty file).
     fn write_manifest(&self, name: &str, yaml: &str) -> anyhow::Result<()> {
-        std::fs::write(self.manifests.join(format!("{name}.yaml")), yaml)?;
+        let tmp = self.manifests.join(format!(".{name}.yaml.tmp"));
+        std::fs::write(&tmp, yaml)?;
+        std::fs::rename(&tmp, self.manifests.join(format!("{name}.yaml")))?;
         Ok(())
     }
 
