@@ -16,10 +16,12 @@ use tracing::{debug, error, info_span, warn, Instrument};
 use crate::collect::blocking;
 use crate::config::{ConfigError, ValidFlow, WorkflowConfig};
 use crate::error::{
-    chain, EngineError, Message, RollbackError, StepError, StepErrorKind, StepFailure,
+    chain, EngineError, JournalError, Message, RollbackError, StepError, StepErrorKind, StepFailure,
 };
 use crate::flow::{Flow, FlowContext, FlowKind};
-use crate::journal::{FlowId, FlowStart, FlowState, Journal, NoopJournal, StepEvent};
+use crate::journal::{
+    FlowId, FlowStart, FlowState, Journal, NoopJournal, Settle, StepEntry, StepEvent,
+};
 use crate::limiter::{Limiter, LimiterSnapshot, Permit};
 use crate::observer::{FlowObserver, NoopObserver, Outcome};
 
@@ -348,25 +350,35 @@ impl Inner {
             });
         }
         let plan = self.plan(kind)?;
-        let id = blocking(|| {
-            self.journal.begin(FlowStart {
-                kind,
-                sandbox_id,
-                spec: ctx.spec(),
-                compensates: None,
-            })
-        })
-        .map_err(|source| EngineError::Journal {
-            flow: kind,
-            sandbox_id: sandbox_id.clone(),
-            source,
-        })?;
+        let start = FlowStart {
+            kind,
+            sandbox_id,
+            spec: ctx.spec(),
+            compensates: None,
+        };
+        let id = self
+            .begin(start, &plan.stages)
+            .map_err(|source| EngineError::Journal {
+                flow: kind,
+                sandbox_id: sandbox_id.clone(),
+                source,
+            })?;
 
+        let mut finished = Vec::new();
         let outcome = self
-            .run_stages(kind, id, &plan.stages, ctx, ctx.cancel_token())
+            .run_stages(
+                kind,
+                id,
+                &plan.stages,
+                ctx,
+                ctx.cancel_token(),
+                &mut finished,
+            )
             .await;
         let finish_error = match &outcome {
-            Ok(()) => blocking(|| self.journal.finish(id, FlowState::Succeeded, None)).err(),
+            Ok(()) => self
+                .settle(id, &mut finished, FlowState::Succeeded, None)
+                .err(),
             Err(_) => None,
         };
         let failure = match (outcome, finish_error) {
@@ -418,10 +430,99 @@ impl Inner {
             }
         };
         let summary = chain(&err);
-        if let Err(e) = blocking(|| self.journal.finish(id, state, Some(&summary))) {
+        if let Err(e) = self.settle(id, &mut finished, state, Some(&summary)) {
             error!(error = %chain(&e), "journal finish failed");
         }
         Err(err)
+    }
+
+    // Crash safety of the journal writes.
+    //
+    // A flow makes one journal write per stage boundary: `begin` folded with
+    // the `Started` events of the first stage (durable), then between two
+    // stages the `Finished` events of the one that ended with the `Started`
+    // events of the next (buffered), and at the end the last stage's
+    // `Finished` events folded with `finish` (durable). A flow of n stages
+    // makes n + 1 writes, two of them durable, where it used to make
+    // 2 + 2 × steps (two durable).
+    //
+    // What recovery needs to see is that a step which may have acted was
+    // known as started before it acted, so that its effects are undone. It
+    // gets that at flow granularity: the durable first write returns before
+    // any step of any stage acts, and from then on the flow is open (its
+    // record is `Running`) until the durable last write settles it. Recovery
+    // (`Engine::recover`) never reads step events: it runs the whole
+    // teardown flow, whose steps are idempotent, with the spec the first
+    // write carries, so every step that may have acted — started, finished,
+    // or never reached — is undone the same way. The buffered writes in
+    // between are therefore history (which step ran, how long, what failed):
+    // a crash can lose them, never the open flow. They become durable with
+    // the next durable commit of the store (this flow's settling write,
+    // another flow's first write, a sandbox record), and redb reopens at the
+    // last durable commit, so a crash never leaves a torn record.
+    //
+    // The settling write must be durable before the caller is told the
+    // outcome: a create reported as succeeded whose `finish` were lost would
+    // be torn down by recovery. It is folded with the last stage's events
+    // because nothing acts between the two. `begin` cannot be folded with
+    // anything earlier (nothing is written before a flow is admitted), and
+    // the first write cannot be buffered: a flow whose steps acted but whose
+    // start was lost would leave their effects to the garbage collector
+    // alone.
+
+    /// The flow's first journal write: its start and the `Started` events of
+    /// its first stage, durable on return.
+    fn begin(&self, start: FlowStart<'_>, stages: &[Vec<Step>]) -> Result<FlowId, JournalError> {
+        let first = stages.first().map_or(&[][..], Vec::as_slice);
+        let started: Vec<StepEntry<'_>> = first
+            .iter()
+            .map(|step| StepEntry {
+                step: &step.name,
+                event: StepEvent::Started { stage: 0 },
+            })
+            .collect();
+        blocking(|| self.journal.begin_stage(start, &started))
+    }
+
+    /// The flow's last journal write: the `Finished` events not yet written
+    /// and the final state, durable on return.
+    fn settle(
+        &self,
+        id: FlowId,
+        finished: &mut Vec<Finished>,
+        state: FlowState,
+        error: Option<&str>,
+    ) -> Result<(), JournalError> {
+        let events: Vec<StepEntry<'_>> = finished.iter().map(Finished::entry).collect();
+        let result = blocking(|| {
+            self.journal
+                .record(id, &events, Some(Settle { state, error }))
+        });
+        drop(events);
+        finished.clear();
+        result
+    }
+
+    /// The write between two stages: the `Finished` events of the stage
+    /// that ended and the `Started` events of stage `index`, buffered. A
+    /// failure loses history only, so it is logged.
+    fn record_boundary(
+        &self,
+        id: FlowId,
+        finished: &mut Vec<Finished>,
+        index: usize,
+        stage: &[Step],
+    ) {
+        let mut events: Vec<StepEntry<'_>> = finished.iter().map(Finished::entry).collect();
+        events.extend(stage.iter().map(|step| StepEntry {
+            step: &step.name,
+            event: StepEvent::Started { stage: index },
+        }));
+        if let Err(e) = blocking(|| self.journal.record(id, &events, None)) {
+            warn!(stage = index, error = %chain(&e), "journal step records failed");
+        }
+        drop(events);
+        finished.clear();
     }
 
     /// Runs a teardown flow as compensation for flow `compensates`: waits for
@@ -445,14 +546,13 @@ impl Inner {
                 }]))
             }
         };
-        let id = match blocking(|| {
-            self.journal.begin(FlowStart {
-                kind: teardown,
-                sandbox_id: ctx.sandbox_id(),
-                spec: ctx.spec(),
-                compensates,
-            })
-        }) {
+        let start = FlowStart {
+            kind: teardown,
+            sandbox_id: ctx.sandbox_id(),
+            spec: ctx.spec(),
+            compensates,
+        };
+        let id = match self.begin(start, &plan.stages) {
             Ok(id) => id,
             Err(e) => {
                 // Compensation must still run; history is what is lost.
@@ -464,9 +564,10 @@ impl Inner {
         self.observer.flow_started(teardown);
         let never = CancellationToken::new();
         let timeout = self.options.rollback_timeout;
+        let mut finished = Vec::new();
         let result = tokio::time::timeout(
             timeout,
-            self.run_stages(teardown, id, &plan.stages, ctx, &never),
+            self.run_stages(teardown, id, &plan.stages, ctx, &never, &mut finished),
         )
         .await;
         let (state, result) = match result {
@@ -482,7 +583,7 @@ impl Inner {
         self.observer
             .flow_finished(teardown, outcome, started.elapsed());
         let msg = result.as_ref().err().map(ToString::to_string);
-        if let Err(e) = blocking(|| self.journal.finish(id, state, msg.as_deref())) {
+        if let Err(e) = self.settle(id, &mut finished, state, msg.as_deref()) {
             warn!(error = %chain(&e), "journal finish failed for rollback");
         }
         result
@@ -491,6 +592,11 @@ impl Inner {
     /// Runs the stages of a flow. Create flows stop at the first failing stage
     /// (its siblings are cancelled); teardown flows run every step and report
     /// every failure.
+    ///
+    /// The first stage's `Started` events were written with the flow's
+    /// start; each later stage's are written, with the previous stage's
+    /// `Finished` events, just before it runs. The `Finished` events of the
+    /// stage run last are left in `finished` for the settling write.
     async fn run_stages(
         &self,
         kind: FlowKind,
@@ -498,19 +604,33 @@ impl Inner {
         stages: &[Vec<Step>],
         ctx: &FlowContext,
         cancel: &CancellationToken,
+        finished: &mut Vec<Finished>,
     ) -> Result<(), StagesError> {
         let teardown = kind.is_teardown();
         let mut failures = Vec::new();
         for (index, stage) in stages.iter().enumerate() {
             if !teardown && cancel.is_cancelled() {
+                if index == 0 {
+                    // Recorded as started with the flow; they never ran.
+                    finished.extend(stage.iter().map(|step| Finished {
+                        step: Arc::clone(&step.name),
+                        duration: Duration::ZERO,
+                        error: Some("cancelled before it started".to_owned()),
+                    }));
+                }
                 return Err(StagesError {
                     failures,
                     cancelled: true,
                 });
             }
+            if index > 0 {
+                self.record_boundary(id, finished, index, stage);
+            }
             let failed_before = failures.len();
             if let [step] = stage.as_slice() {
-                if let Err(f) = self.run_step(kind, id, index, step, ctx, cancel).await {
+                let (result, record) = self.run_step(kind, index, step, ctx, cancel).await;
+                finished.push(record);
+                if let Err(f) = result {
                     failures.push(f);
                 }
             } else {
@@ -523,9 +643,10 @@ impl Inner {
                 };
                 let mut running: FuturesUnordered<_> = stage
                     .iter()
-                    .map(|step| self.run_step(kind, id, index, step, ctx, &stage_cancel))
+                    .map(|step| self.run_step(kind, index, step, ctx, &stage_cancel))
                     .collect();
-                while let Some(result) = running.next().await {
+                while let Some((result, record)) = running.next().await {
+                    finished.push(record);
                     if let Err(f) = result {
                         if !teardown {
                             // First failure cancels its siblings; they still
@@ -556,21 +677,18 @@ impl Inner {
         }
     }
 
-    /// Runs one step with journal records, metrics, a span, panic capture and
-    /// (for forward flows) cancellation.
+    /// Runs one step with metrics, a span, panic capture and (for forward
+    /// flows) cancellation; returns its result and its `Finished` event for
+    /// the journal (its `Started` event is written with its stage's).
     async fn run_step(
         &self,
         kind: FlowKind,
-        id: FlowId,
         stage: usize,
         step: &Step,
         ctx: &FlowContext,
         cancel: &CancellationToken,
-    ) -> Result<(), StepFailure> {
+    ) -> (Result<(), StepFailure>, Finished) {
         let name: &str = &step.name;
-        if let Err(e) = blocking(|| self.journal.step(id, name, StepEvent::Started { stage })) {
-            warn!(step = name, error = %chain(&e), "journal step record failed");
-        }
         let started = Instant::now();
         let call = match kind {
             FlowKind::Create => step.flow.create(ctx),
@@ -611,16 +729,34 @@ impl Inner {
         if let Some(msg) = &message {
             debug!(step = name, error = %msg, "step failed");
         }
-        let event = StepEvent::Finished {
+        let record = Finished {
+            step: Arc::clone(&step.name),
             duration: elapsed,
-            error: message.as_deref(),
+            error: message,
         };
-        if let Err(e) = blocking(|| self.journal.step(id, name, event)) {
-            warn!(step = name, error = %chain(&e), "journal step record failed");
-        }
-        result.map_err(|error| StepFailure {
+        let result = result.map_err(|error| StepFailure {
             step: name.to_owned(),
             error,
-        })
+        });
+        (result, record)
+    }
+}
+
+/// A step's `Finished` event, held until its flow's next journal write.
+pub(crate) struct Finished {
+    step: Arc<str>,
+    duration: Duration,
+    error: Option<String>,
+}
+
+impl Finished {
+    fn entry(&self) -> StepEntry<'_> {
+        StepEntry {
+            step: &self.step,
+            event: StepEvent::Finished {
+                duration: self.duration,
+                error: self.error.as_deref(),
+            },
+        }
     }
 }

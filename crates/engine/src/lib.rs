@@ -39,8 +39,8 @@ pub use error::{
 };
 pub use flow::{Flow, FlowContext, FlowKind, SandboxOutput, SandboxOutputs};
 pub use journal::{
-    FlowId, FlowRecord, FlowStart, FlowState, Journal, MemJournal, NoopJournal, StepEvent,
-    StepRecord,
+    FlowId, FlowRecord, FlowStart, FlowState, Journal, MemJournal, NoopJournal, Settle, StepEntry,
+    StepEvent, StepRecord,
 };
 pub use keyed::{KeyedGuard, KeyedLocks};
 pub use limiter::{Limiter, LimiterSnapshot, Permit};

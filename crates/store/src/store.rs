@@ -4,7 +4,9 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use cubelet_engine::{FlowRecord, SandboxId};
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::{debug, info};
@@ -52,7 +54,7 @@ const CACHE_BYTES: usize = 64 * 1024 * 1024;
 /// `meta` table.
 ///
 /// Every write is one redb write transaction, committed with
-/// [`redb::Durability::Immediate`] (on disk when the call returns) unless
+/// [`Durability::Immediate`] (on disk when the call returns) unless
 /// documented otherwise. Write transactions are serialised by redb; reads run
 /// on snapshots and never block writes. Calls block on disk I/O: from async
 /// code, call them where blocking briefly is acceptable or via
@@ -193,10 +195,12 @@ impl Store {
         table: JsonTable,
         key: &str,
         value: &T,
+        durability: Durability,
     ) -> Result<(), StoreError> {
         let op = "put";
         let bytes = encode(table.name, key, value)?;
-        let txn = self.write(op)?;
+        let mut txn = self.write(op)?;
+        txn.set_durability(durability).map_err(StoreError::db(op))?;
         txn.open_table(table.def())
             .map_err(StoreError::db(op))?
             .insert(key, bytes.as_slice())
@@ -260,7 +264,20 @@ impl Store {
 
     /// Inserts or replaces a sandbox record.
     pub fn put_sandbox(&self, rec: &SandboxRecord) -> Result<(), StoreError> {
-        self.put_json(SANDBOXES, rec.id.as_str(), rec)
+        self.put_json(SANDBOXES, rec.id.as_str(), rec, Durability::Immediate)
+    }
+
+    /// Inserts or replaces a sandbox record with a buffered commit: every
+    /// reader sees it at once, and it is on disk once the next durable
+    /// commit of any kind returns (redb persists every commit before a
+    /// durable one, and a crash reopens at the last durable commit, so it is
+    /// never torn). For a record that a durable write follows before
+    /// anything acts on it: the pod service records a new sandbox this way
+    /// just before its `create` flow's first journal write, which is durable
+    /// and returns before any step acts. A crash in between loses both and
+    /// nothing was built.
+    pub fn put_sandbox_buffered(&self, rec: &SandboxRecord) -> Result<(), StoreError> {
+        self.put_json(SANDBOXES, rec.id.as_str(), rec, Durability::None)
     }
 
     /// The sandbox record with this id, if any.
@@ -334,7 +351,7 @@ impl Store {
 
     /// Inserts or replaces a container record.
     pub fn put_container(&self, rec: &ContainerRecord) -> Result<(), StoreError> {
-        self.put_json(CONTAINERS, &rec.id, rec)
+        self.put_json(CONTAINERS, &rec.id, rec, Durability::Immediate)
     }
 
     /// The container record with this id, if any.
@@ -616,6 +633,21 @@ mod tests {
         );
         assert_eq!(store.get_sandbox(&rec.id).unwrap(), None);
         assert_eq!(store.list_sandboxes().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_buffered_sandbox_is_read_at_once_and_kept_by_the_next_durable_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cubelet.redb");
+        let rec = SandboxRecord::new(sid("sb1"), spec("ns", "p", "u", 0));
+        {
+            let store = Store::open(&path).unwrap();
+            store.put_sandbox_buffered(&rec).unwrap();
+            assert_eq!(store.get_sandbox(&rec.id).unwrap(), Some(rec.clone()));
+            store.set_meta("k", "v").unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.get_sandbox(&rec.id).unwrap(), Some(rec));
     }
 
     #[test]
