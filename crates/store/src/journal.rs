@@ -35,10 +35,11 @@ use cubelet_engine::{
     FlowId, FlowRecord, FlowStart, FlowState, Journal, JournalError, SandboxId, Settle, StepEntry,
     StepEvent, StepRecord,
 };
-use redb::{Durability, ReadableDatabase, ReadableTable};
+use redb::{Durability, ReadableDatabase, ReadableMultimapTable, ReadableTable};
 use std::time::SystemTime;
 
 use crate::error::StoreError;
+use crate::index::FLOWS_BY_SANDBOX;
 use crate::store::{decode, encode, Store, FLOWS, FLOWS_NAME, META, META_LAST_FLOW};
 
 fn journal_err(op: &'static str) -> impl FnOnce(StoreError) -> JournalError {
@@ -127,6 +128,10 @@ impl Store {
             let last = id.to_string();
             meta.insert(META_LAST_FLOW, last.as_str())
                 .map_err(StoreError::db(op))?;
+            txn.open_multimap_table(FLOWS_BY_SANDBOX)
+                .map_err(StoreError::db(op))?
+                .insert(start.sandbox_id.as_str(), id)
+                .map_err(StoreError::db(op))?;
             id
         };
         txn.commit().map_err(StoreError::db(op))?;
@@ -179,23 +184,58 @@ impl Store {
         Ok(out)
     }
 
+    /// The flows of one sandbox, oldest first, found by the index (each
+    /// checked against it).
+    fn sandbox_flows(&self, sandbox_id: &SandboxId) -> Result<Vec<FlowRecord>, StoreError> {
+        let op = "journal history";
+        let txn = self.db.begin_read().map_err(StoreError::db(op))?;
+        let index = txn
+            .open_multimap_table(FLOWS_BY_SANDBOX)
+            .map_err(StoreError::db(op))?;
+        let flows = txn.open_table(FLOWS).map_err(StoreError::db(op))?;
+        let mut out = Vec::new();
+        // Values of one key come in order: oldest (lowest id) first.
+        for id in index.get(sandbox_id.as_str()).map_err(StoreError::db(op))? {
+            let id = id.map_err(StoreError::db(op))?.value();
+            if let Some(g) = flows.get(id).map_err(StoreError::db(op))? {
+                let rec: FlowRecord = decode(FLOWS_NAME, &id.to_string(), g.value())?;
+                if &rec.sandbox_id == sandbox_id {
+                    out.push(rec);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn forget_flows(&self, sandbox_id: &SandboxId) -> Result<usize, StoreError> {
         let op = "journal forget";
         let txn = self.write(op)?;
         let removed = {
+            let mut index = txn
+                .open_multimap_table(FLOWS_BY_SANDBOX)
+                .map_err(StoreError::db(op))?;
             let mut flows = txn.open_table(FLOWS).map_err(StoreError::db(op))?;
             let mut ids = Vec::new();
-            for entry in flows.iter().map_err(StoreError::db(op))? {
-                let (k, v) = entry.map_err(StoreError::db(op))?;
-                let rec: FlowRecord = decode(FLOWS_NAME, &k.value().to_string(), v.value())?;
-                if &rec.sandbox_id == sandbox_id {
-                    ids.push(k.value());
+            for id in index.get(sandbox_id.as_str()).map_err(StoreError::db(op))? {
+                ids.push(id.map_err(StoreError::db(op))?.value());
+            }
+            let mut removed = 0;
+            for id in ids {
+                index
+                    .remove(sandbox_id.as_str(), id)
+                    .map_err(StoreError::db(op))?;
+                let rec: Option<FlowRecord> = flows
+                    .get(id)
+                    .map_err(StoreError::db(op))?
+                    .map(|g| decode(FLOWS_NAME, &id.to_string(), g.value()))
+                    .transpose()?;
+                // Checked, though an entry is only ever written with its flow.
+                if rec.is_some_and(|r| &r.sandbox_id == sandbox_id) {
+                    flows.remove(id).map_err(StoreError::db(op))?;
+                    removed += 1;
                 }
             }
-            for id in &ids {
-                flows.remove(*id).map_err(StoreError::db(op))?;
-            }
-            ids.len()
+            removed
         };
         txn.commit().map_err(StoreError::db(op))?;
         Ok(removed)
@@ -263,7 +303,7 @@ impl Journal for Store {
     }
 
     fn sandbox_history(&self, sandbox_id: &SandboxId) -> Result<Vec<FlowRecord>, JournalError> {
-        self.scan_flows(|r| &r.sandbox_id == sandbox_id)
+        self.sandbox_flows(sandbox_id)
             .map_err(journal_err("sandbox_history"))
     }
 

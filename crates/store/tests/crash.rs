@@ -380,6 +380,22 @@ fn check(store: &Store, seen: &Reported, round: u32) {
             .unwrap()
             .unwrap_or_else(|| panic!("round {round}: sandbox {id} lost"));
         assert_eq!(rec.spec, spec_for(id));
+        // Found through the indexes as well.
+        let s = spec_for(id);
+        let by_pod = store
+            .find_sandbox_by_pod(&s.namespace, &s.name, &s.uid, s.attempt)
+            .unwrap();
+        assert_eq!(by_pod.as_ref(), Some(&rec), "round {round}: sandbox {id}");
+        let history = store.sandbox_history(&sid(id)).unwrap();
+        assert!(
+            history.iter().all(|f| f.sandbox_id.as_str() == id),
+            "round {round}: history of {id}"
+        );
+    }
+    // Every container is found under its sandbox.
+    for c in store.list_containers().unwrap() {
+        let of = store.list_containers_of(&c.sandbox_id).unwrap();
+        assert!(of.contains(&c), "round {round}: container {}", c.id);
     }
     let leases: BTreeMap<String, IpLease> = store
         .list_leases(POOL)
