@@ -11,10 +11,11 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info_span, warn, Instrument};
+use tracing::{debug, error, info_span, warn, Instrument, Span};
 
 use crate::collect::blocking;
 use crate::config::{ConfigError, ValidFlow, WorkflowConfig};
+use crate::deferred::{Deferred, Task};
 use crate::error::{
     chain, EngineError, JournalError, Message, RollbackError, StepError, StepErrorKind, StepFailure,
 };
@@ -24,6 +25,7 @@ use crate::journal::{
 };
 use crate::limiter::{Limiter, LimiterSnapshot, Permit};
 use crate::observer::{FlowObserver, NoopObserver, Outcome};
+use crate::spec::SandboxId;
 
 /// Tunables of the engine that are not per flow.
 #[derive(Debug, Clone)]
@@ -146,6 +148,7 @@ impl EngineBuilder {
                 journal: self.journal,
                 observer: self.observer,
                 rollback_slots: Semaphore::new(self.options.rollback_concurrency.max(1)),
+                deferred: Deferred::default(),
                 options: self.options,
             }),
         })
@@ -169,6 +172,8 @@ pub(crate) struct Inner {
     pub(crate) journal: Arc<dyn Journal>,
     observer: Arc<dyn FlowObserver>,
     rollback_slots: Semaphore,
+    /// Work of teardown flows that answered before it was done.
+    deferred: Deferred,
     pub(crate) options: EngineOptions,
 }
 
@@ -316,6 +321,20 @@ impl Engine {
     pub fn journal(&self) -> &Arc<dyn Journal> {
         &self.inner.journal
     }
+
+    /// Waits until the work that teardown flows deferred
+    /// ([`FlowContext::defer`]) and left running after they answered is
+    /// done, for a shutdown that leaves nothing half-deleted. Work that is
+    /// never finished (the agent is killed) leaves its flow open for
+    /// [`Engine::recover`].
+    pub async fn drain(&self) {
+        self.inner.deferred.drain().await;
+    }
+
+    /// How many sandboxes have deferred work running.
+    pub fn deferred_running(&self) -> usize {
+        self.inner.deferred.len()
+    }
 }
 
 impl Inner {
@@ -325,8 +344,15 @@ impl Inner {
             .ok_or(EngineError::NotConfigured(kind))
     }
 
-    /// Runs an admitted flow: journal, stages, failover.
-    async fn run_admitted(&self, kind: FlowKind, ctx: &FlowContext) -> Result<(), EngineError> {
+    /// Runs an admitted flow: journal, stages, failover. Waits first for
+    /// work an earlier flow of the sandbox deferred, so that flows of one
+    /// sandbox never overlap.
+    async fn run_admitted(
+        self: &Arc<Self>,
+        kind: FlowKind,
+        ctx: &FlowContext,
+    ) -> Result<(), EngineError> {
+        self.deferred.settle(ctx.sandbox_id()).await;
         let started = Instant::now();
         self.observer.flow_started(kind);
         let result = self.run_journaled(kind, ctx).await;
@@ -340,7 +366,11 @@ impl Inner {
         result
     }
 
-    async fn run_journaled(&self, kind: FlowKind, ctx: &FlowContext) -> Result<(), EngineError> {
+    async fn run_journaled(
+        self: &Arc<Self>,
+        kind: FlowKind,
+        ctx: &FlowContext,
+    ) -> Result<(), EngineError> {
         let sandbox_id = ctx.sandbox_id();
         if !kind.is_teardown() && ctx.cancel_token().is_cancelled() {
             return Err(EngineError::Cancelled {
@@ -365,6 +395,9 @@ impl Inner {
             })?;
 
         let mut finished = Vec::new();
+        if kind.is_teardown() {
+            ctx.allow_deferral();
+        }
         let outcome = self
             .run_stages(
                 kind,
@@ -375,6 +408,18 @@ impl Inner {
                 &mut finished,
             )
             .await;
+        let deferred = ctx.take_deferred();
+        let outcome = match outcome {
+            // The steps are done and the sandbox is torn down as far as the
+            // caller can tell: answer now, settle once the work is done. A
+            // crash before that leaves the flow open, and recovery runs it
+            // again (its steps are idempotent, the work part of them).
+            Ok(()) if kind.is_teardown() && !deferred.is_empty() => {
+                self.settle_after(kind, id, ctx.sandbox_id(), deferred, finished);
+                return Ok(());
+            }
+            outcome => with_deferred(outcome, deferred).await,
+        };
         let finish_error = match &outcome {
             Ok(()) => self
                 .settle(id, &mut finished, FlowState::Succeeded, None)
@@ -434,6 +479,42 @@ impl Inner {
             error!(error = %chain(&e), "journal finish failed");
         }
         Err(err)
+    }
+
+    /// Runs `deferred` on a task of its own and then settles flow `id`:
+    /// succeeded if all of it succeeded, failed (open, for recovery) if not.
+    fn settle_after(
+        self: &Arc<Self>,
+        kind: FlowKind,
+        id: FlowId,
+        sandbox_id: &SandboxId,
+        deferred: Vec<Task>,
+        mut finished: Vec<Finished>,
+    ) {
+        let inner = Arc::clone(self);
+        let sandbox = sandbox_id.clone();
+        let work = async move {
+            let started = Instant::now();
+            let failures = run_deferred(deferred).await;
+            let (state, summary) = if failures.is_empty() {
+                debug!(elapsed = ?started.elapsed(), "deferred work done");
+                (FlowState::Succeeded, None)
+            } else {
+                let err = EngineError::Failed {
+                    flow: kind,
+                    sandbox_id: sandbox.clone(),
+                    failures,
+                    rollback: None,
+                };
+                warn!(error = %chain(&err), "deferred work failed; the flow is left for recovery");
+                (FlowState::Failed, Some(chain(&err)))
+            };
+            if let Err(e) = inner.settle(id, &mut finished, state, summary.as_deref()) {
+                error!(error = %chain(&e), "journal finish failed after deferred work");
+            }
+        };
+        self.deferred
+            .spawn(sandbox_id.clone(), work.instrument(Span::current()));
     }
 
     // Crash safety of the journal writes.
@@ -565,6 +646,8 @@ impl Inner {
         let never = CancellationToken::new();
         let timeout = self.options.rollback_timeout;
         let mut finished = Vec::new();
+        // Steps run their deferred work themselves here: the context does
+        // not allow deferral.
         let result = tokio::time::timeout(
             timeout,
             self.run_stages(teardown, id, &plan.stages, ctx, &never, &mut finished),
@@ -740,6 +823,56 @@ impl Inner {
         });
         (result, record)
     }
+}
+
+/// Runs the work the steps of a failed teardown deferred, all at once, and
+/// adds its failures to `outcome`.
+async fn with_deferred(
+    outcome: Result<(), StagesError>,
+    deferred: Vec<Task>,
+) -> Result<(), StagesError> {
+    if deferred.is_empty() {
+        return outcome;
+    }
+    let failures = run_deferred(deferred).await;
+    match outcome {
+        Ok(()) if failures.is_empty() => Ok(()),
+        Ok(()) => Err(StagesError {
+            failures,
+            cancelled: false,
+        }),
+        Err(mut e) => {
+            e.failures.extend(failures);
+            Err(e)
+        }
+    }
+}
+
+/// Runs deferred work concurrently; returns the failures, each named for
+/// what the work does. A panic is a failure, as in a step.
+async fn run_deferred(deferred: Vec<Task>) -> Vec<StepFailure> {
+    let results = futures::future::join_all(deferred.into_iter().map(|task| async move {
+        let result = AssertUnwindSafe(task.work)
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| {
+                Err(StepError::internal(Message(format!(
+                    "deferred work panicked: {}",
+                    task.what
+                ))))
+            });
+        (task.what, result)
+    }))
+    .await;
+    results
+        .into_iter()
+        .filter_map(|(what, result)| {
+            result.err().map(|error| StepFailure {
+                step: what.to_owned(),
+                error,
+            })
+        })
+        .collect()
 }
 
 /// A step's `Finished` event, held until its flow's next journal write.

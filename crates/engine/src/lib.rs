@@ -16,6 +16,7 @@
 
 mod collect;
 mod config;
+mod deferred;
 mod engine;
 mod error;
 mod flow;

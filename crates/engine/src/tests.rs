@@ -781,6 +781,232 @@ fn build_refuses_unknown_providers() {
     );
 }
 
+// ---- deferred work ---------------------------------------------------------
+
+type Gate = tokio::sync::oneshot::Sender<Result<(), StepError>>;
+
+/// A provider whose steps defer work that waits, when the test queued a
+/// gate for it, until the test opens the gate with the work's result.
+#[derive(Default)]
+struct Deferring {
+    gates: Mutex<std::collections::VecDeque<tokio::sync::oneshot::Receiver<Result<(), StepError>>>>,
+    done: Arc<AtomicUsize>,
+}
+
+impl Deferring {
+    fn hold(&self) -> Gate {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.gates.lock().unwrap().push_back(rx);
+        tx
+    }
+    fn done(&self) -> usize {
+        self.done.load(Ordering::SeqCst)
+    }
+    async fn defer(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        let gate = self.gates.lock().unwrap().pop_front();
+        let done = Arc::clone(&self.done);
+        ctx.defer("finish the test teardown", async move {
+            let result = match gate {
+                Some(rx) => rx.await.unwrap_or(Ok(())),
+                None => Ok(()),
+            };
+            done.fetch_add(1, Ordering::SeqCst);
+            result
+        })
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl Flow for Deferring {
+    async fn create(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        if self.gates.lock().unwrap().is_empty() {
+            return Ok(());
+        }
+        self.defer(ctx).await
+    }
+    async fn destroy(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        self.defer(ctx).await
+    }
+    async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        self.defer(ctx).await
+    }
+}
+
+fn deferring_engine(journal: Arc<CountingJournal>) -> (Engine, Arc<Deferring>) {
+    let flow = Arc::new(Deferring::default());
+    let engine = EngineBuilder::new()
+        .journal(journal)
+        .provider("net", flow.clone())
+        .build(&config(&[&["net"]], 16))
+        .unwrap();
+    (engine, flow)
+}
+
+fn record_of(journal: &CountingJournal, kind: FlowKind) -> FlowRecord {
+    journal
+        .records()
+        .into_iter()
+        .rev()
+        .find(|r| r.kind == kind)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_teardown_answers_before_its_deferred_work_and_the_next_flow_waits_for_it() {
+    let journal = Arc::new(CountingJournal::default());
+    let (engine, flow) = deferring_engine(journal.clone());
+    engine.run(FlowKind::Create, ctx("a")).await.unwrap();
+    let gate = flow.hold();
+    within("destroy", engine.run(FlowKind::Destroy, ctx("a")))
+        .await
+        .unwrap();
+    // Answered; the work still runs and the flow stays open meanwhile.
+    assert_eq!(flow.done(), 0);
+    assert_eq!(engine.deferred_running(), 1);
+    let destroy = record_of(&journal, FlowKind::Destroy);
+    assert_eq!(destroy.state, FlowState::Running);
+    assert_eq!(journal.open_flows().unwrap().len(), 1);
+
+    let e = engine.clone();
+    let cleanup = tokio::spawn(async move { e.run(FlowKind::Cleanup, ctx("a")).await });
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!cleanup.is_finished(), "the next flow waits for the work");
+    assert!(journal
+        .records()
+        .iter()
+        .all(|r| r.kind != FlowKind::Cleanup));
+    gate.send(Ok(())).unwrap();
+    within("cleanup", cleanup).await.unwrap().unwrap();
+    within("drain", engine.drain()).await;
+    assert_eq!(flow.done(), 2);
+    assert_eq!(engine.deferred_running(), 0);
+    let destroy = record_of(&journal, FlowKind::Destroy);
+    assert_eq!(destroy.state, FlowState::Succeeded);
+    assert!(destroy.steps.iter().all(|s| s.duration.is_some()));
+    assert_one_write_per_stage(&journal, &destroy, 1);
+    assert!(journal.open_flows().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn deferred_work_that_fails_leaves_its_flow_to_recovery() {
+    let journal = Arc::new(CountingJournal::default());
+    let (engine, flow) = deferring_engine(journal.clone());
+    let gate = flow.hold();
+    engine.run(FlowKind::Destroy, ctx("a")).await.unwrap();
+    gate.send(Err(StepError::internal(Message("veth busy".into()))))
+        .unwrap();
+    within("drain", engine.drain()).await;
+    let destroy = record_of(&journal, FlowKind::Destroy);
+    assert_eq!(destroy.state, FlowState::Failed);
+    assert!(
+        destroy.error.as_deref().unwrap().contains("veth busy"),
+        "{destroy:?}"
+    );
+    let report = within("recover", engine.recover()).await.unwrap();
+    assert_eq!(report.settled.len(), 1);
+    assert!(report.failed.is_empty());
+    // Recovery ran the teardown again and waited for its work.
+    assert_eq!(flow.done(), 2);
+    assert!(journal.open_flows().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_crash_before_deferred_work_is_done_leaves_an_open_flow() {
+    let journal = Arc::new(CountingJournal::default());
+    let (engine, flow) = deferring_engine(journal.clone());
+    let _never_opened = flow.hold();
+    engine.run(FlowKind::Destroy, ctx("a")).await.unwrap();
+    // The agent dies here: a new engine on the same journal recovers.
+    let (restarted, flow2) = deferring_engine(journal.clone());
+    assert_eq!(journal.open_flows().unwrap().len(), 1);
+    let report = within("recover", restarted.recover()).await.unwrap();
+    assert_eq!(
+        report.settled,
+        [(SandboxId::new_unchecked("a"), FlowKind::Destroy)]
+    );
+    assert_eq!(flow2.done(), 1);
+    assert!(journal.open_flows().unwrap().is_empty());
+    assert_eq!(flow.done(), 0);
+}
+
+#[tokio::test]
+async fn a_failed_teardown_runs_its_deferred_work_before_it_settles() {
+    let journal = Arc::new(CountingJournal::default());
+    let flow = Arc::new(Deferring::default());
+    let failing = FakeFlow::with_log("box", Arc::default());
+    failing.set(
+        FlowKind::Destroy,
+        Behavior::Fail {
+            after_acquire: false,
+        },
+    );
+    let engine = EngineBuilder::new()
+        .journal(journal.clone())
+        .provider("net", flow.clone())
+        .provider("box", failing)
+        .build(&config(&[&["net", "box"]], 16))
+        .unwrap();
+    let gate = flow.hold();
+    let e = engine.clone();
+    let run = tokio::spawn(async move { e.run(FlowKind::Destroy, ctx("a")).await });
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!run.is_finished(), "a failed teardown waits for the work");
+    gate.send(Ok(())).unwrap();
+    let err = within("destroy", run).await.unwrap().unwrap_err();
+    assert!(err.to_string().contains("box"), "{err}");
+    assert_eq!(flow.done(), 1);
+    assert_eq!(engine.deferred_running(), 0);
+    assert_eq!(
+        record_of(&journal, FlowKind::Destroy).state,
+        FlowState::Failed
+    );
+}
+
+#[tokio::test]
+async fn without_an_engine_deferred_work_runs_in_the_step() {
+    let flow = Deferring::default();
+    let gate = flow.hold();
+    gate.send(Err(StepError::internal(Message("no".into()))))
+        .unwrap();
+    let err = flow.destroy(&ctx("a")).await.unwrap_err();
+    assert!(err.to_string().contains("no"), "{err}");
+    assert_eq!(flow.done(), 1);
+}
+
+#[tokio::test]
+async fn a_create_waits_for_its_deferred_work_and_fails_with_it() {
+    let journal = Arc::new(CountingJournal::default());
+    let (engine, flow) = deferring_engine(journal.clone());
+    let gate = flow.hold();
+    let e = engine.clone();
+    let run = tokio::spawn(async move { e.run(FlowKind::Create, ctx("b")).await });
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!run.is_finished(), "a create settles only after its work");
+    gate.send(Err(StepError::internal(Message("no".into()))))
+        .unwrap();
+    let err = within("create", run).await.unwrap().unwrap_err();
+    assert!(!err.rollback_failed(), "{err}");
+    assert!(err.to_string().contains("net"), "the step failed: {err}");
+    assert_eq!(
+        record_of(&journal, FlowKind::Create).state,
+        FlowState::Compensated
+    );
+    // The rollback's own work ran before it settled.
+    assert_eq!(
+        record_of(&journal, FlowKind::Destroy).state,
+        FlowState::Succeeded
+    );
+    assert_eq!(engine.deferred_running(), 0);
+    assert_eq!(flow.done(), 2);
+}
+
 // ---- property test -------------------------------------------------------
 
 #[derive(Debug, Clone)]
