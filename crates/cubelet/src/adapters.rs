@@ -46,13 +46,7 @@ impl LeaseStore for StoreLeases {
     }
 
     fn release_sandbox(&self, pool: &str, sandbox: &SandboxId) -> Result<Vec<IpAddr>, BoxError> {
-        let mut freed = Vec::new();
-        for lease in self.0.list_leases(pool)? {
-            if &lease.sandbox_id == sandbox && self.0.release_lease(pool, lease.ip)? {
-                freed.push(lease.ip);
-            }
-        }
-        Ok(freed)
+        Ok(self.0.release_leases_in(pool, sandbox)?)
     }
 
     fn list(&self, pool: &str) -> Result<Vec<(IpAddr, SandboxId)>, BoxError> {

@@ -310,6 +310,7 @@ pub async fn run(config: Config) -> Result<()> {
     shutdown.cancel();
     let drained = tokio::time::timeout(GRACE, async {
         let _ = cri_task.await;
+        engine.drain().await;
         let _ = streaming_task.await;
         let _ = gc_task.await;
         let _ = events_task.await;

@@ -11,17 +11,21 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info_span, warn, Instrument};
+use tracing::{debug, error, info_span, warn, Instrument, Span};
 
 use crate::collect::blocking;
 use crate::config::{ConfigError, ValidFlow, WorkflowConfig};
+use crate::deferred::{Deferred, Task};
 use crate::error::{
-    chain, EngineError, Message, RollbackError, StepError, StepErrorKind, StepFailure,
+    chain, EngineError, JournalError, Message, RollbackError, StepError, StepErrorKind, StepFailure,
 };
 use crate::flow::{Flow, FlowContext, FlowKind};
-use crate::journal::{FlowId, FlowStart, FlowState, Journal, NoopJournal, StepEvent};
+use crate::journal::{
+    FlowId, FlowStart, FlowState, Journal, NoopJournal, Settle, StepEntry, StepEvent,
+};
 use crate::limiter::{Limiter, LimiterSnapshot, Permit};
 use crate::observer::{FlowObserver, NoopObserver, Outcome};
+use crate::spec::SandboxId;
 
 /// Tunables of the engine that are not per flow.
 #[derive(Debug, Clone)]
@@ -144,6 +148,7 @@ impl EngineBuilder {
                 journal: self.journal,
                 observer: self.observer,
                 rollback_slots: Semaphore::new(self.options.rollback_concurrency.max(1)),
+                deferred: Deferred::default(),
                 options: self.options,
             }),
         })
@@ -167,6 +172,8 @@ pub(crate) struct Inner {
     pub(crate) journal: Arc<dyn Journal>,
     observer: Arc<dyn FlowObserver>,
     rollback_slots: Semaphore,
+    /// Work of teardown flows that answered before it was done.
+    deferred: Deferred,
     pub(crate) options: EngineOptions,
 }
 
@@ -314,6 +321,20 @@ impl Engine {
     pub fn journal(&self) -> &Arc<dyn Journal> {
         &self.inner.journal
     }
+
+    /// Waits until the work that teardown flows deferred
+    /// ([`FlowContext::defer`]) and left running after they answered is
+    /// done, for a shutdown that leaves nothing half-deleted. Work that is
+    /// never finished (the agent is killed) leaves its flow open for
+    /// [`Engine::recover`].
+    pub async fn drain(&self) {
+        self.inner.deferred.drain().await;
+    }
+
+    /// How many sandboxes have deferred work running.
+    pub fn deferred_running(&self) -> usize {
+        self.inner.deferred.len()
+    }
 }
 
 impl Inner {
@@ -323,8 +344,15 @@ impl Inner {
             .ok_or(EngineError::NotConfigured(kind))
     }
 
-    /// Runs an admitted flow: journal, stages, failover.
-    async fn run_admitted(&self, kind: FlowKind, ctx: &FlowContext) -> Result<(), EngineError> {
+    /// Runs an admitted flow: journal, stages, failover. Waits first for
+    /// work an earlier flow of the sandbox deferred, so that flows of one
+    /// sandbox never overlap.
+    async fn run_admitted(
+        self: &Arc<Self>,
+        kind: FlowKind,
+        ctx: &FlowContext,
+    ) -> Result<(), EngineError> {
+        self.deferred.settle(ctx.sandbox_id()).await;
         let started = Instant::now();
         self.observer.flow_started(kind);
         let result = self.run_journaled(kind, ctx).await;
@@ -338,7 +366,11 @@ impl Inner {
         result
     }
 
-    async fn run_journaled(&self, kind: FlowKind, ctx: &FlowContext) -> Result<(), EngineError> {
+    async fn run_journaled(
+        self: &Arc<Self>,
+        kind: FlowKind,
+        ctx: &FlowContext,
+    ) -> Result<(), EngineError> {
         let sandbox_id = ctx.sandbox_id();
         if !kind.is_teardown() && ctx.cancel_token().is_cancelled() {
             return Err(EngineError::Cancelled {
@@ -348,25 +380,50 @@ impl Inner {
             });
         }
         let plan = self.plan(kind)?;
-        let id = blocking(|| {
-            self.journal.begin(FlowStart {
-                kind,
-                sandbox_id,
-                spec: ctx.spec(),
-                compensates: None,
-            })
-        })
-        .map_err(|source| EngineError::Journal {
-            flow: kind,
-            sandbox_id: sandbox_id.clone(),
-            source,
-        })?;
+        let start = FlowStart {
+            kind,
+            sandbox_id,
+            spec: ctx.spec(),
+            compensates: None,
+        };
+        let id = self
+            .begin(start, &plan.stages)
+            .map_err(|source| EngineError::Journal {
+                flow: kind,
+                sandbox_id: sandbox_id.clone(),
+                source,
+            })?;
 
+        let mut finished = Vec::new();
+        if kind.is_teardown() {
+            ctx.allow_deferral();
+        }
         let outcome = self
-            .run_stages(kind, id, &plan.stages, ctx, ctx.cancel_token())
+            .run_stages(
+                kind,
+                id,
+                &plan.stages,
+                ctx,
+                ctx.cancel_token(),
+                &mut finished,
+            )
             .await;
+        let deferred = ctx.take_deferred();
+        let outcome = match outcome {
+            // The steps are done and the sandbox is torn down as far as the
+            // caller can tell: answer now, settle once the work is done. A
+            // crash before that leaves the flow open, and recovery runs it
+            // again (its steps are idempotent, the work part of them).
+            Ok(()) if kind.is_teardown() && !deferred.is_empty() => {
+                self.settle_after(kind, id, ctx.sandbox_id(), deferred, finished);
+                return Ok(());
+            }
+            outcome => with_deferred(outcome, deferred).await,
+        };
         let finish_error = match &outcome {
-            Ok(()) => blocking(|| self.journal.finish(id, FlowState::Succeeded, None)).err(),
+            Ok(()) => self
+                .settle(id, &mut finished, FlowState::Succeeded, None)
+                .err(),
             Err(_) => None,
         };
         let failure = match (outcome, finish_error) {
@@ -418,10 +475,135 @@ impl Inner {
             }
         };
         let summary = chain(&err);
-        if let Err(e) = blocking(|| self.journal.finish(id, state, Some(&summary))) {
+        if let Err(e) = self.settle(id, &mut finished, state, Some(&summary)) {
             error!(error = %chain(&e), "journal finish failed");
         }
         Err(err)
+    }
+
+    /// Runs `deferred` on a task of its own and then settles flow `id`:
+    /// succeeded if all of it succeeded, failed (open, for recovery) if not.
+    fn settle_after(
+        self: &Arc<Self>,
+        kind: FlowKind,
+        id: FlowId,
+        sandbox_id: &SandboxId,
+        deferred: Vec<Task>,
+        mut finished: Vec<Finished>,
+    ) {
+        let inner = Arc::clone(self);
+        let sandbox = sandbox_id.clone();
+        let work = async move {
+            let started = Instant::now();
+            let failures = run_deferred(deferred).await;
+            let (state, summary) = if failures.is_empty() {
+                debug!(elapsed = ?started.elapsed(), "deferred work done");
+                (FlowState::Succeeded, None)
+            } else {
+                let err = EngineError::Failed {
+                    flow: kind,
+                    sandbox_id: sandbox.clone(),
+                    failures,
+                    rollback: None,
+                };
+                warn!(error = %chain(&err), "deferred work failed; the flow is left for recovery");
+                (FlowState::Failed, Some(chain(&err)))
+            };
+            if let Err(e) = inner.settle(id, &mut finished, state, summary.as_deref()) {
+                error!(error = %chain(&e), "journal finish failed after deferred work");
+            }
+        };
+        self.deferred
+            .spawn(sandbox_id.clone(), work.instrument(Span::current()));
+    }
+
+    // Crash safety of the journal writes.
+    //
+    // A flow makes one journal write per stage boundary: `begin` folded with
+    // the `Started` events of the first stage (durable), then between two
+    // stages the `Finished` events of the one that ended with the `Started`
+    // events of the next (buffered), and at the end the last stage's
+    // `Finished` events folded with `finish` (durable). A flow of n stages
+    // makes n + 1 writes, two of them durable, where it used to make
+    // 2 + 2 × steps (two durable).
+    //
+    // What recovery needs to see is that a step which may have acted was
+    // known as started before it acted, so that its effects are undone. It
+    // gets that at flow granularity: the durable first write returns before
+    // any step of any stage acts, and from then on the flow is open (its
+    // record is `Running`) until the durable last write settles it. Recovery
+    // (`Engine::recover`) never reads step events: it runs the whole
+    // teardown flow, whose steps are idempotent, with the spec the first
+    // write carries, so every step that may have acted — started, finished,
+    // or never reached — is undone the same way. The buffered writes in
+    // between are therefore history (which step ran, how long, what failed):
+    // a crash can lose them, never the open flow. They become durable with
+    // the next durable commit of the store (this flow's settling write,
+    // another flow's first write, a sandbox record), and redb reopens at the
+    // last durable commit, so a crash never leaves a torn record.
+    //
+    // The settling write must be durable before the caller is told the
+    // outcome: a create reported as succeeded whose `finish` were lost would
+    // be torn down by recovery. It is folded with the last stage's events
+    // because nothing acts between the two. `begin` cannot be folded with
+    // anything earlier (nothing is written before a flow is admitted), and
+    // the first write cannot be buffered: a flow whose steps acted but whose
+    // start was lost would leave their effects to the garbage collector
+    // alone.
+
+    /// The flow's first journal write: its start and the `Started` events of
+    /// its first stage, durable on return.
+    fn begin(&self, start: FlowStart<'_>, stages: &[Vec<Step>]) -> Result<FlowId, JournalError> {
+        let first = stages.first().map_or(&[][..], Vec::as_slice);
+        let started: Vec<StepEntry<'_>> = first
+            .iter()
+            .map(|step| StepEntry {
+                step: &step.name,
+                event: StepEvent::Started { stage: 0 },
+            })
+            .collect();
+        blocking(|| self.journal.begin_stage(start, &started))
+    }
+
+    /// The flow's last journal write: the `Finished` events not yet written
+    /// and the final state, durable on return.
+    fn settle(
+        &self,
+        id: FlowId,
+        finished: &mut Vec<Finished>,
+        state: FlowState,
+        error: Option<&str>,
+    ) -> Result<(), JournalError> {
+        let events: Vec<StepEntry<'_>> = finished.iter().map(Finished::entry).collect();
+        let result = blocking(|| {
+            self.journal
+                .record(id, &events, Some(Settle { state, error }))
+        });
+        drop(events);
+        finished.clear();
+        result
+    }
+
+    /// The write between two stages: the `Finished` events of the stage
+    /// that ended and the `Started` events of stage `index`, buffered. A
+    /// failure loses history only, so it is logged.
+    fn record_boundary(
+        &self,
+        id: FlowId,
+        finished: &mut Vec<Finished>,
+        index: usize,
+        stage: &[Step],
+    ) {
+        let mut events: Vec<StepEntry<'_>> = finished.iter().map(Finished::entry).collect();
+        events.extend(stage.iter().map(|step| StepEntry {
+            step: &step.name,
+            event: StepEvent::Started { stage: index },
+        }));
+        if let Err(e) = blocking(|| self.journal.record(id, &events, None)) {
+            warn!(stage = index, error = %chain(&e), "journal step records failed");
+        }
+        drop(events);
+        finished.clear();
     }
 
     /// Runs a teardown flow as compensation for flow `compensates`: waits for
@@ -445,14 +627,13 @@ impl Inner {
                 }]))
             }
         };
-        let id = match blocking(|| {
-            self.journal.begin(FlowStart {
-                kind: teardown,
-                sandbox_id: ctx.sandbox_id(),
-                spec: ctx.spec(),
-                compensates,
-            })
-        }) {
+        let start = FlowStart {
+            kind: teardown,
+            sandbox_id: ctx.sandbox_id(),
+            spec: ctx.spec(),
+            compensates,
+        };
+        let id = match self.begin(start, &plan.stages) {
             Ok(id) => id,
             Err(e) => {
                 // Compensation must still run; history is what is lost.
@@ -464,9 +645,12 @@ impl Inner {
         self.observer.flow_started(teardown);
         let never = CancellationToken::new();
         let timeout = self.options.rollback_timeout;
+        let mut finished = Vec::new();
+        // Steps run their deferred work themselves here: the context does
+        // not allow deferral.
         let result = tokio::time::timeout(
             timeout,
-            self.run_stages(teardown, id, &plan.stages, ctx, &never),
+            self.run_stages(teardown, id, &plan.stages, ctx, &never, &mut finished),
         )
         .await;
         let (state, result) = match result {
@@ -482,7 +666,7 @@ impl Inner {
         self.observer
             .flow_finished(teardown, outcome, started.elapsed());
         let msg = result.as_ref().err().map(ToString::to_string);
-        if let Err(e) = blocking(|| self.journal.finish(id, state, msg.as_deref())) {
+        if let Err(e) = self.settle(id, &mut finished, state, msg.as_deref()) {
             warn!(error = %chain(&e), "journal finish failed for rollback");
         }
         result
@@ -491,6 +675,11 @@ impl Inner {
     /// Runs the stages of a flow. Create flows stop at the first failing stage
     /// (its siblings are cancelled); teardown flows run every step and report
     /// every failure.
+    ///
+    /// The first stage's `Started` events were written with the flow's
+    /// start; each later stage's are written, with the previous stage's
+    /// `Finished` events, just before it runs. The `Finished` events of the
+    /// stage run last are left in `finished` for the settling write.
     async fn run_stages(
         &self,
         kind: FlowKind,
@@ -498,19 +687,33 @@ impl Inner {
         stages: &[Vec<Step>],
         ctx: &FlowContext,
         cancel: &CancellationToken,
+        finished: &mut Vec<Finished>,
     ) -> Result<(), StagesError> {
         let teardown = kind.is_teardown();
         let mut failures = Vec::new();
         for (index, stage) in stages.iter().enumerate() {
             if !teardown && cancel.is_cancelled() {
+                if index == 0 {
+                    // Recorded as started with the flow; they never ran.
+                    finished.extend(stage.iter().map(|step| Finished {
+                        step: Arc::clone(&step.name),
+                        duration: Duration::ZERO,
+                        error: Some("cancelled before it started".to_owned()),
+                    }));
+                }
                 return Err(StagesError {
                     failures,
                     cancelled: true,
                 });
             }
+            if index > 0 {
+                self.record_boundary(id, finished, index, stage);
+            }
             let failed_before = failures.len();
             if let [step] = stage.as_slice() {
-                if let Err(f) = self.run_step(kind, id, index, step, ctx, cancel).await {
+                let (result, record) = self.run_step(kind, index, step, ctx, cancel).await;
+                finished.push(record);
+                if let Err(f) = result {
                     failures.push(f);
                 }
             } else {
@@ -523,9 +726,10 @@ impl Inner {
                 };
                 let mut running: FuturesUnordered<_> = stage
                     .iter()
-                    .map(|step| self.run_step(kind, id, index, step, ctx, &stage_cancel))
+                    .map(|step| self.run_step(kind, index, step, ctx, &stage_cancel))
                     .collect();
-                while let Some(result) = running.next().await {
+                while let Some((result, record)) = running.next().await {
+                    finished.push(record);
                     if let Err(f) = result {
                         if !teardown {
                             // First failure cancels its siblings; they still
@@ -556,21 +760,18 @@ impl Inner {
         }
     }
 
-    /// Runs one step with journal records, metrics, a span, panic capture and
-    /// (for forward flows) cancellation.
+    /// Runs one step with metrics, a span, panic capture and (for forward
+    /// flows) cancellation; returns its result and its `Finished` event for
+    /// the journal (its `Started` event is written with its stage's).
     async fn run_step(
         &self,
         kind: FlowKind,
-        id: FlowId,
         stage: usize,
         step: &Step,
         ctx: &FlowContext,
         cancel: &CancellationToken,
-    ) -> Result<(), StepFailure> {
+    ) -> (Result<(), StepFailure>, Finished) {
         let name: &str = &step.name;
-        if let Err(e) = blocking(|| self.journal.step(id, name, StepEvent::Started { stage })) {
-            warn!(step = name, error = %chain(&e), "journal step record failed");
-        }
         let started = Instant::now();
         let call = match kind {
             FlowKind::Create => step.flow.create(ctx),
@@ -611,16 +812,84 @@ impl Inner {
         if let Some(msg) = &message {
             debug!(step = name, error = %msg, "step failed");
         }
-        let event = StepEvent::Finished {
+        let record = Finished {
+            step: Arc::clone(&step.name),
             duration: elapsed,
-            error: message.as_deref(),
+            error: message,
         };
-        if let Err(e) = blocking(|| self.journal.step(id, name, event)) {
-            warn!(step = name, error = %chain(&e), "journal step record failed");
-        }
-        result.map_err(|error| StepFailure {
+        let result = result.map_err(|error| StepFailure {
             step: name.to_owned(),
             error,
+        });
+        (result, record)
+    }
+}
+
+/// Runs the work the steps of a failed teardown deferred, all at once, and
+/// adds its failures to `outcome`.
+async fn with_deferred(
+    outcome: Result<(), StagesError>,
+    deferred: Vec<Task>,
+) -> Result<(), StagesError> {
+    if deferred.is_empty() {
+        return outcome;
+    }
+    let failures = run_deferred(deferred).await;
+    match outcome {
+        Ok(()) if failures.is_empty() => Ok(()),
+        Ok(()) => Err(StagesError {
+            failures,
+            cancelled: false,
+        }),
+        Err(mut e) => {
+            e.failures.extend(failures);
+            Err(e)
+        }
+    }
+}
+
+/// Runs deferred work concurrently; returns the failures, each named for
+/// what the work does. A panic is a failure, as in a step.
+async fn run_deferred(deferred: Vec<Task>) -> Vec<StepFailure> {
+    let results = futures::future::join_all(deferred.into_iter().map(|task| async move {
+        let result = AssertUnwindSafe(task.work)
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| {
+                Err(StepError::internal(Message(format!(
+                    "deferred work panicked: {}",
+                    task.what
+                ))))
+            });
+        (task.what, result)
+    }))
+    .await;
+    results
+        .into_iter()
+        .filter_map(|(what, result)| {
+            result.err().map(|error| StepFailure {
+                step: what.to_owned(),
+                error,
+            })
         })
+        .collect()
+}
+
+/// A step's `Finished` event, held until its flow's next journal write.
+pub(crate) struct Finished {
+    step: Arc<str>,
+    duration: Duration,
+    error: Option<String>,
+}
+
+impl Finished {
+    fn entry(&self) -> StepEntry<'_> {
+        StepEntry {
+            step: &self.step,
+            event: StepEvent::Finished {
+                duration: self.duration,
+                error: self.error.as_deref(),
+            },
+        }
     }
 }

@@ -1,13 +1,16 @@
 //! The [`Flow`] trait that providers implement, and the context a flow runs in.
 
 use std::fmt;
+use std::future::Future;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use crate::deferred::Task;
 use crate::error::StepError;
 use crate::spec::{NetworkStatus, SandboxId, SandboxProcess, SandboxSpec, StorageStatus};
 
@@ -131,6 +134,9 @@ pub struct FlowContext {
     cancel: CancellationToken,
     failover: bool,
     outputs: Arc<Mutex<SandboxOutputs>>,
+    /// Set by the engine for the teardown flows it runs for a caller.
+    deferrable: AtomicBool,
+    deferred: Mutex<Vec<Task>>,
 }
 
 impl fmt::Debug for FlowContext {
@@ -152,6 +158,8 @@ impl FlowContext {
             cancel: CancellationToken::new(),
             failover: false,
             outputs: Arc::default(),
+            deferrable: AtomicBool::new(false),
+            deferred: Mutex::default(),
         }
     }
 
@@ -223,7 +231,54 @@ impl FlowContext {
             cancel: CancellationToken::new(),
             failover: false,
             outputs: Arc::clone(&self.outputs),
+            deferrable: AtomicBool::new(false),
+            deferred: Mutex::default(),
         }
+    }
+
+    /// Finishes `work`, which completes what the calling step began but
+    /// which the flow's caller need not wait for (the kernel's slow deletion
+    /// of an interface already cut off, say): now, or later if the flow
+    /// lets the engine finish it. `what` says what it does, for logs and
+    /// the journal.
+    ///
+    /// Only the teardown flows (`destroy`, `cleanup`) the engine runs for a
+    /// caller let it: the work is kept, and if every step of the flow
+    /// succeeds the flow answers its caller without waiting for it and
+    /// stays open in the journal until it is done. If the agent dies first,
+    /// recovery runs the flow again, so the work must be part of what the
+    /// step's idempotent teardown does anyway. If a step fails, the flow
+    /// runs the work before it settles. The next flow of the same sandbox
+    /// starts only once the work is done. Anywhere else (a `create`, a
+    /// rollback, a recovery run, a step called without an engine) the work
+    /// runs here, and its error is the step's.
+    pub async fn defer(
+        &self,
+        what: &'static str,
+        work: impl Future<Output = Result<(), StepError>> + Send + 'static,
+    ) -> Result<(), StepError> {
+        if !self.deferrable.load(Ordering::Acquire) {
+            return work.await;
+        }
+        let task = Task {
+            what,
+            work: Box::pin(work),
+        };
+        self.deferred
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(task);
+        Ok(())
+    }
+
+    /// Lets steps leave work to the engine ([`FlowContext::defer`]).
+    pub(crate) fn allow_deferral(&self) {
+        self.deferrable.store(true, Ordering::Release);
+    }
+
+    /// Takes the work deferred so far.
+    pub(crate) fn take_deferred(&self) -> Vec<Task> {
+        std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SandboxOutputs> {

@@ -1,11 +1,19 @@
 //! The [`Journal`] trait: durable records of flows and their steps, so that a
 //! crash at any point leaves enough to finish or undo the flow on restart.
 //!
-//! Protocol, as the engine drives it:
-//! 1. [`Journal::begin`] before any step acts — must be durable when it returns;
-//! 2. [`Journal::step`] with [`StepEvent::Started`] before each step acts and
-//!    [`StepEvent::Finished`] after (history; may be buffered);
-//! 3. [`Journal::finish`] when the flow is settled — must be durable.
+//! Protocol, as the engine drives it (one journal write per stage boundary):
+//! 1. [`Journal::begin_stage`] before any step acts: the flow's start and the
+//!    `Started` events of its first stage — must be durable when it returns;
+//! 2. between two stages, [`Journal::record`] without settling: the
+//!    `Finished` events of the stage that ended and the `Started` events of
+//!    the next (history; may be buffered);
+//! 3. [`Journal::record`] settling the flow when it is settled: the last
+//!    stage's `Finished` events and the final state — must be durable.
+//!
+//! [`Journal::begin`], [`Journal::step`] and [`Journal::finish`] are the same
+//! writes one record at a time (recovery settles flows with `finish`); the
+//! batched methods have default implementations in terms of them, so a
+//! journal only overrides them to make each batch one write.
 //!
 //! A flow is *open* until finished with [`FlowState::Succeeded`] or
 //! [`FlowState::Compensated`]: a crash leaves it `Running`, and a create that
@@ -115,6 +123,24 @@ pub enum StepEvent<'a> {
     },
 }
 
+/// A step event of a batched write: the step and what happened to it.
+#[derive(Debug, Clone, Copy)]
+pub struct StepEntry<'a> {
+    /// Provider name.
+    pub step: &'a str,
+    /// The event.
+    pub event: StepEvent<'a>,
+}
+
+/// How [`Journal::record`] settles a flow.
+#[derive(Debug, Clone, Copy)]
+pub struct Settle<'a> {
+    /// The final state.
+    pub state: FlowState,
+    /// Error summary, if the flow failed.
+    pub error: Option<&'a str>,
+}
+
 /// Durable flow records. Implemented by `cubelet-store` on redb; the engine
 /// only sees this trait.
 pub trait Journal: Send + Sync + 'static {
@@ -125,6 +151,43 @@ pub trait Journal: Send + Sync + 'static {
     /// Settles a flow. Durable on return.
     fn finish(&self, id: FlowId, state: FlowState, error: Option<&str>)
         -> Result<(), JournalError>;
+
+    /// Records that a flow starts together with `started` (the `Started`
+    /// events of its first stage), as one write that is durable on return.
+    /// The default calls [`Journal::begin`], then [`Journal::step`] for each
+    /// event.
+    fn begin_stage(
+        &self,
+        start: FlowStart<'_>,
+        started: &[StepEntry<'_>],
+    ) -> Result<FlowId, JournalError> {
+        let id = self.begin(start)?;
+        for e in started {
+            self.step(id, e.step, e.event)?;
+        }
+        Ok(id)
+    }
+
+    /// Records `events` in order and then, with `settle`, settles the flow,
+    /// as one write. A write that settles is durable on return (as
+    /// [`Journal::finish`]); one that does not may be buffered (as
+    /// [`Journal::step`]). The default calls [`Journal::step`] for each
+    /// event, then [`Journal::finish`].
+    fn record(
+        &self,
+        id: FlowId,
+        events: &[StepEntry<'_>],
+        settle: Option<Settle<'_>>,
+    ) -> Result<(), JournalError> {
+        for e in events {
+            self.step(id, e.step, e.event)?;
+        }
+        match settle {
+            Some(s) => self.finish(id, s.state, s.error),
+            None => Ok(()),
+        }
+    }
+
     /// Every open flow (`Running` or `Failed`), oldest first.
     fn open_flows(&self) -> Result<Vec<FlowRecord>, JournalError>;
     /// Every flow recorded for a sandbox, oldest first.

@@ -64,10 +64,102 @@ impl FlowObserver for CountingObserver {
     }
 }
 
+/// One journal write the engine made: its flow, whether it was the flow's
+/// first (`begin_stage`) and whether it settled the flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Write {
+    flow: FlowId,
+    first: bool,
+    settles: bool,
+}
+
+/// A [`MemJournal`] that also lists the batched writes made to it.
+#[derive(Default)]
+struct CountingJournal {
+    inner: MemJournal,
+    writes: Mutex<Vec<Write>>,
+}
+
+impl CountingJournal {
+    fn records(&self) -> Vec<FlowRecord> {
+        self.inner.records()
+    }
+    fn writes_of(&self, flow: FlowId) -> Vec<Write> {
+        let writes = self.writes.lock().unwrap();
+        writes.iter().filter(|w| w.flow == flow).copied().collect()
+    }
+}
+
+impl Journal for CountingJournal {
+    fn begin(&self, start: FlowStart<'_>) -> Result<FlowId, JournalError> {
+        self.inner.begin(start)
+    }
+    fn step(&self, id: FlowId, step: &str, event: StepEvent<'_>) -> Result<(), JournalError> {
+        self.inner.step(id, step, event)
+    }
+    fn finish(&self, id: FlowId, s: FlowState, e: Option<&str>) -> Result<(), JournalError> {
+        self.inner.finish(id, s, e)
+    }
+    fn begin_stage(
+        &self,
+        start: FlowStart<'_>,
+        started: &[StepEntry<'_>],
+    ) -> Result<FlowId, JournalError> {
+        let id = self.inner.begin_stage(start, started)?;
+        self.writes.lock().unwrap().push(Write {
+            flow: id,
+            first: true,
+            settles: false,
+        });
+        Ok(id)
+    }
+    fn record(
+        &self,
+        id: FlowId,
+        events: &[StepEntry<'_>],
+        settle: Option<Settle<'_>>,
+    ) -> Result<(), JournalError> {
+        self.writes.lock().unwrap().push(Write {
+            flow: id,
+            first: false,
+            settles: settle.is_some(),
+        });
+        self.inner.record(id, events, settle)
+    }
+    fn open_flows(&self) -> Result<Vec<FlowRecord>, JournalError> {
+        self.inner.open_flows()
+    }
+    fn sandbox_history(&self, sandbox_id: &SandboxId) -> Result<Vec<FlowRecord>, JournalError> {
+        self.inner.sandbox_history(sandbox_id)
+    }
+    fn forget(&self, sandbox_id: &SandboxId) -> Result<usize, JournalError> {
+        self.inner.forget(sandbox_id)
+    }
+}
+
+/// Checks that flow `rec` made one journal write per stage boundary: a
+/// first write, at most one between each two of its `stages`, and at most
+/// one settling write, which comes last.
+fn assert_one_write_per_stage(journal: &CountingJournal, rec: &FlowRecord, stages: usize) {
+    let writes = journal.writes_of(rec.id);
+    assert!(
+        writes.first().is_some_and(|w| w.first),
+        "flow {} did not start with its first write: {writes:?}",
+        rec.id
+    );
+    assert_eq!(writes.iter().filter(|w| w.first).count(), 1, "{writes:?}");
+    assert!(writes.len() <= stages + 1, "{stages} stages: {writes:?}");
+    let settling: Vec<usize> = (0..writes.len()).filter(|&i| writes[i].settles).collect();
+    assert!(settling.len() <= 1, "{writes:?}");
+    if let Some(&i) = settling.first() {
+        assert_eq!(i, writes.len() - 1, "settling write not last: {writes:?}");
+    }
+}
+
 struct Rig {
     engine: Engine,
     fakes: HashMap<String, Arc<FakeFlow>>,
-    journal: Arc<MemJournal>,
+    journal: Arc<CountingJournal>,
     observer: Arc<CountingObserver>,
     log: Arc<Mutex<Vec<String>>>,
 }
@@ -119,7 +211,7 @@ fn config(create: &[&[&str]], concurrent: i64) -> WorkflowConfig {
 
 fn rig_with(create: &[&[&str]], concurrent: i64, options: EngineOptions) -> Rig {
     let log = Arc::new(Mutex::new(Vec::new()));
-    let journal = Arc::new(MemJournal::new());
+    let journal = Arc::new(CountingJournal::default());
     let observer = Arc::new(CountingObserver::default());
     let mut builder = EngineBuilder::new()
         .journal(journal.clone())
@@ -170,6 +262,78 @@ async fn steps_of_a_stage_run_in_parallel() {
         .await
         .unwrap();
     assert_eq!(r.held(), 3);
+}
+
+#[tokio::test]
+async fn each_stage_boundary_is_one_journal_write() {
+    let r = rig(DEFAULT, 16);
+    r.engine.run(FlowKind::Create, ctx("a")).await.unwrap();
+    r.engine.run(FlowKind::Destroy, ctx("a")).await.unwrap();
+    r.engine.run(FlowKind::Cleanup, ctx("a")).await.unwrap();
+    let recs = r.journal.records();
+    let kinds: Vec<FlowKind> = recs.iter().map(|r| r.kind).collect();
+    assert_eq!(
+        kinds,
+        [FlowKind::Create, FlowKind::Destroy, FlowKind::Cleanup]
+    );
+    let write = |first, settles| Write {
+        flow: 0,
+        first,
+        settles,
+    };
+    for (rec, stages) in recs.iter().zip([2, 2, 1]) {
+        assert_one_write_per_stage(&r.journal, rec, stages);
+        let shape: Vec<Write> = r
+            .journal
+            .writes_of(rec.id)
+            .into_iter()
+            .map(|w| Write { flow: 0, ..w })
+            .collect();
+        // First (durable), one buffered write per later stage, settling (durable).
+        let mut want = vec![write(true, false)];
+        want.extend((1..stages).map(|_| write(false, false)));
+        want.push(write(false, true));
+        assert_eq!(shape, want, "{:?}", rec.kind);
+        assert_eq!(rec.state, FlowState::Succeeded);
+        // The history is what one write per event used to give.
+        assert!(rec
+            .steps
+            .iter()
+            .all(|s| s.duration.is_some() && s.error.is_none()));
+    }
+    let mut steps: Vec<(usize, &str)> = recs[0]
+        .steps
+        .iter()
+        .map(|s| (s.stage, s.step.as_str()))
+        .collect();
+    steps.sort();
+    assert_eq!(steps, [(0, "network"), (0, "storage"), (1, "sandbox")]);
+}
+
+#[tokio::test]
+async fn a_failed_stage_is_recorded_with_the_settling_write() {
+    let r = rig(DEFAULT, 16);
+    r.fake("sandbox").set(
+        FlowKind::Create,
+        Behavior::Fail {
+            after_acquire: true,
+        },
+    );
+    let err = r.engine.run(FlowKind::Create, ctx("a")).await.unwrap_err();
+    assert!(!err.rollback_failed(), "{err}");
+    let recs = r.journal.records();
+    assert_eq!(recs.len(), 2);
+    assert_one_write_per_stage(&r.journal, &recs[0], 2);
+    assert_one_write_per_stage(&r.journal, &recs[1], 2);
+    let failed = recs[0].steps.iter().find(|s| s.step == "sandbox").unwrap();
+    assert_eq!(failed.stage, 1);
+    assert!(failed.duration.is_some());
+    assert!(
+        failed.error.as_deref().unwrap().contains("sandbox"),
+        "{failed:?}"
+    );
+    assert_eq!(recs[0].state, FlowState::Compensated);
+    assert_eq!(recs[1].compensates, Some(recs[0].id));
 }
 
 #[tokio::test]
@@ -617,6 +781,232 @@ fn build_refuses_unknown_providers() {
     );
 }
 
+// ---- deferred work ---------------------------------------------------------
+
+type Gate = tokio::sync::oneshot::Sender<Result<(), StepError>>;
+
+/// A provider whose steps defer work that waits, when the test queued a
+/// gate for it, until the test opens the gate with the work's result.
+#[derive(Default)]
+struct Deferring {
+    gates: Mutex<std::collections::VecDeque<tokio::sync::oneshot::Receiver<Result<(), StepError>>>>,
+    done: Arc<AtomicUsize>,
+}
+
+impl Deferring {
+    fn hold(&self) -> Gate {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.gates.lock().unwrap().push_back(rx);
+        tx
+    }
+    fn done(&self) -> usize {
+        self.done.load(Ordering::SeqCst)
+    }
+    async fn defer(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        let gate = self.gates.lock().unwrap().pop_front();
+        let done = Arc::clone(&self.done);
+        ctx.defer("finish the test teardown", async move {
+            let result = match gate {
+                Some(rx) => rx.await.unwrap_or(Ok(())),
+                None => Ok(()),
+            };
+            done.fetch_add(1, Ordering::SeqCst);
+            result
+        })
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl Flow for Deferring {
+    async fn create(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        if self.gates.lock().unwrap().is_empty() {
+            return Ok(());
+        }
+        self.defer(ctx).await
+    }
+    async fn destroy(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        self.defer(ctx).await
+    }
+    async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        self.defer(ctx).await
+    }
+}
+
+fn deferring_engine(journal: Arc<CountingJournal>) -> (Engine, Arc<Deferring>) {
+    let flow = Arc::new(Deferring::default());
+    let engine = EngineBuilder::new()
+        .journal(journal)
+        .provider("net", flow.clone())
+        .build(&config(&[&["net"]], 16))
+        .unwrap();
+    (engine, flow)
+}
+
+fn record_of(journal: &CountingJournal, kind: FlowKind) -> FlowRecord {
+    journal
+        .records()
+        .into_iter()
+        .rev()
+        .find(|r| r.kind == kind)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_teardown_answers_before_its_deferred_work_and_the_next_flow_waits_for_it() {
+    let journal = Arc::new(CountingJournal::default());
+    let (engine, flow) = deferring_engine(journal.clone());
+    engine.run(FlowKind::Create, ctx("a")).await.unwrap();
+    let gate = flow.hold();
+    within("destroy", engine.run(FlowKind::Destroy, ctx("a")))
+        .await
+        .unwrap();
+    // Answered; the work still runs and the flow stays open meanwhile.
+    assert_eq!(flow.done(), 0);
+    assert_eq!(engine.deferred_running(), 1);
+    let destroy = record_of(&journal, FlowKind::Destroy);
+    assert_eq!(destroy.state, FlowState::Running);
+    assert_eq!(journal.open_flows().unwrap().len(), 1);
+
+    let e = engine.clone();
+    let cleanup = tokio::spawn(async move { e.run(FlowKind::Cleanup, ctx("a")).await });
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!cleanup.is_finished(), "the next flow waits for the work");
+    assert!(journal
+        .records()
+        .iter()
+        .all(|r| r.kind != FlowKind::Cleanup));
+    gate.send(Ok(())).unwrap();
+    within("cleanup", cleanup).await.unwrap().unwrap();
+    within("drain", engine.drain()).await;
+    assert_eq!(flow.done(), 2);
+    assert_eq!(engine.deferred_running(), 0);
+    let destroy = record_of(&journal, FlowKind::Destroy);
+    assert_eq!(destroy.state, FlowState::Succeeded);
+    assert!(destroy.steps.iter().all(|s| s.duration.is_some()));
+    assert_one_write_per_stage(&journal, &destroy, 1);
+    assert!(journal.open_flows().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn deferred_work_that_fails_leaves_its_flow_to_recovery() {
+    let journal = Arc::new(CountingJournal::default());
+    let (engine, flow) = deferring_engine(journal.clone());
+    let gate = flow.hold();
+    engine.run(FlowKind::Destroy, ctx("a")).await.unwrap();
+    gate.send(Err(StepError::internal(Message("veth busy".into()))))
+        .unwrap();
+    within("drain", engine.drain()).await;
+    let destroy = record_of(&journal, FlowKind::Destroy);
+    assert_eq!(destroy.state, FlowState::Failed);
+    assert!(
+        destroy.error.as_deref().unwrap().contains("veth busy"),
+        "{destroy:?}"
+    );
+    let report = within("recover", engine.recover()).await.unwrap();
+    assert_eq!(report.settled.len(), 1);
+    assert!(report.failed.is_empty());
+    // Recovery ran the teardown again and waited for its work.
+    assert_eq!(flow.done(), 2);
+    assert!(journal.open_flows().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_crash_before_deferred_work_is_done_leaves_an_open_flow() {
+    let journal = Arc::new(CountingJournal::default());
+    let (engine, flow) = deferring_engine(journal.clone());
+    let _never_opened = flow.hold();
+    engine.run(FlowKind::Destroy, ctx("a")).await.unwrap();
+    // The agent dies here: a new engine on the same journal recovers.
+    let (restarted, flow2) = deferring_engine(journal.clone());
+    assert_eq!(journal.open_flows().unwrap().len(), 1);
+    let report = within("recover", restarted.recover()).await.unwrap();
+    assert_eq!(
+        report.settled,
+        [(SandboxId::new_unchecked("a"), FlowKind::Destroy)]
+    );
+    assert_eq!(flow2.done(), 1);
+    assert!(journal.open_flows().unwrap().is_empty());
+    assert_eq!(flow.done(), 0);
+}
+
+#[tokio::test]
+async fn a_failed_teardown_runs_its_deferred_work_before_it_settles() {
+    let journal = Arc::new(CountingJournal::default());
+    let flow = Arc::new(Deferring::default());
+    let failing = FakeFlow::with_log("box", Arc::default());
+    failing.set(
+        FlowKind::Destroy,
+        Behavior::Fail {
+            after_acquire: false,
+        },
+    );
+    let engine = EngineBuilder::new()
+        .journal(journal.clone())
+        .provider("net", flow.clone())
+        .provider("box", failing)
+        .build(&config(&[&["net", "box"]], 16))
+        .unwrap();
+    let gate = flow.hold();
+    let e = engine.clone();
+    let run = tokio::spawn(async move { e.run(FlowKind::Destroy, ctx("a")).await });
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!run.is_finished(), "a failed teardown waits for the work");
+    gate.send(Ok(())).unwrap();
+    let err = within("destroy", run).await.unwrap().unwrap_err();
+    assert!(err.to_string().contains("box"), "{err}");
+    assert_eq!(flow.done(), 1);
+    assert_eq!(engine.deferred_running(), 0);
+    assert_eq!(
+        record_of(&journal, FlowKind::Destroy).state,
+        FlowState::Failed
+    );
+}
+
+#[tokio::test]
+async fn without_an_engine_deferred_work_runs_in_the_step() {
+    let flow = Deferring::default();
+    let gate = flow.hold();
+    gate.send(Err(StepError::internal(Message("no".into()))))
+        .unwrap();
+    let err = flow.destroy(&ctx("a")).await.unwrap_err();
+    assert!(err.to_string().contains("no"), "{err}");
+    assert_eq!(flow.done(), 1);
+}
+
+#[tokio::test]
+async fn a_create_waits_for_its_deferred_work_and_fails_with_it() {
+    let journal = Arc::new(CountingJournal::default());
+    let (engine, flow) = deferring_engine(journal.clone());
+    let gate = flow.hold();
+    let e = engine.clone();
+    let run = tokio::spawn(async move { e.run(FlowKind::Create, ctx("b")).await });
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!run.is_finished(), "a create settles only after its work");
+    gate.send(Err(StepError::internal(Message("no".into()))))
+        .unwrap();
+    let err = within("create", run).await.unwrap().unwrap_err();
+    assert!(!err.rollback_failed(), "{err}");
+    assert!(err.to_string().contains("net"), "the step failed: {err}");
+    assert_eq!(
+        record_of(&journal, FlowKind::Create).state,
+        FlowState::Compensated
+    );
+    // The rollback's own work ran before it settled.
+    assert_eq!(
+        record_of(&journal, FlowKind::Destroy).state,
+        FlowState::Succeeded
+    );
+    assert_eq!(engine.deferred_running(), 0);
+    assert_eq!(flow.done(), 2);
+}
+
 // ---- property test -------------------------------------------------------
 
 #[derive(Debug, Clone)]
@@ -725,6 +1115,13 @@ fn run_case(plan: &[Vec<Fault>], failover: bool) -> Result<(), TestCaseError> {
         }
         prop_assert_eq!(r.held(), 0, "leaked resources; log: {:?}", r.log());
         prop_assert!(r.journal.open_flows().unwrap().is_empty());
+        for rec in r.journal.records() {
+            let stages = match rec.kind {
+                FlowKind::Cleanup => 1,
+                _ => stages.len(),
+            };
+            assert_one_write_per_stage(&r.journal, &rec, stages);
+        }
         prop_assert_eq!(r.engine.limits()[0].1.inflight, 0);
         Ok(())
     })

@@ -412,10 +412,47 @@ impl BridgeNetwork {
                     .map(|_| ()),
             );
         }
-        note(self.delete_veth(&veth_name(sandbox)).await.map(|_| ()));
+        note(delete_link(&veth_name(sandbox)).await.map(|_| ()));
         note(netns::remove(&self.netns_path(sandbox)).map(|_| ()));
         note(self.ipam.release(sandbox).map(|_| ()));
         first.map_or(Ok(()), Err)
+    }
+
+    /// Cuts the sandbox off the network without waiting for the kernel's
+    /// slow deletions: removes its host-port rules (when it had any), sets
+    /// the host end of its veth down, so that the bridge forwards nothing to
+    /// or from the pod any more (its old address can go to another pod at
+    /// once without two answers to an ARP), and releases its lease. Absent
+    /// parts are fine. Every part is attempted; the first error is returned.
+    /// [`BridgeNetwork::remove_links`] finishes the teardown.
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox_id = %sandbox))]
+    pub async fn detach(&self, sandbox: &SandboxId, had_ports: bool) -> Result<(), NetworkError> {
+        let mut first: Option<NetworkError> = None;
+        let mut note = |r: Result<(), NetworkError>| {
+            if let Err(e) = r {
+                tracing::warn!(sandbox = %sandbox, error = %cubelet_engine::chain(&e), "network detach step failed");
+                first.get_or_insert(e);
+            }
+        };
+        if had_ports {
+            note(
+                self.unmap_ports(|owner| owner == sandbox.as_str())
+                    .await
+                    .map(|_| ()),
+            );
+        }
+        note(set_link_down(&veth_name(sandbox)).await);
+        note(self.ipam.release(sandbox).map(|_| ()));
+        first.map_or(Ok(()), Err)
+    }
+
+    /// The slow part of a sandbox's teardown, after
+    /// [`BridgeNetwork::detach`]: deletes the host end of its veth pair (the
+    /// kernel waits for RCU grace periods on both ends) and then its
+    /// namespace pin. Absent parts are fine; both are attempted, the first
+    /// error is returned.
+    pub async fn remove_links(&self, sandbox: &SandboxId) -> Result<(), NetworkError> {
+        remove_links(&veth_name(sandbox), &self.netns_path(sandbox)).await
     }
 
     /// Deletes the host-port rules whose owner `doomed` names. `doomed` is
@@ -428,18 +465,6 @@ impl BridgeNetwork {
         let rules: Vec<_> = listed.into_iter().filter(|r| doomed(&r.owner)).collect();
         nft::delete_rules(&nft, &self.table, &rules).await?;
         Ok(rules.len())
-    }
-
-    async fn delete_veth(&self, name: &str) -> Result<bool, NetworkError> {
-        let handle = host_handle()?;
-        let Some(index) = link_index(&handle, name).await? else {
-            return Ok(false);
-        };
-        match handle.link().del(index).execute().await {
-            Ok(()) => Ok(true),
-            Err(e) if netlink_errno(&e) == Some(libc::ENODEV) => Ok(false),
-            Err(e) => Err(NetworkError::netlink("delete link", name, e)),
-        }
     }
 
     /// Removes namespace pins, host veths on our bridge, leases and host-port
@@ -469,7 +494,7 @@ impl BridgeNetwork {
                 };
                 let live_names: HashSet<String> = now.iter().map(veth_name).collect();
                 for name in ports.iter().filter(|n| !live_names.contains(*n)) {
-                    if self.delete_veth(name).await? {
+                    if delete_link(name).await? {
                         report.veths += 1;
                     }
                 }
@@ -508,6 +533,48 @@ impl BridgeNetwork {
         }
         Ok(report)
     }
+}
+
+/// Deletes link `name` of the host. Returns whether it existed.
+async fn delete_link(name: &str) -> Result<bool, NetworkError> {
+    let handle = host_handle()?;
+    let Some(index) = link_index(&handle, name).await? else {
+        return Ok(false);
+    };
+    match handle.link().del(index).execute().await {
+        Ok(()) => Ok(true),
+        Err(e) if netlink_errno(&e) == Some(libc::ENODEV) => Ok(false),
+        Err(e) => Err(NetworkError::netlink("delete link", name, e)),
+    }
+}
+
+/// Sets link `name` of the host down; a missing link is fine.
+async fn set_link_down(name: &str) -> Result<(), NetworkError> {
+    let handle = host_handle()?;
+    let Some(index) = link_index(&handle, name).await? else {
+        return Ok(());
+    };
+    match handle
+        .link()
+        .set(LinkUnspec::new_with_index(index).down().build())
+        .execute()
+        .await
+    {
+        Err(e) if netlink_errno(&e) != Some(libc::ENODEV) => {
+            Err(NetworkError::netlink("set down", name, e))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The slow part of a sandbox's teardown, after [`BridgeNetwork::detach`]:
+/// deletes the host veth `veth` (the kernel waits for RCU grace periods on
+/// both ends) and then the namespace pin `pin`. Absent parts are fine; both
+/// are attempted, the first error is returned.
+async fn remove_links(veth: &str, pin: &Path) -> Result<(), NetworkError> {
+    let deleted = delete_link(veth).await.map(|_| ());
+    let unpinned = netns::remove(pin).map(|_| ());
+    deleted.and(unpinned)
 }
 
 /// The name of `msg` if it is a veth with our prefix attached to `bridge`.
@@ -664,10 +731,27 @@ impl Flow for BridgeNetwork {
         Ok(())
     }
 
+    /// Detaches the pod from the network (host ports, link down, lease),
+    /// then leaves the kernel's slow deletion of the veth pair and the
+    /// namespace to the engine ([`FlowContext::defer`]): StopPodSandbox
+    /// answers once the pod is cut off. The destroy flow stays open in the
+    /// journal until the deletion is done, so a crash before then leaves it
+    /// to recovery, which runs this teardown again; the GC reclaims orphan
+    /// veths and pins in any case.
     async fn destroy(&self, ctx: &FlowContext) -> Result<(), StepError> {
-        Ok(self
-            .teardown(ctx.sandbox_id(), !ctx.spec().port_mappings.is_empty())
-            .await?)
+        let sandbox = ctx.sandbox_id();
+        let detached = self
+            .detach(sandbox, !ctx.spec().port_mappings.is_empty())
+            .await;
+        let veth = veth_name(sandbox);
+        let pin = self.netns_path(sandbox);
+        let removed = ctx
+            .defer("delete the veth pair and the netns pin", async move {
+                Ok(remove_links(&veth, &pin).await?)
+            })
+            .await;
+        detached?;
+        Ok(removed?)
     }
 
     async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError> {

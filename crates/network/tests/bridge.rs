@@ -112,6 +112,77 @@ fn destroy_is_idempotent_and_accepts_unknown_sandboxes() {
 }
 
 #[test]
+fn detach_cuts_the_pod_off_and_remove_links_finishes_the_teardown() {
+    isolated(|env| async move {
+        let (net, leases) = provider(&env, "10.79.1.0/24");
+        net.init().await?;
+        let id = sid(7);
+        net.create(&ctx(&id, SandboxSpec::default())).await?;
+        let veth = veth_name(&id);
+        assert!(run(&["ip", "-o", "link", "show", &veth])?.contains(",UP"));
+
+        net.detach(&id, false).await?;
+        // Off the network: no lease, the host end down; the links remain.
+        assert_eq!(leases.len(), 0);
+        assert!(net.ipam().leases().is_empty());
+        let link = run(&["ip", "-o", "link", "show", &veth])?;
+        assert!(!link.contains(",UP") && !link.contains("<UP"), "{link}");
+        assert_eq!(pins(&env).len(), 1);
+        net.detach(&id, false).await?;
+
+        net.remove_links(&id).await?;
+        net.remove_links(&id).await?;
+        assert_clean(&env, &leases, &net)
+    });
+}
+
+#[test]
+fn destroy_under_the_engine_answers_before_the_links_are_deleted() {
+    use cubelet_engine::{EngineBuilder, FlowConfig, FlowKind, WorkflowConfig};
+    isolated(|env| async move {
+        let (net, leases) = provider(&env, "10.79.2.0/24");
+        net.init().await?;
+        let flows = ["create", "destroy", "cleanup"]
+            .into_iter()
+            .map(|f| {
+                let config = FlowConfig {
+                    concurrent: 4,
+                    steps: vec![vec!["network".to_owned()]],
+                };
+                (f.to_owned(), config)
+            })
+            .collect();
+        let engine = EngineBuilder::new()
+            .provider("network", net.clone())
+            .build(&WorkflowConfig { flows })?;
+        let ids: Vec<_> = (0..5).map(sid).collect();
+        for id in &ids {
+            let c = std::sync::Arc::new(ctx(id, SandboxSpec::default()));
+            engine.run(FlowKind::Create, c).await?;
+        }
+        for id in &ids {
+            let c = std::sync::Arc::new(ctx(id, SandboxSpec::default()));
+            engine.run(FlowKind::Destroy, c).await?;
+            // Answered once detached: the lease is free at once.
+            assert!(net.ipam().lookup(id).is_none());
+        }
+        assert_eq!(leases.len(), 0);
+        engine.drain().await;
+        assert_eq!(engine.deferred_running(), 0);
+        assert_clean(&env, &leases, &net)?;
+        // A second destroy and a cleanup of the same sandboxes are no-ops.
+        for id in &ids {
+            for kind in [FlowKind::Destroy, FlowKind::Cleanup] {
+                let c = std::sync::Arc::new(ctx(id, SandboxSpec::default()));
+                engine.run(kind, c).await?;
+            }
+        }
+        engine.drain().await;
+        assert_clean(&env, &leases, &net)
+    });
+}
+
+#[test]
 fn failure_after_each_substep_rolls_back() {
     isolated(|env| async move {
         let (net, leases) = provider(&env, "10.80.0.0/24");

@@ -77,7 +77,7 @@ impl PodService {
         let spec = Arc::new(spec);
         // Recorded before anything is built, so a crash leaves a record that
         // reconciliation finds next to the journal's open flow.
-        blocking(|| store.put_sandbox(&SandboxRecord::new(id.clone(), (*spec).clone())))?;
+        blocking(|| store.put_sandbox_buffered(&SandboxRecord::new(id.clone(), (*spec).clone())))?;
         let ctx = Arc::new(
             FlowContext::new(id.clone(), Arc::clone(&spec))
                 .with_failover(true)

@@ -123,6 +123,22 @@ async fn stop_escalates_to_sigkill_and_is_idempotent() {
     assert_eq!(st.state, ContainerState::Exited);
     assert_eq!(st.exit_code, Some(137), "killed by SIGKILL");
     env.runtime.stop(&id, Duration::from_secs(1)).await.unwrap();
+    // The stop retired the task (deleted in the background; delete_task
+    // waits for that): the exit is still reported, from the record.
+    env.runtime.delete_task(&id).await.unwrap();
+    let client = env.runtime.client();
+    let task = client
+        .tasks()
+        .get(client.request(containerd_client::services::v1::GetRequest {
+            container_id: id.clone(),
+            exec_id: String::new(),
+        }))
+        .await;
+    assert_eq!(task.unwrap_err().code(), tonic::Code::NotFound);
+    let st = env.runtime.status(&id).await.unwrap();
+    assert_eq!(st.state, ContainerState::Exited);
+    assert_eq!(st.exit_code, Some(137));
+    assert!(st.finished_at.is_some());
 
     // A process that honours TERM exits with its own code.
     let id2 = env.id("polite");

@@ -11,6 +11,7 @@
 //! set states, and the store only keeps them durably and atomically.
 
 mod error;
+mod index;
 mod journal;
 mod records;
 mod store;

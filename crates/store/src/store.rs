@@ -4,12 +4,15 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use cubelet_engine::{FlowRecord, SandboxId};
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::{debug, info};
 
 use crate::error::StoreError;
+use crate::index::{self, Indexed};
 use crate::records::{ContainerRecord, IpLease, SandboxRecord};
 
 /// Schema version this build reads and writes. Bump it only for changes that
@@ -19,7 +22,7 @@ pub const SCHEMA_VERSION: u32 = 1;
 /// A string-keyed table of JSON values; the name is kept `'static` for errors.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct JsonTable {
-    name: &'static str,
+    pub(crate) name: &'static str,
 }
 
 impl JsonTable {
@@ -52,7 +55,7 @@ const CACHE_BYTES: usize = 64 * 1024 * 1024;
 /// `meta` table.
 ///
 /// Every write is one redb write transaction, committed with
-/// [`redb::Durability::Immediate`] (on disk when the call returns) unless
+/// [`Durability::Immediate`] (on disk when the call returns) unless
 /// documented otherwise. Write transactions are serialised by redb; reads run
 /// on snapshots and never block writes. Calls block on disk I/O: from async
 /// code, call them where blocking briefly is acceptable or via
@@ -146,6 +149,11 @@ impl Store {
                 .map_err(StoreError::db("open"))?;
             txn.open_table(FLOWS).map_err(StoreError::db("open"))?;
         }
+        // Derived from the records on every open (see `index`), so a file of
+        // a build without indexes, or one an older build wrote to, is
+        // indexed as well as one this build wrote.
+        let rebuilt = index::rebuild(&txn)?;
+        debug!(path = %self.path.display(), ?rebuilt, "indexes rebuilt");
         txn.commit().map_err(StoreError::db("open"))
     }
 
@@ -169,6 +177,32 @@ impl Store {
             .transpose()
     }
 
+    /// The records of `table` whose primary keys `index` holds under `key`
+    /// and that `matches` accepts, in primary key order. An entry whose
+    /// record is gone or does not match is skipped.
+    fn find<T: DeserializeOwned>(
+        &self,
+        table: JsonTable,
+        index: index::IndexTable,
+        key: &str,
+        matches: impl Fn(&T) -> bool,
+    ) -> Result<Vec<T>, StoreError> {
+        let op = "find";
+        let txn = self.db.begin_read().map_err(StoreError::db(op))?;
+        let primaries = index::lookup(&txn, index, key)?;
+        let t = txn.open_table(table.def()).map_err(StoreError::db(op))?;
+        let mut out = Vec::new();
+        for primary in primaries {
+            if let Some(g) = t.get(primary.as_str()).map_err(StoreError::db(op))? {
+                let rec: T = decode(table.name, &primary, g.value())?;
+                if matches(&rec) {
+                    out.push(rec);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn scan<T: DeserializeOwned>(
         &self,
         table: JsonTable,
@@ -188,31 +222,49 @@ impl Store {
         Ok(out)
     }
 
-    fn put_json<T: Serialize>(
+    fn put_json<T: Serialize + DeserializeOwned + Indexed>(
         &self,
         table: JsonTable,
         key: &str,
         value: &T,
+        durability: Durability,
     ) -> Result<(), StoreError> {
         let op = "put";
         let bytes = encode(table.name, key, value)?;
-        let txn = self.write(op)?;
-        txn.open_table(table.def())
-            .map_err(StoreError::db(op))?
-            .insert(key, bytes.as_slice())
-            .map_err(StoreError::db(op))?;
+        let mut txn = self.write(op)?;
+        txn.set_durability(durability).map_err(StoreError::db(op))?;
+        let old = {
+            let mut t = txn.open_table(table.def()).map_err(StoreError::db(op))?;
+            let old = t
+                .insert(key, bytes.as_slice())
+                .map_err(StoreError::db(op))?
+                .map(|g| g.value().to_vec());
+            old
+        };
+        if let Some(old) = old {
+            unindex::<T>(&txn, table, key, &old)?;
+        }
+        index::add(&txn, value, key)?;
         txn.commit().map_err(StoreError::db(op))
     }
 
-    fn delete_key(&self, table: JsonTable, key: &str) -> Result<bool, StoreError> {
+    fn delete_key<T: DeserializeOwned + Indexed>(
+        &self,
+        table: JsonTable,
+        key: &str,
+    ) -> Result<bool, StoreError> {
         let op = "delete";
         let txn = self.write(op)?;
-        let existed = txn
+        let old = txn
             .open_table(table.def())
             .map_err(StoreError::db(op))?
             .remove(key)
             .map_err(StoreError::db(op))?
-            .is_some();
+            .map(|g| g.value().to_vec());
+        let existed = old.is_some();
+        if let Some(old) = old {
+            unindex::<T>(&txn, table, key, &old)?;
+        }
         txn.commit().map_err(StoreError::db(op))?;
         Ok(existed)
     }
@@ -220,7 +272,7 @@ impl Store {
     /// Reads, changes and writes back one record in a single write
     /// transaction. `not_found` builds the error for a missing key; `key_of`
     /// reads the key back so the closure cannot move the record.
-    fn update_json<T: Serialize + DeserializeOwned>(
+    fn update_json<T: Serialize + DeserializeOwned + Indexed>(
         &self,
         table: JsonTable,
         key: &str,
@@ -240,6 +292,7 @@ impl Store {
             let Some(mut rec) = current else {
                 return Err(not_found());
             };
+            let before = rec.entries();
             f(&mut rec);
             if key_of(&rec) != key {
                 return Err(StoreError::IdChanged {
@@ -250,8 +303,19 @@ impl Store {
             let bytes = encode(table.name, key, &rec)?;
             t.insert(key, bytes.as_slice())
                 .map_err(StoreError::db(op))?;
-            rec
+            (rec, before)
         };
+        let (rec, before) = rec;
+        // Most updates change no indexed field: leave their entries alone.
+        if before != rec.entries() {
+            for (index, k) in before {
+                txn.open_multimap_table(index.def())
+                    .map_err(StoreError::db(op))?
+                    .remove(k.as_str(), key)
+                    .map_err(StoreError::db(op))?;
+            }
+            index::add(&txn, &rec, key)?;
+        }
         txn.commit().map_err(StoreError::db(op))?;
         Ok(rec)
     }
@@ -260,7 +324,20 @@ impl Store {
 
     /// Inserts or replaces a sandbox record.
     pub fn put_sandbox(&self, rec: &SandboxRecord) -> Result<(), StoreError> {
-        self.put_json(SANDBOXES, rec.id.as_str(), rec)
+        self.put_json(SANDBOXES, rec.id.as_str(), rec, Durability::Immediate)
+    }
+
+    /// Inserts or replaces a sandbox record with a buffered commit: every
+    /// reader sees it at once, and it is on disk once the next durable
+    /// commit of any kind returns (redb persists every commit before a
+    /// durable one, and a crash reopens at the last durable commit, so it is
+    /// never torn). For a record that a durable write follows before
+    /// anything acts on it: the pod service records a new sandbox this way
+    /// just before its `create` flow's first journal write, which is durable
+    /// and returns before any step acts. A crash in between loses both and
+    /// nothing was built.
+    pub fn put_sandbox_buffered(&self, rec: &SandboxRecord) -> Result<(), StoreError> {
+        self.put_json(SANDBOXES, rec.id.as_str(), rec, Durability::None)
     }
 
     /// The sandbox record with this id, if any.
@@ -275,7 +352,7 @@ impl Store {
 
     /// Deletes a sandbox record. Idempotent: returns whether it existed.
     pub fn delete_sandbox(&self, id: &SandboxId) -> Result<bool, StoreError> {
-        self.delete_key(SANDBOXES, id.as_str())
+        self.delete_key::<SandboxRecord>(SANDBOXES, id.as_str())
     }
 
     /// Changes a sandbox record atomically: read, `f`, write back in one
@@ -307,12 +384,18 @@ impl Store {
         uid: &str,
         attempt: u32,
     ) -> Result<Option<SandboxRecord>, StoreError> {
-        let found = self.scan(SANDBOXES, |r: &SandboxRecord| {
-            r.spec.namespace == namespace
-                && r.spec.name == name
-                && r.spec.uid == uid
-                && r.spec.attempt == attempt
-        })?;
+        let key = index::pod_key(namespace, name, uid, attempt);
+        let found = self.find(
+            SANDBOXES,
+            index::SANDBOXES_BY_POD,
+            &key,
+            |r: &SandboxRecord| {
+                r.spec.namespace == namespace
+                    && r.spec.name == name
+                    && r.spec.uid == uid
+                    && r.spec.attempt == attempt
+            },
+        )?;
         Ok(newest(found))
     }
 
@@ -324,9 +407,15 @@ impl Store {
         name: &str,
         attempt: u32,
     ) -> Result<Option<SandboxRecord>, StoreError> {
-        let found = self.scan(SANDBOXES, |r: &SandboxRecord| {
-            r.spec.namespace == namespace && r.spec.name == name && r.spec.attempt == attempt
-        })?;
+        let key = index::name_key(namespace, name, attempt);
+        let found = self.find(
+            SANDBOXES,
+            index::SANDBOXES_BY_NAME,
+            &key,
+            |r: &SandboxRecord| {
+                r.spec.namespace == namespace && r.spec.name == name && r.spec.attempt == attempt
+            },
+        )?;
         Ok(newest(found))
     }
 
@@ -334,7 +423,7 @@ impl Store {
 
     /// Inserts or replaces a container record.
     pub fn put_container(&self, rec: &ContainerRecord) -> Result<(), StoreError> {
-        self.put_json(CONTAINERS, &rec.id, rec)
+        self.put_json(CONTAINERS, &rec.id, rec, Durability::Immediate)
     }
 
     /// The container record with this id, if any.
@@ -352,14 +441,17 @@ impl Store {
         &self,
         sandbox_id: &SandboxId,
     ) -> Result<Vec<ContainerRecord>, StoreError> {
-        self.scan(CONTAINERS, |r: &ContainerRecord| {
-            &r.sandbox_id == sandbox_id
-        })
+        self.find(
+            CONTAINERS,
+            index::CONTAINERS_BY_SANDBOX,
+            sandbox_id.as_str(),
+            |r: &ContainerRecord| &r.sandbox_id == sandbox_id,
+        )
     }
 
     /// Deletes a container record. Idempotent: returns whether it existed.
     pub fn delete_container(&self, id: &str) -> Result<bool, StoreError> {
-        self.delete_key(CONTAINERS, id)
+        self.delete_key::<ContainerRecord>(CONTAINERS, id)
     }
 
     /// Changes a container record atomically, like [`Store::update_sandbox`].
@@ -409,36 +501,62 @@ impl Store {
             t.insert(key.as_str(), bytes.as_slice())
                 .map_err(StoreError::db(op))?;
         }
+        index::add(&txn, lease, &key)?;
         txn.commit().map_err(StoreError::db(op))
     }
 
     /// Releases one address. Idempotent: returns whether it was leased.
     pub fn release_lease(&self, pool: &str, ip: IpAddr) -> Result<bool, StoreError> {
-        self.delete_key(LEASES, &IpLease::key(pool, ip))
+        self.delete_key::<IpLease>(LEASES, &IpLease::key(pool, ip))
     }
 
     /// Releases every address a sandbox holds, in every pool, in one write
     /// transaction. Idempotent: returns how many were released.
     pub fn release_leases_of(&self, sandbox_id: &SandboxId) -> Result<usize, StoreError> {
+        Ok(self.release_leases_where(sandbox_id, |_| true)?.len())
+    }
+
+    /// Releases every address a sandbox holds in `pool`, in one write
+    /// transaction. Idempotent: returns the addresses released.
+    pub fn release_leases_in(
+        &self,
+        pool: &str,
+        sandbox_id: &SandboxId,
+    ) -> Result<Vec<IpAddr>, StoreError> {
+        self.release_leases_where(sandbox_id, |l| l.pool == pool)
+    }
+
+    /// Releases the leases of `sandbox_id` that `keep` accepts, found by the
+    /// lease index.
+    fn release_leases_where(
+        &self,
+        sandbox_id: &SandboxId,
+        keep: impl Fn(&IpLease) -> bool,
+    ) -> Result<Vec<IpAddr>, StoreError> {
         let op = "release leases";
         let txn = self.write(op)?;
-        let released = {
+        let keys = index::lookup_in(&txn, index::LEASES_BY_SANDBOX, sandbox_id.as_str())?;
+        let mut released = Vec::new();
+        {
             let mut t = txn.open_table(LEASES.def()).map_err(StoreError::db(op))?;
-            let mut keys = Vec::new();
-            for entry in t.iter().map_err(StoreError::db(op))? {
-                let (k, v) = entry.map_err(StoreError::db(op))?;
-                let lease: IpLease = decode(LEASES.name, k.value(), v.value())?;
-                if &lease.sandbox_id == sandbox_id {
-                    keys.push(k.value().to_owned());
-                }
-            }
             for k in &keys {
+                let lease: Option<IpLease> = t
+                    .get(k.as_str())
+                    .map_err(StoreError::db(op))?
+                    .map(|g| decode(LEASES.name, k, g.value()))
+                    .transpose()?;
+                let Some(lease) = lease.filter(|l| &l.sandbox_id == sandbox_id && keep(l)) else {
+                    continue;
+                };
                 t.remove(k.as_str()).map_err(StoreError::db(op))?;
+                released.push((k.clone(), lease));
             }
-            keys.len()
-        };
+        }
+        for (k, lease) in &released {
+            index::remove(&txn, lease, k)?;
+        }
         txn.commit().map_err(StoreError::db(op))?;
-        Ok(released)
+        Ok(released.into_iter().map(|(_, l)| l.ip).collect())
     }
 
     /// Every lease of a pool.
@@ -498,6 +616,24 @@ impl Store {
     }
 }
 
+/// Removes the index entries of the record `bytes` held under `key` (a
+/// record that no longer decodes has none it could be found by: lookups
+/// check every record they load).
+fn unindex<T: DeserializeOwned + Indexed>(
+    txn: &WriteTransaction,
+    table: JsonTable,
+    key: &str,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    match decode::<T>(table.name, key, bytes) {
+        Ok(old) => index::remove(txn, &old, key),
+        Err(e) => {
+            debug!(error = %cubelet_engine::chain(&e), "replaced record had no index entries");
+            Ok(())
+        }
+    }
+}
+
 fn newest(mut found: Vec<SandboxRecord>) -> Option<SandboxRecord> {
     found.sort_by_key(|r| r.created_at);
     found.pop()
@@ -534,7 +670,7 @@ mod tests {
     use std::time::{Duration, SystemTime};
 
     use cubelet_engine::spec::NetworkStatus;
-    use cubelet_engine::SandboxSpec;
+    use cubelet_engine::{FlowRecord, SandboxSpec};
 
     use super::*;
     use crate::records::{ContainerState, SandboxState};
@@ -616,6 +752,21 @@ mod tests {
         );
         assert_eq!(store.get_sandbox(&rec.id).unwrap(), None);
         assert_eq!(store.list_sandboxes().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_buffered_sandbox_is_read_at_once_and_kept_by_the_next_durable_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cubelet.redb");
+        let rec = SandboxRecord::new(sid("sb1"), spec("ns", "p", "u", 0));
+        {
+            let store = Store::open(&path).unwrap();
+            store.put_sandbox_buffered(&rec).unwrap();
+            assert_eq!(store.get_sandbox(&rec.id).unwrap(), Some(rec.clone()));
+            store.set_meta("k", "v").unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.get_sandbox(&rec.id).unwrap(), Some(rec));
     }
 
     #[test]
@@ -718,6 +869,215 @@ mod tests {
         d.created_at = SystemTime::now() + Duration::from_secs(5);
         store.put_sandbox(&d).unwrap();
         assert_eq!(store.find_sandbox_by_name("ns", "web", 0).unwrap(), Some(d));
+    }
+
+    #[test]
+    fn indexes_follow_replace_update_and_delete() {
+        let (_dir, store) = open_tmp();
+        let mut a = SandboxRecord::new(sid("a"), spec("ns", "web", "u1", 0));
+        store.put_sandbox(&a).unwrap();
+        // Replaced under another name: found by the new one only.
+        a.spec.name = "api".into();
+        store.put_sandbox(&a).unwrap();
+        assert_eq!(store.find_sandbox_by_name("ns", "web", 0).unwrap(), None);
+        assert_eq!(
+            store.find_sandbox_by_pod("ns", "api", "u1", 0).unwrap(),
+            Some(a.clone())
+        );
+        // An update that moves the pod, then one that changes no key.
+        store
+            .update_sandbox(&a.id, |r| r.spec.namespace = "other".into())
+            .unwrap();
+        let moved = store
+            .update_sandbox(&a.id, |r| r.state = SandboxState::Ready)
+            .unwrap();
+        assert_eq!(store.find_sandbox_by_name("ns", "api", 0).unwrap(), None);
+        assert_eq!(
+            store.find_sandbox_by_name("other", "api", 0).unwrap(),
+            Some(moved.clone())
+        );
+        assert_eq!(
+            store.find_sandbox_by_pod("other", "api", "u1", 0).unwrap(),
+            Some(moved)
+        );
+        store.delete_sandbox(&a.id).unwrap();
+        assert_eq!(store.find_sandbox_by_name("other", "api", 0).unwrap(), None);
+        assert_eq!(
+            store.find_sandbox_by_pod("other", "api", "u1", 0).unwrap(),
+            None
+        );
+
+        let c = ContainerRecord::new("c1", sid("sb1"), "app", 0, "busybox");
+        store.put_container(&c).unwrap();
+        store
+            .update_container("c1", |c| c.sandbox_id = sid("sb2"))
+            .unwrap();
+        assert!(store.list_containers_of(&sid("sb1")).unwrap().is_empty());
+        assert_eq!(store.list_containers_of(&sid("sb2")).unwrap().len(), 1);
+        store.delete_container("c1").unwrap();
+        assert!(store.list_containers_of(&sid("sb2")).unwrap().is_empty());
+
+        store.add_lease(&lease("10.88.0.2", "sb1", "p")).unwrap();
+        store.add_lease(&lease("10.88.0.3", "sb1", "q")).unwrap();
+        assert_eq!(
+            store.release_leases_in("p", &sid("sb1")).unwrap(),
+            vec!["10.88.0.2".parse::<IpAddr>().unwrap()]
+        );
+        assert!(store
+            .release_leases_in("p", &sid("sb1"))
+            .unwrap()
+            .is_empty());
+        assert_eq!(store.release_leases_of(&sid("sb1")).unwrap(), 1);
+        assert!(store.list_all_leases().unwrap().is_empty());
+    }
+
+    /// Writes records the way the previous release did: the same tables
+    /// and JSON, no index tables.
+    fn write_without_indexes(path: &std::path::Path, flows: &[FlowRecord]) {
+        let db = Database::create(path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut meta = txn.open_table(META).unwrap();
+            meta.insert(META_SCHEMA, SCHEMA_VERSION.to_string().as_str())
+                .unwrap();
+            meta.insert(META_LAST_FLOW, "7").unwrap();
+            let mut sb = txn.open_table(SANDBOXES.def()).unwrap();
+            for (id, name, uid) in [("a", "web", "u1"), ("b", "web", "u2"), ("c", "db", "u3")] {
+                let rec = SandboxRecord::new(sid(id), spec("ns", name, uid, 0));
+                let bytes = encode(SANDBOXES.name, id, &rec).unwrap();
+                sb.insert(id, bytes.as_slice()).unwrap();
+            }
+            let mut cs = txn.open_table(CONTAINERS.def()).unwrap();
+            for (id, sandbox) in [("c1", "a"), ("c2", "b"), ("c3", "a")] {
+                let rec = ContainerRecord::new(id, sid(sandbox), id, 0, "busybox");
+                let bytes = encode(CONTAINERS.name, id, &rec).unwrap();
+                cs.insert(id, bytes.as_slice()).unwrap();
+            }
+            let mut ls = txn.open_table(LEASES.def()).unwrap();
+            let l = lease("10.88.0.2", "a", "p");
+            let key = IpLease::key(&l.pool, l.ip);
+            ls.insert(
+                key.as_str(),
+                encode(LEASES.name, &key, &l).unwrap().as_slice(),
+            )
+            .unwrap();
+            let mut fs = txn.open_table(FLOWS).unwrap();
+            for f in flows {
+                let bytes = encode(FLOWS_NAME, &f.id.to_string(), f).unwrap();
+                fs.insert(f.id, bytes.as_slice()).unwrap();
+            }
+        }
+        txn.commit().unwrap();
+    }
+
+    fn flow(id: u64, sandbox: &str) -> FlowRecord {
+        FlowRecord {
+            id,
+            kind: cubelet_engine::FlowKind::Create,
+            sandbox_id: sid(sandbox),
+            spec: SandboxSpec::default(),
+            compensates: None,
+            started_at: SystemTime::UNIX_EPOCH,
+            finished_at: None,
+            state: cubelet_engine::FlowState::Running,
+            error: None,
+            steps: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_store_written_without_indexes_opens_and_finds_everything() {
+        use cubelet_engine::Journal;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cubelet.redb");
+        write_without_indexes(&path, &[flow(3, "a"), flow(5, "b"), flow(7, "a")]);
+        {
+            let db = Database::open(&path).unwrap();
+            let txn = db.begin_read().unwrap();
+            assert_eq!(txn.list_multimap_tables().unwrap().count(), 0);
+        }
+
+        let store = Store::open(&path).unwrap();
+        let found = store.find_sandbox_by_pod("ns", "web", "u2", 0).unwrap();
+        assert_eq!(found.map(|r| r.id), Some(sid("b")));
+        assert!(store
+            .find_sandbox_by_name("ns", "web", 0)
+            .unwrap()
+            .is_some());
+        assert_eq!(
+            store
+                .find_sandbox_by_name("ns", "db", 0)
+                .unwrap()
+                .map(|r| r.id),
+            Some(sid("c"))
+        );
+        let of_a: Vec<_> = store
+            .list_containers_of(&sid("a"))
+            .unwrap()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(of_a, ["c1", "c3"]);
+        let history: Vec<u64> = store
+            .sandbox_history(&sid("a"))
+            .unwrap()
+            .iter()
+            .map(|f| f.id)
+            .collect();
+        assert_eq!(history, [3, 7]);
+        assert_eq!(store.forget(&sid("a")).unwrap(), 2);
+        assert_eq!(store.list_flows().unwrap().len(), 1);
+        assert_eq!(store.release_leases_of(&sid("a")).unwrap(), 1);
+        // Writes go on from there, indexed.
+        let d = SandboxRecord::new(sid("d"), spec("ns", "db", "u4", 1));
+        store.put_sandbox(&d).unwrap();
+        assert_eq!(
+            store.find_sandbox_by_pod("ns", "db", "u4", 1).unwrap(),
+            Some(d)
+        );
+    }
+
+    #[test]
+    fn records_an_older_build_wrote_after_this_one_are_indexed_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cubelet.redb");
+        drop(Store::open(&path).unwrap());
+        // An older build adds records without touching the index tables.
+        write_without_indexes(&path, &[]);
+        let store = Store::open(&path).unwrap();
+        assert!(store
+            .find_sandbox_by_pod("ns", "db", "u3", 0)
+            .unwrap()
+            .is_some());
+        assert_eq!(store.list_containers_of(&sid("b")).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn an_index_entry_that_does_not_match_its_record_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cubelet.redb");
+        let store = Store::open(&path).unwrap();
+        store
+            .put_sandbox(&SandboxRecord::new(sid("a"), spec("ns", "web", "u1", 0)))
+            .unwrap();
+        {
+            let txn = store.db.begin_write().unwrap();
+            let key = index::pod_key("ns", "db", "u1", 0);
+            txn.open_multimap_table(index::SANDBOXES_BY_POD.def())
+                .unwrap()
+                .insert(key.as_str(), "a")
+                .unwrap();
+            txn.open_multimap_table(index::CONTAINERS_BY_SANDBOX.def())
+                .unwrap()
+                .insert("a", "gone")
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        assert_eq!(
+            store.find_sandbox_by_pod("ns", "db", "u1", 0).unwrap(),
+            None
+        );
+        assert!(store.list_containers_of(&sid("a")).unwrap().is_empty());
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! a loop and is killed with SIGKILL at an arbitrary point; the parent then
 //! reopens the store and checks that everything the child had reported as
 //! committed is there, that every record decodes, that flow ids only grow,
-//! and that new writes work. Repeated a few times on the same file.
+//! and that new writes work. Repeated a few times on the same file. Every
+//! other flow is written as the engine writes it (`begin_stage`, buffered
+//! `record`, settling `record`), the rest one record at a time.
 //!
 //! The child is this same test binary, re-executed with `--exact` and an
 //! environment variable; it reports each commit on stdout *after* the call
@@ -19,7 +21,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, SystemTime};
 
-use cubelet_engine::{FlowKind, FlowStart, FlowState, Journal, SandboxId, SandboxSpec, StepEvent};
+use cubelet_engine::{
+    FlowKind, FlowStart, FlowState, Journal, SandboxId, SandboxSpec, Settle, StepEntry, StepEvent,
+};
 use cubelet_store::{ContainerRecord, IpLease, SandboxRecord, SandboxState, Store};
 
 const TEST_NAME: &str = "kill9_mid_write_leaves_a_consistent_store";
@@ -69,24 +73,45 @@ fn child() {
         let sb = sid(&id);
         let spec = spec_for(&id);
 
-        store
-            .put_sandbox(&SandboxRecord::new(sb.clone(), spec.clone()))
-            .unwrap();
-        println!("SANDBOX {id}");
+        let batched = i % 2 == 1;
+        let rec = SandboxRecord::new(sb.clone(), spec.clone());
+        if batched {
+            // As the pod service records a new sandbox: buffered, made
+            // durable by the flow's first journal write right after.
+            store.put_sandbox_buffered(&rec).unwrap();
+        } else {
+            store.put_sandbox(&rec).unwrap();
+            println!("SANDBOX {id}");
+        }
 
-        let fid = store
-            .begin(FlowStart {
-                kind: FlowKind::Create,
-                sandbox_id: &sb,
-                spec: &spec,
-                compensates: None,
-            })
-            .unwrap();
-        println!("BEGUN {fid} {id}");
-
-        store
-            .step(fid, "storage", StepEvent::Started { stage: 0 })
-            .unwrap();
+        let start = FlowStart {
+            kind: FlowKind::Create,
+            sandbox_id: &sb,
+            spec: &spec,
+            compensates: None,
+        };
+        let started = StepEntry {
+            step: "storage",
+            event: StepEvent::Started { stage: 0 },
+        };
+        let finished = StepEntry {
+            step: "storage",
+            event: StepEvent::Finished {
+                duration: Duration::from_millis(1),
+                error: None,
+            },
+        };
+        let fid = if batched {
+            let fid = store.begin_stage(start, &[started]).unwrap();
+            println!("SANDBOX {id}");
+            println!("BEGUN {fid} {id} batched");
+            fid
+        } else {
+            let fid = store.begin(start).unwrap();
+            println!("BEGUN {fid} {id}");
+            store.step(fid, started.step, started.event).unwrap();
+            fid
+        };
         store
             .add_lease(&IpLease {
                 ip: lease_ip(round, i),
@@ -96,16 +121,11 @@ fn child() {
             })
             .unwrap();
         println!("LEASED {} {id}", lease_ip(round, i));
-        store
-            .step(
-                fid,
-                "storage",
-                StepEvent::Finished {
-                    duration: Duration::from_millis(1),
-                    error: None,
-                },
-            )
-            .unwrap();
+        if batched {
+            store.record(fid, &[finished], None).unwrap();
+        } else {
+            store.step(fid, finished.step, finished.event).unwrap();
+        }
         store
             .put_container(&ContainerRecord::new(
                 format!("c-{id}"),
@@ -117,7 +137,15 @@ fn child() {
             .unwrap();
 
         if i % 3 != 2 {
-            store.finish(fid, FlowState::Succeeded, None).unwrap();
+            if batched {
+                let settle = Settle {
+                    state: FlowState::Succeeded,
+                    error: None,
+                };
+                store.record(fid, &[], Some(settle)).unwrap();
+            } else {
+                store.finish(fid, FlowState::Succeeded, None).unwrap();
+            }
             println!("FINISHED {fid}");
             store
                 .update_sandbox(&sb, |r| r.state = SandboxState::Ready)
@@ -148,6 +176,7 @@ impl Drop for KillOnDrop {
 struct Reported {
     sandboxes: BTreeSet<String>,
     begun: BTreeMap<u64, String>,
+    batched: BTreeSet<u64>,
     finished: BTreeSet<u64>,
     leases: BTreeMap<String, String>,
     forgotten: BTreeSet<String>,
@@ -268,6 +297,9 @@ fn record(line: &str, seen: &mut Reported, begun_this_round: &mut Vec<u64>) {
         (Some("BEGUN"), Some(fid), Some(id)) => {
             let fid: u64 = fid.parse().unwrap();
             seen.begun.insert(fid, id.to_owned());
+            if parts.next() == Some("batched") {
+                seen.batched.insert(fid);
+            }
             begun_this_round.push(fid);
         }
         (Some("FINISHED"), Some(fid), None) => {
@@ -303,6 +335,11 @@ fn check(store: &Store, seen: &Reported, round: u32) {
             .unwrap_or_else(|| panic!("round {round}: begun flow {fid} of {id} lost"));
         assert_eq!(flow.sandbox_id.as_str(), id);
         assert_eq!(flow.spec, spec_for(id));
+        // The first write of a batched flow carries its first step; a
+        // settled flow also keeps the buffered events written before it.
+        if seen.batched.contains(fid) {
+            assert_eq!(flow.steps.first().map(|s| s.step.as_str()), Some("storage"));
+        }
         if seen.finished.contains(fid) {
             assert_eq!(
                 flow.state,
@@ -310,6 +347,11 @@ fn check(store: &Store, seen: &Reported, round: u32) {
                 "round {round}: flow {fid}"
             );
             assert!(flow.finished_at.is_some());
+            // The parent's own flows (`p<round>`) have no steps.
+            if !id.starts_with('p') {
+                assert_eq!(flow.steps.len(), 1, "round {round}: flow {fid}");
+                assert_eq!(flow.steps[0].duration, Some(Duration::from_millis(1)));
+            }
         } else {
             // Killed before or after its finish committed: either is fine.
             assert!(
@@ -338,6 +380,22 @@ fn check(store: &Store, seen: &Reported, round: u32) {
             .unwrap()
             .unwrap_or_else(|| panic!("round {round}: sandbox {id} lost"));
         assert_eq!(rec.spec, spec_for(id));
+        // Found through the indexes as well.
+        let s = spec_for(id);
+        let by_pod = store
+            .find_sandbox_by_pod(&s.namespace, &s.name, &s.uid, s.attempt)
+            .unwrap();
+        assert_eq!(by_pod.as_ref(), Some(&rec), "round {round}: sandbox {id}");
+        let history = store.sandbox_history(&sid(id)).unwrap();
+        assert!(
+            history.iter().all(|f| f.sandbox_id.as_str() == id),
+            "round {round}: history of {id}"
+        );
+    }
+    // Every container is found under its sandbox.
+    for c in store.list_containers().unwrap() {
+        let of = store.list_containers_of(&c.sandbox_id).unwrap();
+        assert!(of.contains(&c), "round {round}: container {}", c.id);
     }
     let leases: BTreeMap<String, IpLease> = store
         .list_leases(POOL)

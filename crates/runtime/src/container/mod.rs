@@ -7,6 +7,13 @@
 //! derived from the container id, so every teardown is idempotent and works
 //! after an agent restart ([`ContainerRuntime::reattach`] resumes logging).
 //!
+//! A task that a stop finds exited is *retired* in the background, as
+//! containerd's own CRI deletes a task when it exits: its exit is recorded on
+//! the container record, then the task is deleted. Deleting a task (the shim
+//! runs `runc delete` and exits) is most of what removing a stopped container
+//! used to cost; RemoveContainer now waits only for a retirement still
+//! running.
+//!
 //! [`ContainerRuntime`] is one type; its methods live by what they touch:
 //! the container record (create, remove, status, resource updates) in
 //! `record`, the task and its log copying (start, stop, reattach) in
@@ -58,6 +65,8 @@ const LABEL_STDIN: &str = "io.cubelet.runtime/stdin";
 const LABEL_TTY: &str = "io.cubelet.runtime/tty";
 const LABEL_STDIN_ONCE: &str = "io.cubelet.runtime/stdin-once";
 const LABEL_STARTED: &str = "io.cubelet.runtime/started-at";
+/// `<exit status> <exited at, unix ns>` of a retired task.
+const LABEL_EXIT: &str = "io.cubelet.runtime/exit";
 
 /// A runtime handler (RuntimeClass) backed by a containerd runtime.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -163,7 +172,17 @@ pub struct ContainerRuntime {
     client: Containerd,
     config: RuntimeConfig,
     cgroups: Arc<CgroupSupport>,
-    live: Mutex<HashMap<String, Live>>,
+    live: Arc<Mutex<HashMap<String, Live>>>,
+    /// Tasks being retired in the background, by container id.
+    retiring: Arc<Mutex<HashMap<String, Retiring>>>,
+}
+
+/// A task being retired: its exit (status, time), and a receiver that turns
+/// true once the retirement is over.
+#[derive(Debug, Clone)]
+struct Retiring {
+    exit: (u32, Option<SystemTime>),
+    done: tokio::sync::watch::Receiver<bool>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -218,7 +237,8 @@ impl ContainerRuntime {
             client,
             config,
             cgroups,
-            live: Mutex::new(HashMap::new()),
+            live: Arc::default(),
+            retiring: Arc::default(),
         }
     }
 

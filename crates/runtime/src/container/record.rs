@@ -20,8 +20,8 @@ use tracing::{debug_span, Instrument};
 
 use super::{
     json_any, ts_to_system, unix_nanos, ContainerRuntime, ContainerState, ContainerStatus,
-    KIND_LABEL, LABEL_HANDLER, LABEL_LOG, LABEL_NAME, LABEL_PREFIX, LABEL_STARTED, LABEL_STDIN,
-    LABEL_STDIN_ONCE, LABEL_STOP_SIGNAL, LABEL_TTY, RESOURCES_TYPE_URL, SPEC_TYPE_URL,
+    KIND_LABEL, LABEL_EXIT, LABEL_HANDLER, LABEL_LOG, LABEL_NAME, LABEL_PREFIX, LABEL_STARTED,
+    LABEL_STDIN, LABEL_STDIN_ONCE, LABEL_STOP_SIGNAL, LABEL_TTY, RESOURCES_TYPE_URL, SPEC_TYPE_URL,
 };
 use crate::error::{cd, cd_container, RuntimeError};
 use crate::io as fifo_io;
@@ -428,21 +428,35 @@ impl ContainerRuntime {
             .get(LABEL_STARTED)
             .and_then(|v| v.parse::<u128>().ok())
             .map(|n| UNIX_EPOCH + Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX)));
-        let task = self.get_task(id).await?;
-        let (state, pid, exit_code, finished_at) = match &task {
-            None if started_at.is_some() => (ContainerState::Exited, 0, None, None),
-            None => (ContainerState::Created, 0, None, None),
-            Some(p) => match TaskStatus::try_from(p.status).unwrap_or(TaskStatus::Unknown) {
-                TaskStatus::Created => (ContainerState::Created, p.pid, None, None),
-                TaskStatus::Running => (ContainerState::Running, p.pid, None, None),
-                TaskStatus::Stopped => (
-                    ContainerState::Exited,
-                    p.pid,
-                    Some(i32::try_from(p.exit_status).unwrap_or(i32::MAX)),
-                    ts_to_system(p.exited_at.as_ref()),
-                ),
-                _ => (ContainerState::Unknown, p.pid, None, None),
-            },
+        // A task being retired has exited; asking containerd about it would
+        // wait for its deletion to finish.
+        let retiring = self.retiring_exit(id);
+        let task = match retiring {
+            Some(_) => None,
+            None => self.get_task(id).await?,
+        };
+        let code = |status: u32| Some(i32::try_from(status).unwrap_or(i32::MAX));
+        let (state, pid, exit_code, finished_at) = match (&task, retiring) {
+            (_, Some((status, at))) => (ContainerState::Exited, 0, code(status), at),
+            // Started and gone: retired by a stop, which recorded its exit.
+            (None, None) if started_at.is_some() => {
+                let (code, at) = recorded_exit(&c.labels);
+                (ContainerState::Exited, 0, code, at)
+            }
+            (None, None) => (ContainerState::Created, 0, None, None),
+            (Some(p), None) => {
+                match TaskStatus::try_from(p.status).unwrap_or(TaskStatus::Unknown) {
+                    TaskStatus::Created => (ContainerState::Created, p.pid, None, None),
+                    TaskStatus::Running => (ContainerState::Running, p.pid, None, None),
+                    TaskStatus::Stopped => (
+                        ContainerState::Exited,
+                        p.pid,
+                        code(p.exit_status),
+                        ts_to_system(p.exited_at.as_ref()),
+                    ),
+                    _ => (ContainerState::Unknown, p.pid, None, None),
+                }
+            }
         };
         let labels = c
             .labels
@@ -536,6 +550,25 @@ impl ContainerRuntime {
     }
 }
 
+/// The exit a retired task left in the container's labels (see
+/// `ContainerRuntime::stop`): status and time, each if known.
+fn recorded_exit(labels: &HashMap<String, String>) -> (Option<i32>, Option<SystemTime>) {
+    let Some(value) = labels.get(LABEL_EXIT) else {
+        return (None, None);
+    };
+    let mut parts = value.split_whitespace();
+    let code = parts
+        .next()
+        .and_then(|c| c.parse::<u32>().ok())
+        .map(|c| i32::try_from(c).unwrap_or(i32::MAX));
+    let at = parts
+        .next()
+        .and_then(|n| n.parse::<u64>().ok())
+        .filter(|n| *n > 0)
+        .map(|n| UNIX_EPOCH + Duration::from_nanos(n));
+    (code, at)
+}
+
 /// `update` laid over `old`: every limit `update` sets replaces the old
 /// one, the rest (device rules included) stays.
 fn merge_resources(
@@ -614,4 +647,21 @@ fn read_user_files_blocking(
         .map_err(|e| io("unmount rootfs", target)(std::io::Error::from(e)))?;
     let _ = std::fs::remove_dir(target);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_exit_reads_back() {
+        let labels = |v: &str| HashMap::from([(LABEL_EXIT.to_owned(), v.to_owned())]);
+        assert_eq!(
+            recorded_exit(&labels("137 1500000000")),
+            (Some(137), Some(UNIX_EPOCH + Duration::from_millis(1500)))
+        );
+        assert_eq!(recorded_exit(&labels("7 0")), (Some(7), None));
+        assert_eq!(recorded_exit(&labels("junk")), (None, None));
+        assert_eq!(recorded_exit(&HashMap::new()), (None, None));
+    }
 }

@@ -17,9 +17,10 @@ use tokio::task::JoinHandle;
 use tracing::{debug_span, Instrument};
 
 use super::{
-    ts_to_system, unix_nanos, ContainerRuntime, Live, LABEL_LOG, LABEL_STARTED, LABEL_STDIN,
-    LABEL_STDIN_ONCE, LABEL_STOP_SIGNAL, LABEL_TTY,
+    ts_to_system, unix_nanos, ContainerRuntime, Live, Retiring, LABEL_EXIT, LABEL_LOG,
+    LABEL_STARTED, LABEL_STDIN, LABEL_STDIN_ONCE, LABEL_STOP_SIGNAL, LABEL_TTY,
 };
+use crate::client::Containerd;
 use crate::error::{cd, RuntimeError};
 use crate::io::{self as fifo_io, Fifos};
 use crate::logs::{copy_stream, LogSink, Stream};
@@ -279,14 +280,34 @@ impl ContainerRuntime {
 
     /// Stops the container: its stop signal (image `StopSignal`, else
     /// SIGTERM), up to `timeout` for it to exit, then SIGKILL. Idempotent:
-    /// no task or an exited task is success.
+    /// no task or an exited task is success. The exited task is then
+    /// retired (see the module documentation); [`ContainerRuntime::status`]
+    /// reports its exit meanwhile and after.
     #[tracing::instrument(name = "runtime.stop", level = "debug", skip_all)]
     pub async fn stop(&self, id: &str, timeout: Duration) -> Result<(), RuntimeError> {
+        self.retired(id).await;
+        if let Some(exit) = self.halt(id, timeout).await? {
+            self.retire(id, exit);
+        }
+        Ok(())
+    }
+
+    /// [`ContainerRuntime::stop`] without the retirement: returns the exit
+    /// (status, time) of the task once it has exited, `None` when there is
+    /// no task.
+    async fn halt(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<Option<(u32, Option<SystemTime>)>, RuntimeError> {
         let Some(process) = self.get_task(id).await? else {
-            return Ok(());
+            return Ok(None);
         };
         if process.status == TaskStatus::Stopped as i32 {
-            return Ok(());
+            return Ok(Some((
+                process.exit_status,
+                ts_to_system(process.exited_at.as_ref()),
+            )));
         }
         if !timeout.is_zero() {
             let signal = match self.get_container(id).await {
@@ -294,68 +315,168 @@ impl ContainerRuntime {
                     .labels
                     .get(LABEL_STOP_SIGNAL)
                     .map_or(Signal::SIGTERM, |s| parse_signal(s)),
-                Err(e) if e.is_not_found() => return Ok(()),
+                Err(e) if e.is_not_found() => return Ok(None),
                 Err(e) => return Err(e),
             };
             self.kill(id, "", signal).await?;
             // Wait on an exited (undeleted) task returns at once, so an exit
             // between the kill and the wait is not missed.
             match tokio::time::timeout(timeout, self.wait(id, "")).await {
-                Ok(r) => return ignore_not_found(r.map(|_| ())),
+                Ok(r) => return not_found_is_none(r),
                 Err(_) => tracing::info!(container = id, ?timeout, "stop timeout passed, killing"),
             }
         }
         self.kill(id, "", Signal::SIGKILL).await?;
-        ignore_not_found(self.wait(id, "").await.map(|_| ()))
+        not_found_is_none(self.wait(id, "").await)
+    }
+
+    /// Retires the exited task of `id` on a task of its own: records its
+    /// exit on the container record (so that [`ContainerRuntime::status`]
+    /// reports it once the task is gone, after a restart too), then deletes
+    /// the task. Until then `status` reports the exit from memory. A task
+    /// whose exit cannot be recorded is left for
+    /// [`ContainerRuntime::delete_task`] (its status would be lost with
+    /// it), and so is one whose deletion fails.
+    fn retire(&self, id: &str, exit: (u32, Option<SystemTime>)) {
+        let (done, rx) = tokio::sync::watch::channel(false);
+        {
+            let mut retiring = lock(&self.retiring);
+            if retiring.contains_key(id) {
+                return;
+            }
+            retiring.insert(id.to_owned(), Retiring { exit, done: rx });
+        }
+        let client = self.client.clone();
+        let live = Arc::clone(&self.live);
+        let retiring = Arc::clone(&self.retiring);
+        let span = debug_span!("retire_task", container = %id);
+        let id = id.to_owned();
+        let work = async move {
+            let retired = match record_exit(&client, &id, exit).await {
+                Ok(()) => delete_task_of(&client, &id).await,
+                Err(e) => Err(e),
+            };
+            match retired {
+                Ok(()) => {
+                    let l = lock(&live).remove(&id);
+                    drain_copiers(l).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "retiring the exited task failed; removal deletes it")
+                }
+            }
+            lock(&retiring).remove(&id);
+            let _ = done.send(true);
+        };
+        tokio::spawn(work.instrument(span));
+    }
+
+    /// The exit of `id`'s task while it is being retired.
+    pub(super) fn retiring_exit(&self, id: &str) -> Option<(u32, Option<SystemTime>)> {
+        lock(&self.retiring).get(id).map(|r| r.exit)
+    }
+
+    /// Waits until a retirement of `id`'s task, if one runs, is over.
+    pub(super) async fn retired(&self, id: &str) {
+        let rx = lock(&self.retiring).get(id).map(|r| r.done.clone());
+        if let Some(mut rx) = rx {
+            // An error means the retirement ended without saying so (the
+            // runtime shut down): it runs no more either way.
+            let _ = rx.wait_for(|done| *done).await;
+        }
     }
 
     /// Deletes the task (after killing it if it still runs) and stops log
-    /// copying. Idempotent.
+    /// copying. Idempotent; waits for a retirement of the task first.
     #[tracing::instrument(name = "task.delete", level = "debug", skip_all)]
     pub async fn delete_task(&self, id: &str) -> Result<(), RuntimeError> {
+        self.retired(id).await;
         if let Some(p) = self.get_task(id).await? {
             if p.status != TaskStatus::Stopped as i32 && p.status != TaskStatus::Created as i32 {
-                self.stop(id, Duration::ZERO).await?;
+                self.halt(id, Duration::ZERO).await?;
             }
-            match self
-                .client
-                .tasks()
-                .delete(self.client.request(DeleteTaskRequest {
-                    container_id: id.to_owned(),
-                }))
-                .instrument(debug_span!("tasks.delete"))
-                .await
-            {
-                Ok(_) => {}
-                Err(s) if s.code() == tonic::Code::NotFound => {}
-                Err(s) => return Err(RuntimeError::containerd("tasks.delete", s)),
-            }
+            delete_task_of(&self.client, id).await?;
         }
         let live = self.lock_live().remove(id);
-        if let Some(live) = live {
-            // The shim closed the FIFOs with the task; give the copiers a
-            // moment to write what they still hold, then stop them.
-            async {
-                for mut h in live.copiers {
-                    if tokio::time::timeout(Duration::from_secs(2), &mut h)
-                        .await
-                        .is_err()
-                    {
-                        h.abort();
-                    }
-                }
-            }
-            .instrument(debug_span!("log_copiers.drain"))
-            .await;
-        }
+        drain_copiers(live).await;
         Ok(())
     }
 }
 
-fn ignore_not_found(r: Result<(), RuntimeError>) -> Result<(), RuntimeError> {
+/// Locks a map whose every update is one insert or remove (so a poisoned
+/// lock still holds it intact).
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Records the exit of `id`'s task in a label of its container.
+async fn record_exit(
+    client: &Containerd,
+    id: &str,
+    (status, at): (u32, Option<SystemTime>),
+) -> Result<(), RuntimeError> {
+    let value = format!("{status} {}", at.map_or(0, unix_nanos));
+    let update = Container {
+        id: id.to_owned(),
+        labels: HashMap::from([(LABEL_EXIT.to_owned(), value)]),
+        ..Default::default()
+    };
+    client
+        .containers()
+        .update(client.request(UpdateContainerRequest {
+            container: Some(update),
+            update_mask: Some(prost_types::FieldMask {
+                paths: vec![format!("labels.{LABEL_EXIT}")],
+            }),
+        }))
+        .await
+        .map_err(cd("containers.update"))?;
+    Ok(())
+}
+
+/// Deletes the task of `id` in containerd. Absent is fine.
+async fn delete_task_of(client: &Containerd, id: &str) -> Result<(), RuntimeError> {
+    match client
+        .tasks()
+        .delete(client.request(DeleteTaskRequest {
+            container_id: id.to_owned(),
+        }))
+        .instrument(debug_span!("tasks.delete"))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
+        Err(s) => Err(RuntimeError::containerd("tasks.delete", s)),
+    }
+}
+
+/// After the task is deleted: the shim closed the FIFOs with it, so give
+/// the copiers a moment to write what they still hold, then stop them.
+async fn drain_copiers(live: Option<Live>) {
+    if let Some(live) = live {
+        async {
+            for mut h in live.copiers {
+                if tokio::time::timeout(Duration::from_secs(2), &mut h)
+                    .await
+                    .is_err()
+                {
+                    h.abort();
+                }
+            }
+        }
+        .instrument(debug_span!("log_copiers.drain"))
+        .await;
+    }
+}
+
+/// A wait's exit, or `None` when the task is gone.
+fn not_found_is_none(
+    r: Result<(u32, Option<SystemTime>), RuntimeError>,
+) -> Result<Option<(u32, Option<SystemTime>)>, RuntimeError> {
     match r {
-        Err(e) if e.is_not_found() => Ok(()),
-        other => other,
+        Ok(exit) => Ok(Some(exit)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
