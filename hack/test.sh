@@ -6,6 +6,8 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
+# CI builds each crate once: incremental state would only take disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 "$HACK_DIR/deps.sh"
 
@@ -57,5 +59,6 @@ cargo test --workspace --no-fail-fast -- --test-threads="${TEST_THREADS:-2}"
 log "cargo test -p cubelet failpoint (default features)"
 cargo test -p cubelet --lib failpoint
 
+log "disk: target/ is $(du -sh target | cut -f1), $(df -h --output=avail . | tail -1 | tr -d ' ') free"
 log "leak audit"
 "$HACK_DIR/leak-audit.sh"
