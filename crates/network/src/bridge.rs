@@ -413,7 +413,7 @@ impl BridgeNetwork {
             );
         }
         note(delete_link(&veth_name(sandbox)).await.map(|_| ()));
-        note(netns::remove(&self.netns_path(sandbox)).map(|_| ()));
+        note(netns::remove(&self.netns_path(sandbox)).await.map(|_| ()));
         note(self.ipam.release(sandbox).map(|_| ()));
         first.map_or(Ok(()), Err)
     }
@@ -573,7 +573,7 @@ async fn set_link_down(name: &str) -> Result<(), NetworkError> {
 /// are attempted, the first error is returned.
 async fn remove_links(veth: &str, pin: &Path) -> Result<(), NetworkError> {
     let deleted = delete_link(veth).await.map(|_| ());
-    let unpinned = netns::remove(pin).map(|_| ());
+    let unpinned = netns::remove(pin).await.map(|_| ());
     deleted.and(unpinned)
 }
 

@@ -9,12 +9,13 @@
 //!
 //! No `unsafe` is needed here: `nix` wraps the system calls safely.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 use cubelet_engine::spec::{NetworkStatus, UserNamespace};
 use cubelet_engine::SandboxId;
@@ -66,21 +67,54 @@ pub(crate) fn is_pinned(pin: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// One lock per pin whose creating thread is still running.
+type Making = HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>;
+
+/// Pins being made. A create whose future is dropped (a cancelled flow, a
+/// step cut short) leaves its thread running, and that thread may pin the
+/// namespace after the rollback removed the pin; the thread therefore holds
+/// its pin's lock until it is done and [`remove`] waits for it. Namespaces
+/// are a process-wide resource, so the table is too.
+static MAKING: LazyLock<Mutex<Making>> = LazyLock::new(Mutex::default);
+
+fn making() -> MutexGuard<'static, Making> {
+    // Nothing panics while holding it (map lookups, inserts and removals).
+    MAKING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Forgets `pin`'s lock once nobody holds or waits for it.
+fn settle(pin: &Path) {
+    let mut making = making();
+    if making.get(pin).is_some_and(|l| Arc::strong_count(l) == 1) {
+        making.remove(pin);
+    }
+}
+
 /// Creates a network namespace pinned at `pin`. An existing pin is kept.
 /// With `userns`, the network namespace is owned by a new user namespace
 /// with those mappings, pinned beside it ([`crate::userns`]); its pin is
 /// returned.
+///
+/// The work runs to its end on its thread even if this future is dropped;
+/// [`remove`] waits for it.
 pub(crate) async fn create(
     pin: PathBuf,
     userns: Option<UserNamespace>,
 ) -> Result<Option<PathBuf>, NetworkError> {
+    let lock = Arc::clone(making().entry(pin.clone()).or_default());
+    let held = lock.lock_owned().await;
     let what = pin.display().to_string();
-    on_thread(what, move || match userns {
-        None => create_blocking(&pin).map(|()| None),
-        Some(mapping) => {
-            let user_pin = crate::userns::pin_for(&pin);
-            crate::userns::create_blocking(&pin, &user_pin, &mapping).map(|()| Some(user_pin))
-        }
+    on_thread(what, move || {
+        let made = match userns {
+            None => create_blocking(&pin).map(|()| None),
+            Some(mapping) => {
+                let user_pin = crate::userns::pin_for(&pin);
+                crate::userns::create_blocking(&pin, &user_pin, &mapping).map(|()| Some(user_pin))
+            }
+        };
+        drop(held);
+        settle(&pin);
+        made
     })
     .await
 }
@@ -118,9 +152,21 @@ fn create_blocking(pin: &Path) -> Result<(), NetworkError> {
 }
 
 /// Unmounts and deletes the netns pin and the user-namespace pin beside it
-/// (pods with a user namespace of their own have one). Returns whether there
-/// was anything to remove; missing pins are fine.
-pub(crate) fn remove(pin: &Path) -> Result<bool, NetworkError> {
+/// (pods with a user namespace of their own have one), after any creation
+/// of them still in flight. Returns whether there was anything to remove;
+/// missing pins are fine.
+pub(crate) async fn remove(pin: &Path) -> Result<bool, NetworkError> {
+    let in_flight = making().get(pin).cloned();
+    if let Some(lock) = in_flight {
+        drop(lock.lock().await);
+        drop(lock);
+        settle(pin);
+    }
+    remove_now(pin)
+}
+
+/// [`remove`] without waiting: for the creating thread's own cleanup.
+pub(crate) fn remove_now(pin: &Path) -> Result<bool, NetworkError> {
     let net = remove_pin(pin)?;
     let user = remove_pin(&crate::userns::pin_for(pin))?;
     Ok(net || user)

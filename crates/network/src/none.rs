@@ -96,7 +96,7 @@ impl NoneNetwork {
                 userns_path,
             })
         };
-        let undo = || async { self.teardown(sandbox) };
+        let undo = || self.teardown(sandbox);
         create::create(
             &self.in_flight,
             sandbox,
@@ -109,10 +109,11 @@ impl NoneNetwork {
         .await
     }
 
-    /// Removes the sandbox's namespace pin. A missing pin is fine.
+    /// Removes the sandbox's namespace pin, after a creation of it still in
+    /// flight. A missing pin is fine.
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox_id = %sandbox))]
-    pub fn teardown(&self, sandbox: &SandboxId) -> Result<(), NetworkError> {
-        netns::remove(&self.netns_path(sandbox)).map(|_| ())
+    pub async fn teardown(&self, sandbox: &SandboxId) -> Result<(), NetworkError> {
+        netns::remove(&self.netns_path(sandbox)).await.map(|_| ())
     }
 
     /// Removes namespace pins that belong to no sandbox in `live` (asked
@@ -151,7 +152,7 @@ impl Flow for NoneNetwork {
         if ctx.spec().host_network() {
             return Ok(());
         }
-        Ok(self.teardown(ctx.sandbox_id())?)
+        Ok(self.teardown(ctx.sandbox_id()).await?)
     }
 
     /// Nothing is kept between destroy and cleanup: cleanup is a repeated

@@ -77,7 +77,7 @@ pub(crate) fn create_blocking(
     let pinned = pin_with_helper(netns_pin, userns_pin, mapping);
     if pinned.is_err() {
         for pin in [netns_pin, userns_pin] {
-            let _ = netns::remove(pin);
+            let _ = netns::remove_now(pin);
         }
     }
     pinned

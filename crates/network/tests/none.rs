@@ -279,3 +279,27 @@ fn interface_counters_are_read_inside_a_pinned_namespace() {
         Ok(())
     });
 }
+
+#[test]
+fn a_dropped_create_leaves_no_pin_after_its_teardown() {
+    isolated(|env| async move {
+        let net = provider(&env);
+        net.init().await?;
+        let mut dropped = 0;
+        for n in 0..20 {
+            let id = sid(100 + n);
+            // One poll: the namespace thread is started, then the create is
+            // dropped (a flow cut short) while that thread goes on; a thread
+            // fast enough finishes within the poll.
+            let once = std::time::Duration::ZERO;
+            let create = tokio::time::timeout(once, net.create_sandbox(&id, false, &[])).await;
+            dropped += usize::from(create.is_err());
+            net.teardown(&id).await?;
+            // Give a thread that was not waited for the time to pin.
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            assert_no_pins(&env);
+        }
+        eprintln!("{dropped} of 20 creates dropped while their thread ran");
+        Ok(())
+    });
+}

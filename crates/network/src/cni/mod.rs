@@ -462,7 +462,7 @@ impl CniNetwork {
                 tracing::debug!(sandbox = %sandbox, "no cni config or cache entry: nothing to DEL");
             }
         }
-        netns::remove(&pin)?;
+        netns::remove(&pin).await?;
         Ok(())
     }
 
