@@ -7,102 +7,91 @@ use cubelet_runtime::RuntimeError;
 use tonic::{Code, Status};
 
 /// Everything a CRI call can fail with.
+///
+/// The kinds a client can be told about (bad input, a missing object, a
+/// name in use, a state that forbids the call, a deadline, a failed flow,
+/// runtime or store) are the pod service's: the CRI layer's own refusals
+/// are built as [`PodError`]s too, so both are mapped to gRPC codes once,
+/// in [`CriError::code`].
 #[derive(Debug, thiserror::Error)]
 pub enum CriError {
-    /// A request field is missing or malformed.
-    #[error("invalid {field}: {reason}")]
-    InvalidArgument {
-        /// Field path as in the CRI message, e.g. `config.metadata.name`.
-        field: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// No object with that id.
-    #[error("{kind} {id:?} not found")]
-    NotFound {
-        /// Kind (`pod sandbox`, `container`, `image`).
-        kind: &'static str,
-        /// The id asked for.
-        id: String,
-    },
-    /// The name is in use by another object.
-    #[error("{kind} name {name:?} is already in use by {by}")]
-    AlreadyExists {
-        /// Kind.
-        kind: &'static str,
-        /// The name.
-        name: String,
-        /// Id of the object holding it.
-        by: String,
-    },
-    /// The object is not in a state that allows the call.
-    #[error("{0}")]
-    FailedPrecondition(String),
+    /// A pod lifecycle failure, or a refusal of the CRI layer of one of its
+    /// kinds.
+    #[error(transparent)]
+    Pod(#[from] PodError),
     /// The call is not supported.
     #[error("{0}")]
     Unimplemented(String),
-    /// The call ran past its deadline.
-    #[error("{0}")]
-    DeadlineExceeded(String),
-    /// A flow failed, was rejected or cancelled.
-    #[error(transparent)]
-    Engine(#[from] EngineError),
-    /// containerd failed.
-    #[error(transparent)]
-    Runtime(#[from] RuntimeError),
-    /// The node's store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
     /// Cubelet itself failed (a bug).
     #[error("{0}")]
     Internal(String),
 }
 
-impl From<PodError> for CriError {
-    fn from(e: PodError) -> Self {
-        match e {
-            PodError::InvalidArgument { field, reason } => {
-                CriError::InvalidArgument { field, reason }
-            }
-            PodError::NotFound { kind, id } => CriError::NotFound { kind, id },
-            PodError::AlreadyExists { kind, name, by } => {
-                CriError::AlreadyExists { kind, name, by }
-            }
-            PodError::FailedPrecondition(m) => CriError::FailedPrecondition(m),
-            PodError::DeadlineExceeded(m) => CriError::DeadlineExceeded(m),
-            PodError::Engine(e) => CriError::Engine(e),
-            PodError::Runtime(e) => CriError::Runtime(e),
-            PodError::Store(e) => CriError::Store(e),
-            e @ PodError::TaskDied { .. } => CriError::Internal(e.to_string()),
-        }
+impl From<EngineError> for CriError {
+    fn from(e: EngineError) -> Self {
+        CriError::Pod(e.into())
+    }
+}
+
+impl From<RuntimeError> for CriError {
+    fn from(e: RuntimeError) -> Self {
+        CriError::Pod(e.into())
+    }
+}
+
+impl From<StoreError> for CriError {
+    fn from(e: StoreError) -> Self {
+        CriError::Pod(e.into())
     }
 }
 
 impl CriError {
-    /// A missing or malformed field.
+    /// A missing or malformed field (`field` as in the CRI message, e.g.
+    /// `config.metadata.name`).
     pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        CriError::InvalidArgument {
-            field: field.into(),
-            reason: reason.into(),
+        CriError::Pod(PodError::invalid(field, reason))
+    }
+
+    /// No `kind` with id `id`.
+    pub fn not_found(kind: &'static str, id: impl Into<String>) -> Self {
+        CriError::Pod(PodError::NotFound {
+            kind,
+            id: id.into(),
+        })
+    }
+
+    /// The object is not in a state that allows the call.
+    pub fn precondition(why: impl Into<String>) -> Self {
+        CriError::Pod(PodError::FailedPrecondition(why.into()))
+    }
+
+    /// The field a request was refused for, when it was bad input.
+    pub fn invalid_field(&self) -> Option<&str> {
+        match self {
+            CriError::Pod(PodError::InvalidArgument { field, .. }) => Some(field),
+            _ => None,
         }
     }
 
     /// The gRPC code for this error (the single mapping of the project).
     pub fn code(&self) -> Code {
         match self {
-            CriError::InvalidArgument { .. } => Code::InvalidArgument,
-            CriError::NotFound { .. } => Code::NotFound,
-            CriError::AlreadyExists { .. } => Code::AlreadyExists,
-            CriError::FailedPrecondition(_) => Code::FailedPrecondition,
-            CriError::Unimplemented(_) => Code::Unimplemented,
-            CriError::DeadlineExceeded(_) => Code::DeadlineExceeded,
-            CriError::Engine(e) => match e {
-                EngineError::Rejected { .. } => Code::ResourceExhausted,
-                EngineError::Cancelled { .. } => Code::Cancelled,
-                _ => e.step_kind().map_or(Code::Internal, step_code),
+            CriError::Pod(e) => match e {
+                PodError::InvalidArgument { .. } => Code::InvalidArgument,
+                PodError::NotFound { .. } => Code::NotFound,
+                PodError::AlreadyExists { .. } => Code::AlreadyExists,
+                PodError::FailedPrecondition(_) => Code::FailedPrecondition,
+                PodError::DeadlineExceeded(_) => Code::DeadlineExceeded,
+                PodError::Engine(e) => match e {
+                    EngineError::Rejected { .. } => Code::ResourceExhausted,
+                    EngineError::Cancelled { .. } => Code::Cancelled,
+                    _ => e.step_kind().map_or(Code::Internal, step_code),
+                },
+                PodError::Runtime(e) => step_code(e.kind()),
+                PodError::Store(_) | PodError::TaskDied { .. } => Code::Internal,
             },
-            CriError::Runtime(e) => step_code(e.kind()),
-            CriError::Store(_) | CriError::Internal(_) => Code::Internal,
+            CriError::Unimplemented(_) => Code::Unimplemented,
+            CriError::Internal(_) => Code::Internal,
         }
     }
 }

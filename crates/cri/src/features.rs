@@ -107,7 +107,7 @@ pub fn check_userns(spec: &SandboxSpec, handler: &HandlerConfig) -> CriResult<()
         },
         str::to_owned,
     );
-    Err(CriError::FailedPrecondition(why))
+    Err(CriError::precondition(why))
 }
 
 #[cfg(test)]
@@ -142,7 +142,7 @@ mod tests {
         };
         assert!(matches!(
             check_userns(&pod, &other),
-            Err(CriError::FailedPrecondition(_))
+            Err(CriError::Pod(cubelet_pod::PodError::FailedPrecondition(_)))
         ));
         check_userns(&SandboxSpec::default(), &other).unwrap();
         let mut config = RuntimeConfig::new("/run/x".into());

@@ -111,7 +111,7 @@ impl Cri {
         let reference = image_ref("image.image", r.image.as_ref())?;
         if let Some(info) = self.deps().images.status(&reference).await? {
             if info.repo_tags.iter().any(|t| t == &self.deps().pause_image) {
-                return Err(CriError::FailedPrecondition(format!(
+                return Err(CriError::precondition(format!(
                     "image {reference} is the pod infra image and is pinned"
                 )));
             }

@@ -367,10 +367,7 @@ impl Cri {
         let sb = self
             .pods()
             .find_sandbox("pod_sandbox_id", &r.pod_sandbox_id)?
-            .ok_or_else(|| CriError::NotFound {
-                kind: "pod sandbox",
-                id: r.pod_sandbox_id.clone(),
-            })?;
+            .ok_or_else(|| CriError::not_found("pod sandbox", r.pod_sandbox_id.clone()))?;
         Ok(cri::PodSandboxStatsResponse {
             stats: Some(self.pod_stats_of(&sb).await?),
         })

@@ -35,7 +35,7 @@ fn check_streams(stdin: bool, stdout: bool, stderr: bool, tty: bool) -> CriResul
 /// A URL, or `FailedPrecondition` when no token could be made.
 fn url(registered: Result<String, StreamingError>) -> CriResult<String> {
     registered.map_err(|e| {
-        CriError::FailedPrecondition(format!(
+        CriError::precondition(format!(
             "cannot create a streaming token: {}",
             cubelet_engine::chain(&e)
         ))
@@ -56,12 +56,9 @@ impl Cri {
         let rec = self
             .pods()
             .container(id)?
-            .ok_or_else(|| CriError::NotFound {
-                kind: "container",
-                id: id.to_owned(),
-            })?;
+            .ok_or_else(|| CriError::not_found("container", id.to_owned()))?;
         if rec.state != ContainerState::Running {
-            return Err(CriError::FailedPrecondition(format!(
+            return Err(CriError::precondition(format!(
                 "container {id} is not running"
             )));
         }
@@ -109,12 +106,9 @@ impl Cri {
         let rec = self
             .pods()
             .sandbox(&id)?
-            .ok_or_else(|| CriError::NotFound {
-                kind: "pod sandbox",
-                id: r.pod_sandbox_id.clone(),
-            })?;
+            .ok_or_else(|| CriError::not_found("pod sandbox", r.pod_sandbox_id.clone()))?;
         if rec.state != SandboxState::Ready {
-            return Err(CriError::FailedPrecondition(format!(
+            return Err(CriError::precondition(format!(
                 "pod sandbox {} is not ready",
                 r.pod_sandbox_id
             )));

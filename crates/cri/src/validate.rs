@@ -493,7 +493,7 @@ mod tests {
 
     fn code(r: CriResult<()>) -> Option<String> {
         r.err().map(|e| match e {
-            CriError::InvalidArgument { field, .. } => field,
+            CriError::Pod(cubelet_pod::PodError::InvalidArgument { field, .. }) => field,
             other => panic!("not InvalidArgument: {other}"),
         })
     }

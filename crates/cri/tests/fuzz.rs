@@ -239,7 +239,11 @@ fn container_config() -> impl Strategy<Value = cri::ContainerConfig> {
 /// An input error must be `InvalidArgument` with a field name.
 fn input_error(e: &CriError) -> Result<(), TestCaseError> {
     match e {
-        CriError::InvalidArgument { field, .. } if !field.is_empty() => Ok(()),
+        CriError::Pod(cubelet_pod::PodError::InvalidArgument { field, .. })
+            if !field.is_empty() =>
+        {
+            Ok(())
+        }
         other => Err(TestCaseError::fail(format!(
             "input error with code {:?}: {other}",
             other.code()

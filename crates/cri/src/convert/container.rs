@@ -331,7 +331,7 @@ mod tests {
     #[test]
     fn bad_fields_are_named() {
         let field = |c: cri::ContainerConfig| match container_request(Some(&c)) {
-            Err(CriError::InvalidArgument { field, .. }) => field,
+            Err(CriError::Pod(cubelet_pod::PodError::InvalidArgument { field, .. })) => field,
             other => panic!("expected InvalidArgument, got {other:?}"),
         };
         let mut c = config();
@@ -354,7 +354,7 @@ mod tests {
         assert_eq!(field(c), "config.linux.security_context.run_as_group");
         assert!(matches!(
             container_request(None),
-            Err(CriError::InvalidArgument { .. })
+            Err(CriError::Pod(cubelet_pod::PodError::InvalidArgument { .. }))
         ));
     }
 }

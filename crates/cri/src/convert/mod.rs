@@ -679,7 +679,7 @@ mod tests {
         assert_eq!(ok.uids.host_id, 1000);
         assert_eq!(ok.gids.host_id, 2000);
         let field = |r: CriResult<Option<UserNamespace>>| match r {
-            Err(CriError::InvalidArgument { field, .. }) => field,
+            Err(CriError::Pod(cubelet_pod::PodError::InvalidArgument { field, .. })) => field,
             other => panic!("not refused: {other:?}"),
         };
         // critest: more than one mapping, container id 0 not mapped.
@@ -764,7 +764,7 @@ mod tests {
             set(ns);
             assert!(matches!(
                 sandbox_spec(Some(&c), "runc"),
-                Err(CriError::InvalidArgument { .. })
+                Err(CriError::Pod(cubelet_pod::PodError::InvalidArgument { .. }))
             ));
         }
     }
