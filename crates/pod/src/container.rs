@@ -287,6 +287,12 @@ impl PodService {
 
     /// StopContainer: signals a running container, kills it after `timeout`
     /// and records its exit. Gone or already stopped is Ok.
+    ///
+    /// It answers once the runtime has let go of the exited task, as
+    /// containerd's CRI deletes a task in its exit handler before its
+    /// StopContainer returns: the shim's exit is paid for here, and the
+    /// RemoveContainer a kubelet sends next has only the container's record
+    /// and snapshot left. A pod's stop (StopPodSandbox) does not wait.
     pub async fn stop_container(&self, id: &str, timeout: Duration) -> PodResult<()> {
         let Some(rec) = self.find_container("container_id", id)? else {
             return Ok(());
@@ -295,7 +301,12 @@ impl PodService {
         let span = info_span!("stop_container", container_id = %rec.id);
         self.detached(
             "StopContainer",
-            async move { this.stop_container_in_pod(&rec.id, timeout).await }.instrument(span),
+            async move {
+                this.stop_container_in_pod(&rec.id, timeout).await?;
+                this.runtime().settle(&rec.id).await;
+                Ok(())
+            }
+            .instrument(span),
         )
         .await
     }

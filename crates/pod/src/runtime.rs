@@ -31,8 +31,13 @@ pub trait Runtime: Send + Sync + 'static {
     /// Starts a created container; returns its init process's host pid.
     async fn start(&self, id: &str) -> Result<u32, RuntimeError>;
 
-    /// Stops a container's process, killing it after `timeout`.
+    /// Stops a container's process, killing it after `timeout`. The exited
+    /// task may be let go of in the background.
     async fn stop(&self, id: &str, timeout: Duration) -> Result<(), RuntimeError>;
+
+    /// Waits until the runtime has let go of a stopped container's task (a
+    /// deletion [`Runtime::stop`] left running in the background is over).
+    async fn settle(&self, id: &str);
 
     /// A container's state as the runtime sees it.
     async fn status(&self, id: &str) -> Result<ContainerStatus, RuntimeError>;
@@ -104,6 +109,10 @@ impl Runtime for Containerd {
 
     async fn stop(&self, id: &str, timeout: Duration) -> Result<(), RuntimeError> {
         self.containers.stop(id, timeout).await
+    }
+
+    async fn settle(&self, id: &str) {
+        self.containers.retired(id).await
     }
 
     async fn status(&self, id: &str) -> Result<ContainerStatus, RuntimeError> {

@@ -12,7 +12,7 @@ use cubelet_runtime::spec::{NamespaceJoin, Resources};
 use cubelet_runtime::RuntimeError;
 use cubelet_store::{ContainerState, SandboxState};
 
-use super::harness::{busybox, drain, request, within, Rig};
+use super::harness::{busybox, drain, request, until, within, Rig};
 use crate::{PodError, PodEventKind};
 
 fn failed(message: &'static str) -> impl Fn(&str) -> RuntimeError + Send + Sync {
@@ -275,12 +275,16 @@ async fn a_pod_being_stopped_gains_no_container() {
     let sb = r.ready_pod("web").await;
     r.fake("sandbox").set(
         FlowKind::Destroy,
-        Behavior::Delay(Duration::from_millis(50)),
+        Behavior::Delay(Duration::from_millis(300)),
     );
     let pods = r.pods.clone();
     let id = sb.clone();
     let stop = tokio::spawn(async move { pods.stop_sandbox(id.as_str()).await });
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    let sandbox = r.fake("sandbox");
+    until("the sandbox step's destroy", || {
+        sandbox.log().iter().any(|l| l == "destroy:sandbox:start")
+    })
+    .await;
     let err = r
         .pods
         .create_container(sb.as_str(), request("late"))
@@ -394,11 +398,11 @@ async fn an_exit_that_overtakes_start_is_kept() {
     let mut rx = r.pods.subscribe();
     // The process exits at once: containerd's exit event is applied while
     // StartContainer is still on its way back from the runtime.
-    r.runtime.delay("start", Duration::from_millis(40));
+    r.runtime.delay("start", Duration::from_millis(300));
     let pods = r.pods.clone();
     let starting = id.clone();
     let start = tokio::spawn(async move { pods.start_container(&starting).await });
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    until("the runtime's start", || r.runtime.calls("start") == 1).await;
     r.pods.apply_event(&ContainerEvent {
         id: id.clone(),
         kind: ContainerEventKind::Exited {
@@ -442,6 +446,8 @@ async fn stop_records_the_exit() {
     assert_eq!(rec.exit_code, Some(137));
     assert!(rec.finished_at.is_some());
     assert_eq!(drain(&mut rx), [(id, PodEventKind::Stopped)]);
+    // It answers once the runtime let go of the exited task.
+    assert_eq!(r.runtime.calls("settle"), 1);
 }
 
 #[tokio::test]

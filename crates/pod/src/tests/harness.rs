@@ -202,6 +202,18 @@ pub(super) fn drain(rx: &mut broadcast::Receiver<PodEvent>) -> Vec<(String, PodE
     out
 }
 
+/// Waits until `cond` holds (checked every millisecond, for up to 10 s),
+/// so a test acts at a known point of a call in flight and not after a
+/// guessed sleep, which a loaded machine overruns.
+pub(super) async fn until(what: &str, cond: impl Fn() -> bool) {
+    within(what, async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+}
+
 pub(super) async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(10), fut)
         .await

@@ -310,6 +310,8 @@ async fn stop_stops_every_container_then_destroys() {
     assert!(rec.stopped_at.is_some());
     assert!(rec.process.is_none());
     assert_eq!(r.held(), 0, "destroy released every step");
+    // Only StopContainer waits for the runtime to let go of the tasks.
+    assert_eq!(r.runtime.calls("settle"), 0);
 }
 
 #[tokio::test]

@@ -7,12 +7,15 @@
 //! derived from the container id, so every teardown is idempotent and works
 //! after an agent restart ([`ContainerRuntime::reattach`] resumes logging).
 //!
-//! A task that a stop finds exited is *retired* in the background, as
+//! A task that a stop finds exited is *retired* on a task of its own, as
 //! containerd's own CRI deletes a task when it exits: its exit is recorded on
 //! the container record, then the task is deleted. Deleting a task (the shim
 //! runs `runc delete` and exits) is most of what removing a stopped container
-//! used to cost; RemoveContainer now waits only for a retirement still
-//! running.
+//! used to cost. StopContainer waits for the retirement
+//! ([`ContainerRuntime::retired`]), as containerd's does; a pod's stop does
+//! not, and whatever comes next for the container (removal, a repeated stop)
+//! waits for one still running. Once retired, the container is known to have
+//! no task, and containerd is not asked for it again.
 //!
 //! [`ContainerRuntime`] is one type; its methods live by what they touch:
 //! the container record (create, remove, status, resource updates) in
@@ -25,7 +28,7 @@ mod task;
 
 pub use exec::{ExecOutput, MAX_EXEC_OUTPUT};
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -175,6 +178,11 @@ pub struct ContainerRuntime {
     live: Arc<Mutex<HashMap<String, Live>>>,
     /// Tasks being retired in the background, by container id.
     retiring: Arc<Mutex<HashMap<String, Retiring>>>,
+    /// Containers whose task a retirement deleted. A CRI container is never
+    /// started twice, so they have no task for good and nothing asks
+    /// containerd for one again; forgotten on removal, and not known after
+    /// a restart (containerd is asked then).
+    retired: Arc<Mutex<HashSet<String>>>,
 }
 
 /// A task being retired: its exit (status, time), and a receiver that turns
@@ -239,6 +247,7 @@ impl ContainerRuntime {
             cgroups,
             live: Arc::default(),
             retiring: Arc::default(),
+            retired: Arc::default(),
         }
     }
 
@@ -334,6 +343,9 @@ impl ContainerRuntime {
         &self,
         id: &str,
     ) -> Result<Option<containerd_client::types::v1::Process>, RuntimeError> {
+        if self.is_retired(id) {
+            return Ok(None);
+        }
         match self
             .client
             .tasks()

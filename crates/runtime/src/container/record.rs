@@ -383,6 +383,7 @@ impl ContainerRuntime {
         self.unstage_mounts(id).await?;
         self.remove_snapshot(id).await?;
         self.delete_container(id).await?;
+        self.forget_retired(id);
         fifo_io::remove_dir(&self.io_dir(id))?;
         let mnt = self.config.state_dir.join("mnt").join(id);
         match std::fs::remove_dir(&mnt) {

@@ -349,6 +349,7 @@ impl ContainerRuntime {
         let client = self.client.clone();
         let live = Arc::clone(&self.live);
         let retiring = Arc::clone(&self.retiring);
+        let gone = Arc::clone(&self.retired);
         let span = debug_span!("retire_task", container = %id);
         let id = id.to_owned();
         let work = async move {
@@ -358,6 +359,7 @@ impl ContainerRuntime {
             };
             match retired {
                 Ok(()) => {
+                    lock(&gone).insert(id.clone());
                     let l = lock(&live).remove(&id);
                     drain_copiers(l).await;
                 }
@@ -376,8 +378,18 @@ impl ContainerRuntime {
         lock(&self.retiring).get(id).map(|r| r.exit)
     }
 
+    /// True once a retirement deleted `id`'s task: it has none.
+    pub(super) fn is_retired(&self, id: &str) -> bool {
+        lock(&self.retired).contains(id)
+    }
+
+    /// Forgets that `id`'s task was retired (the container is removed).
+    pub(super) fn forget_retired(&self, id: &str) {
+        lock(&self.retired).remove(id);
+    }
+
     /// Waits until a retirement of `id`'s task, if one runs, is over.
-    pub(super) async fn retired(&self, id: &str) {
+    pub async fn retired(&self, id: &str) {
         let rx = lock(&self.retiring).get(id).map(|r| r.done.clone());
         if let Some(mut rx) = rx {
             // An error means the retirement ended without saying so (the
