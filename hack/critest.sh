@@ -13,6 +13,8 @@
 # Usage: hack/critest.sh [critest args, e.g. --ginkgo.focus=UserNamespaces]
 # Env: CRITEST (default ../shared/tools/critest-v1.36.0 from the repo root),
 #      CRITEST_LOG (critest's full output, default ${CUBELET_TEST_ROOT}/critest.log)
+#      CRITEST_DROP_IN (a config drop-in for the daemon, e.g. one with
+#      `runtime: {sandbox: pause}` to run the suite in pause mode)
 set -euo pipefail
 # shellcheck source=hack/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -47,4 +49,6 @@ cargo build -q -p cubelet-e2e --bin critest-run
 target_dir="${CARGO_TARGET_DIR:-${REPO_ROOT}/target}"
 mkdir -p "$(dirname "$CRITEST_LOG")"
 log "running $(basename "$CRITEST") (full output in ${CRITEST_LOG})"
-"${target_dir}/debug/critest-run" --critest "$CRITEST" --output "$CRITEST_LOG" -- "$@"
+drop_in=()
+[[ -n "${CRITEST_DROP_IN:-}" ]] && drop_in=(--drop-in "$CRITEST_DROP_IN")
+"${target_dir}/debug/critest-run" --critest "$CRITEST" --output "$CRITEST_LOG" "${drop_in[@]}" -- "$@"

@@ -33,6 +33,9 @@ struct Args {
     /// Daemon index (bridge, subnet and dirs of its own).
     #[arg(long, default_value_t = 7)]
     index: u8,
+    /// A config drop-in for the daemon (e.g. `runtime: {sandbox: pause}`).
+    #[arg(long)]
+    drop_in: Option<PathBuf>,
     /// Extra arguments for critest (e.g. `--ginkgo.focus=UserNamespaces`).
     #[arg(last = true)]
     critest_args: Vec<String>,
@@ -127,9 +130,16 @@ async fn main_async(args: Args) -> anyhow::Result<bool> {
     if let Some(why) = cubelet_e2e::skip_reason() {
         bail!("cannot run: {why}");
     }
+    let extra_config = match &args.drop_in {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading the drop-in {}", path.display()))?,
+        ),
+        None => None,
+    };
     let d = Daemon::start(DaemonOpts {
         index: args.index,
-        extra_config: None,
+        extra_config,
         ready_timeout: Duration::from_secs(120),
     })
     .await?;
