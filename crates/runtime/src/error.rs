@@ -115,6 +115,17 @@ pub enum RuntimeError {
         #[source]
         source: nix::errno::Errno,
     },
+    /// A ttrpc call to a shim got no usable answer: an error status, or a
+    /// reply that is not one.
+    #[error("ttrpc {method} on {socket}: {reason}")]
+    Ttrpc {
+        /// `service/method` called.
+        method: String,
+        /// The shim's socket.
+        socket: String,
+        /// What came back.
+        reason: String,
+    },
 }
 
 /// `map_err` adapter: [`RuntimeError::containerd`] for `op`.

@@ -30,6 +30,7 @@ pub mod shims;
 pub mod spec;
 mod staged;
 pub mod stats;
+pub mod ttrpc;
 pub mod types;
 
 pub use client::Containerd;
