@@ -19,8 +19,13 @@
 //! 5. A shim process of the daemon's containerd namespace whose id containerd
 //!    has no task for (what a kill -9 mid-create used to leave behind) is
 //!    stopped by the GC and counted as `kind="shim"`; a shim whose id is a
-//!    live task is left alone. (The shims are stand-ins: Debian's python3 with the
-//!    command line of `containerd-shim-runc-v2 -namespace <ns> -id <id>`.)
+//!    live task is left alone. Two orphans: a real `containerd-shim-runc-v2`
+//!    started as containerd starts one (`start` in a bundle), its bundle then
+//!    deleted as a rolled-back create leaves it, is stopped by its own ttrpc
+//!    `Shutdown` and its socket file removed; a stand-in that has no socket
+//!    (Debian's python3 with the command line of
+//!    `containerd-shim-runc-v2 -namespace <ns> -id <id>`) is stopped by its
+//!    pid. The daemon's log says which way each went.
 //!
 //! Without the private containerd both print SKIP and pass.
 
@@ -290,6 +295,72 @@ fn fake_shim(d: &Daemon, id: &str) -> anyhow::Result<tokio::process::Child> {
         .context("spawn a stand-in shim")
 }
 
+/// A real runc v2 shim for `id` in the daemon's namespace, started as
+/// containerd starts one (`start` in a bundle holding a `config.json` and
+/// the `log` fifo), its bundle then deleted; its pid and socket, and the
+/// reader of its log fifo.
+async fn real_orphan_shim(
+    d: &Daemon,
+    id: &str,
+) -> anyhow::Result<(u32, std::path::PathBuf, tokio::process::Child)> {
+    let bundle = d.root_dir.join(format!("shim-bundle-{id}"));
+    std::fs::create_dir_all(&bundle)?;
+    std::fs::write(bundle.join("config.json"), "{}")?;
+    nix::unistd::mkfifo(&bundle.join("log"), nix::sys::stat::Mode::S_IRWXU)?;
+    // The shim opens the fifo for writing; someone must read it.
+    let copy = d.root_dir.join(format!("shim-{id}.log"));
+    let reader = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("exec cat log >{}", copy.display()))
+        .current_dir(&bundle)
+        .kill_on_drop(true)
+        .spawn()
+        .context("spawn the shim log reader")?;
+    let out = tokio::process::Command::new("containerd-shim-runc-v2")
+        .args(["-namespace", &d.namespace, "-id", id, "-address"])
+        .arg(&d.containerd)
+        .args(["-publish-binary", "/usr/bin/containerd", "start"])
+        .current_dir(&bundle)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .context("containerd-shim-runc-v2 start")?;
+    ensure!(
+        out.status.success(),
+        "shim start: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let address = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let socket = std::path::PathBuf::from(
+        address
+            .strip_prefix("unix://")
+            .with_context(|| format!("shim address {address:?}"))?,
+    );
+    let pid = cubelet_e2e::shims(&d.namespace)
+        .into_iter()
+        .find_map(|(pid, shim)| (shim == id).then_some(pid))
+        .context("the started shim is not running")?;
+    // The shim opens its log fifo (relative to its bundle) after `start`
+    // returns: the bundle goes only once the shim has logged through it.
+    eventually("the shim logs", Duration::from_secs(30), || async {
+        Ok(std::fs::read_to_string(&copy)
+            .unwrap_or_default()
+            .contains("starting signal loop"))
+    })
+    .await?;
+    std::fs::remove_dir_all(&bundle)?;
+    Ok((pid, socket, reader))
+}
+
+/// The daemon's log line saying shim `id` was stopped, if there is one.
+fn shim_stop_line(d: &Daemon, id: &str) -> anyhow::Result<Option<String>> {
+    let log = std::fs::read_to_string(&d.daemon_log)?;
+    Ok(log
+        .lines()
+        .find(|l| l.contains("shim stopped by") && l.contains(&format!("id={id}")))
+        .map(str::to_owned))
+}
+
 async fn gc_reaps_orphan_shims(d: &Daemon) -> anyhow::Result<()> {
     // A live task: the infra container of a running pod.
     let config = d.pod_config("shim-live");
@@ -299,6 +370,8 @@ async fn gc_reaps_orphan_shims(d: &Daemon) -> anyhow::Result<()> {
         "the pod's infra task should run"
     );
     let ghost = format!("{:0>64}", "5a1e");
+    let real = format!("{:0>64}", "5a1f");
+    let (real_pid, real_socket, _log_reader) = real_orphan_shim(d, &real).await?;
     let mut orphan = fake_shim(d, &ghost)?;
     let mut live = fake_shim(d, &pod)?;
     let since = std::time::Instant::now();
@@ -325,11 +398,38 @@ async fn gc_reaps_orphan_shims(d: &Daemon) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     println!("orphan shim stopped after {:?}", since.elapsed());
-    eventually("the stop counted", Duration::from_secs(30), || async {
+    eventually(
+        "the real orphan shim exits",
+        Duration::from_secs(30),
+        || async {
+            Ok(!cubelet_e2e::shims(&d.namespace)
+                .iter()
+                .any(|(pid, id)| *pid == real_pid || *id == real))
+        },
+    )
+    .await?;
+    eventually("both stops counted", Duration::from_secs(30), || async {
         let metrics = http_get(d.metrics, "/metrics").await?.1;
-        Ok(sample(&metrics, "cubelet_gc_reclaimed_total{kind=\"shim\"}") >= 1.0)
+        Ok(sample(&metrics, "cubelet_gc_reclaimed_total{kind=\"shim\"}") >= 2.0)
     })
     .await?;
+    let by_shutdown = shim_stop_line(d, &real)?.context("no log line for the real shim's stop")?;
+    println!("real shim: {by_shutdown}");
+    ensure!(
+        by_shutdown.contains("shim stopped by its own shutdown"),
+        "the real shim, which answers ttrpc, was not stopped by its Shutdown: {by_shutdown}"
+    );
+    ensure!(
+        !real_socket.exists(),
+        "the real shim's socket {} is left",
+        real_socket.display()
+    );
+    let by_signal = shim_stop_line(d, &ghost)?.context("no log line for the stand-in's stop")?;
+    println!("stand-in: {by_signal}");
+    ensure!(
+        by_signal.contains("shim stopped by signal"),
+        "the stand-in, which has no socket, was not stopped by its pid: {by_signal}"
+    );
     // A few more passes: the shim of the live task is still there.
     tokio::time::sleep(Duration::from_secs(3)).await;
     ensure!(
