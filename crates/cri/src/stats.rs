@@ -225,9 +225,9 @@ impl Cri {
     ) -> (cri::ContainerStats, CgroupStats) {
         let cg = self.container_cgroup(c, sb);
         let now = nanos(SystemTime::now());
-        let writable_layer = match self.deps().runtime.snapshot_usage(&c.id).await {
-            Ok(u) => Some(cri::FilesystemUsage {
-                timestamp: now,
+        let writable_layer = match self.deps().runtime.writable_layer_usage(&c.id).await {
+            Ok((u, at)) => Some(cri::FilesystemUsage {
+                timestamp: nanos(at),
                 fs_id: Some(cri::FilesystemIdentifier {
                     mountpoint: self.deps().image_fs.0.display().to_string(),
                 }),

@@ -269,6 +269,15 @@ pub async fn run(config: Config) -> Result<()> {
     crate::notify::notify_systemd("READY=1");
     let watchdog_task = crate::notify::spawn_watchdog(readiness.clone(), shutdown.clone());
 
+    let usage_task = tokio::spawn(
+        Arc::clone(&runtime)
+            .refresh_snapshot_usage_every(
+                cubelet_runtime::stats::SNAPSHOT_USAGE_PERIOD,
+                shutdown.clone(),
+            )
+            .in_current_span(),
+    );
+
     let gc = Arc::new(Gc::new(Arc::clone(&parts)));
     let gc_task = tokio::spawn(Arc::clone(&gc).run(shutdown.clone()).in_current_span());
 
@@ -313,6 +322,7 @@ pub async fn run(config: Config) -> Result<()> {
         engine.drain().await;
         let _ = streaming_task.await;
         let _ = gc_task.await;
+        let _ = usage_task.await;
         let _ = events_task.await;
         let _ = admin_task.await;
         let _ = admin_api_task.await;

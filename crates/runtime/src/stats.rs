@@ -6,8 +6,19 @@
 //! real `/sys/fs/cgroup` and on fixture trees alike. [`CgroupLayout::detect`]
 //! finds where the controllers are mounted; on a hybrid host (v1 controllers
 //! plus a v2 mount at `unified`) the v1 controllers are used.
+//!
+//! Writable-layer usage is not asked of the snapshotter per stats call (that
+//! is a containerd round trip, and for overlayfs a walk of the upper
+//! directory, per container): as containerd's CRI does with its snapshot
+//! syncer, the usage of each container is read once when first asked for,
+//! kept, and re-read in the background every [`SNAPSHOT_USAGE_PERIOD`]
+//! ([`ContainerRuntime::refresh_snapshot_usage_every`]). Cgroup readings stay
+//! live.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
 
 use containerd_client::services::v1::snapshots::UsageRequest;
 
@@ -342,9 +353,95 @@ pub struct SnapshotUsage {
     pub inodes: u64,
 }
 
+/// How often the background refresh re-reads the writable-layer usage it
+/// holds (containerd's CRI `stats_collect_period` default).
+pub const SNAPSHOT_USAGE_PERIOD: Duration = Duration::from_secs(10);
+
+/// Writable-layer usage per container id, with when it was read.
+#[derive(Debug, Default)]
+pub struct SnapshotUsageCache {
+    entries: Mutex<HashMap<String, (SnapshotUsage, SystemTime)>>,
+}
+
+impl SnapshotUsageCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (SnapshotUsage, SystemTime)>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The usage of `id` as last read, and when.
+    pub fn get(&self, id: &str) -> Option<(SnapshotUsage, SystemTime)> {
+        self.lock().get(id).copied()
+    }
+
+    /// Records a reading of `id`.
+    pub fn put(&self, id: &str, usage: SnapshotUsage, at: SystemTime) {
+        self.lock().insert(id.to_owned(), (usage, at));
+    }
+
+    /// Forgets `id`.
+    pub fn forget(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    /// The ids held.
+    pub fn ids(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+}
+
 impl ContainerRuntime {
+    /// Usage of container `id`'s writable layer and when it was read: the
+    /// background refresh's reading, or, for a container not read yet, a
+    /// reading taken now (and kept).
+    pub async fn writable_layer_usage(
+        &self,
+        id: &str,
+    ) -> Result<(SnapshotUsage, SystemTime), RuntimeError> {
+        if let Some(cached) = self.usage_cache().get(id) {
+            return Ok(cached);
+        }
+        let usage = self.snapshot_usage(id).await?;
+        let now = SystemTime::now();
+        self.usage_cache().put(id, usage, now);
+        Ok((usage, now))
+    }
+
+    /// Re-reads the usage of every container held, one after another;
+    /// forgets those whose snapshot is gone. How many were re-read.
+    pub async fn refresh_snapshot_usage(&self) -> usize {
+        let mut refreshed = 0;
+        for id in self.usage_cache().ids() {
+            match self.snapshot_usage(&id).await {
+                Ok(usage) => {
+                    self.usage_cache().put(&id, usage, SystemTime::now());
+                    refreshed += 1;
+                }
+                Err(e) if e.is_not_found() => self.usage_cache().forget(&id),
+                Err(e) => {
+                    tracing::debug!(container_id = %id, error = %e, "refreshing writable layer usage")
+                }
+            }
+        }
+        refreshed
+    }
+
+    /// [`Self::refresh_snapshot_usage`] every `period` until `shutdown`.
+    pub async fn refresh_snapshot_usage_every(
+        self: std::sync::Arc<Self>,
+        period: Duration,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(period) => {}
+            }
+            self.refresh_snapshot_usage().await;
+        }
+    }
+
     /// Usage of container `id`'s writable layer (its snapshot, keyed by the
-    /// container id) from the snapshotter.
+    /// container id), asked of the snapshotter now.
     pub async fn snapshot_usage(&self, id: &str) -> Result<SnapshotUsage, RuntimeError> {
         let resp = self
             .client()
@@ -366,6 +463,50 @@ impl ContainerRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_usage_cache_keeps_the_last_reading() {
+        let cache = SnapshotUsageCache::default();
+        assert_eq!(cache.get("c1"), None);
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(5);
+        let t1 = t0 + SNAPSHOT_USAGE_PERIOD;
+        cache.put(
+            "c1",
+            SnapshotUsage {
+                bytes: 1,
+                inodes: 2,
+            },
+            t0,
+        );
+        cache.put(
+            "c2",
+            SnapshotUsage {
+                bytes: 9,
+                inodes: 9,
+            },
+            t0,
+        );
+        cache.put(
+            "c1",
+            SnapshotUsage {
+                bytes: 3,
+                inodes: 4,
+            },
+            t1,
+        );
+        assert_eq!(
+            cache.get("c1"),
+            Some((
+                SnapshotUsage {
+                    bytes: 3,
+                    inodes: 4
+                },
+                t1
+            ))
+        );
+        cache.forget("c2");
+        assert_eq!(cache.ids(), vec!["c1".to_owned()]);
+    }
 
     fn write(dir: &Path, name: &str, text: &str) {
         std::fs::create_dir_all(dir).unwrap();

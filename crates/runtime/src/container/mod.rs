@@ -183,6 +183,8 @@ pub struct ContainerRuntime {
     /// containerd for one again; forgotten on removal, and not known after
     /// a restart (containerd is asked then).
     retired: Arc<Mutex<HashSet<String>>>,
+    /// Writable-layer usage per container, refreshed in the background.
+    usage: crate::stats::SnapshotUsageCache,
 }
 
 /// A task being retired: its exit (status, time), and a receiver that turns
@@ -248,7 +250,13 @@ impl ContainerRuntime {
             live: Arc::default(),
             retiring: Arc::default(),
             retired: Arc::default(),
+            usage: crate::stats::SnapshotUsageCache::default(),
         }
+    }
+
+    /// The cache of writable-layer usage (see [`crate::stats`]).
+    pub(crate) fn usage_cache(&self) -> &crate::stats::SnapshotUsageCache {
+        &self.usage
     }
 
     /// What the host's cgroups can enforce.

@@ -382,6 +382,7 @@ impl ContainerRuntime {
         self.delete_task(id).await?;
         self.unstage_mounts(id).await?;
         self.remove_snapshot(id).await?;
+        self.usage_cache().forget(id);
         self.delete_container(id).await?;
         self.forget_retired(id);
         fifo_io::remove_dir(&self.io_dir(id))?;
