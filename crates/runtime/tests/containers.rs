@@ -861,3 +861,56 @@ async fn sandbox_with_the_builtin_pause_image() {
         .unwrap();
     env.teardown().await;
 }
+
+/// Creates share one lease for their new snapshots (no lease calls of
+/// their own), and a lease lost under the runtime is replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_share_one_snapshot_lease() {
+    let Some(env) = support::setup("creates_share_one_snapshot_lease").await else {
+        return;
+    };
+    let leases = || async {
+        let list = env
+            .client
+            .leases()
+            .list(
+                env.client
+                    .request(containerd_client::services::v1::ListRequest { filters: vec![] }),
+            )
+            .await
+            .unwrap()
+            .into_inner()
+            .leases;
+        list.into_iter().map(|l| l.id).collect::<Vec<_>>()
+    };
+    let ids: Vec<_> = (0..3).map(|n| env.id(&format!("lease{n}"))).collect();
+    for (n, id) in ids.iter().enumerate() {
+        let spec = env.sh(&format!("lease{n}"), "true");
+        env.runtime.create(id, &spec).await.unwrap();
+    }
+    let shared = leases().await;
+    assert_eq!(shared.len(), 1, "{shared:?}");
+    env.client
+        .leases()
+        .delete(
+            env.client
+                .request(containerd_client::services::v1::DeleteRequest {
+                    id: shared[0].clone(),
+                    sync: true,
+                }),
+        )
+        .await
+        .unwrap();
+    let late = env.id("lease-late");
+    env.runtime
+        .create(&late, &env.sh("lease-late", "true"))
+        .await
+        .unwrap();
+    let renewed = leases().await;
+    assert_eq!(renewed.len(), 1, "{renewed:?}");
+    assert_ne!(renewed, shared);
+    for id in ids.iter().chain([&late]) {
+        env.runtime.remove(id).await.unwrap();
+    }
+    env.teardown().await;
+}

@@ -185,6 +185,9 @@ pub struct ContainerRuntime {
     retired: Arc<Mutex<HashSet<String>>>,
     /// Writable-layer usage per container, refreshed in the background.
     usage: crate::stats::SnapshotUsageCache,
+    /// The lease new rootfs snapshots are prepared under (id, expiry),
+    /// shared by every create until it nears its expiry.
+    create_lease: tokio::sync::Mutex<Option<(String, SystemTime)>>,
 }
 
 /// A task being retired: its exit (status, time), and a receiver that turns
@@ -250,6 +253,7 @@ impl ContainerRuntime {
             live: Arc::default(),
             retiring: Arc::default(),
             retired: Arc::default(),
+            create_lease: tokio::sync::Mutex::default(),
             usage: crate::stats::SnapshotUsageCache::default(),
         }
     }

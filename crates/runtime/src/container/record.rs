@@ -7,12 +7,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use containerd_client::services::v1::container::Runtime as ContainerRuntimeInfo;
 use containerd_client::services::v1::snapshots::{PrepareSnapshotRequest, RemoveSnapshotRequest};
+use containerd_client::services::v1::CreateRequest as LeaseCreateRequest;
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, DeleteContainerRequest, UpdateContainerRequest,
     UpdateTaskRequest,
-};
-use containerd_client::services::v1::{
-    CreateRequest as LeaseCreateRequest, DeleteRequest as LeaseDeleteRequest,
 };
 use containerd_client::types::v1::Status as TaskStatus;
 use prost_types::Any;
@@ -24,6 +22,12 @@ use super::{
     LABEL_STDIN, LABEL_STDIN_ONCE, LABEL_STOP_SIGNAL, LABEL_TTY, RESOURCES_TYPE_URL, SPEC_TYPE_URL,
 };
 use crate::error::{cd, cd_container, RuntimeError};
+
+/// How long a create lease lives (its `containerd.io/gc.expire`).
+const CREATE_LEASE_LIFE: Duration = Duration::from_secs(3600);
+/// A create lease with less than this left is replaced, so the snapshots
+/// prepared under it have their container record long before it expires.
+const CREATE_LEASE_RENEW: Duration = Duration::from_secs(600);
 use crate::io as fifo_io;
 use crate::spec::{
     build_oci_spec, linux_resources, resolve_user, user_needs_lookup, ContainerSpec, ResolvedUser,
@@ -76,39 +80,14 @@ impl ContainerRuntime {
         }
         // The new snapshot is referenced by nothing until the container
         // record exists: a lease keeps containerd's GC off it meanwhile.
-        let lease = self.create_lease(id).await?;
-        let mut prepare = self.client.request(PrepareSnapshotRequest {
-            snapshotter: self.config.snapshotter.clone(),
-            key: id.to_owned(),
-            parent: spec.image.chain_id.clone(),
-            labels: HashMap::from([(LABEL_NAME.to_owned(), spec.name.clone())]),
-        });
-        if let Ok(v) = lease.parse() {
-            prepare.metadata_mut().insert("containerd-lease", v);
+        // The lease is shared (see `lease_for_create`): a lost one is replaced
+        // and the prepare tried once more.
+        let mut snap = self.prepare_snapshot(id, spec, false).await;
+        if matches!(&snap, Err(RuntimeError::Containerd { source, .. }) if source.code() == tonic::Code::NotFound)
+        {
+            snap = self.prepare_snapshot(id, spec, true).await;
         }
-        let snap = self
-            .client
-            .snapshots()
-            .prepare(prepare)
-            .instrument(debug_span!("snapshots.prepare"))
-            .await
-            .map_err(|s| {
-                if s.code() == tonic::Code::AlreadyExists {
-                    RuntimeError::AlreadyExists {
-                        kind: "container",
-                        id: id.to_owned(),
-                    }
-                } else {
-                    RuntimeError::containerd("snapshots.prepare", s)
-                }
-            });
-        let snap = match snap {
-            Ok(s) => s,
-            Err(e) => {
-                self.delete_lease(&lease).await;
-                return Err(e);
-            }
-        };
+        let snap = snap?;
         let staged = self.stage_mounts(id, spec).await;
         let res = match &staged {
             Ok(staged) => {
@@ -118,13 +97,12 @@ impl ContainerRuntime {
                     &handler_name,
                     runtime_type,
                     runtime_options,
-                    &snap.into_inner().mounts,
+                    &snap.mounts,
                 )
                 .await
             }
             Err(_) => Ok(()),
         };
-        self.delete_lease(&lease).await;
         if let Err(e) = staged.and(res) {
             let _ = self.unstage_mounts(id).await;
             let _ = self.remove_snapshot(id).await;
@@ -199,31 +177,77 @@ impl ContainerRuntime {
         crate::staged::on_thread(move || crate::staged::remove_blocking(&dir)).await
     }
 
+    /// Prepares `id`'s rootfs snapshot under the create lease (a new one
+    /// when `renew`).
+    async fn prepare_snapshot(
+        &self,
+        id: &str,
+        spec: &ContainerSpec,
+        renew: bool,
+    ) -> Result<containerd_client::services::v1::snapshots::PrepareSnapshotResponse, RuntimeError>
+    {
+        let lease = self.lease_for_create(renew).await?;
+        let mut prepare = self.client.request(PrepareSnapshotRequest {
+            snapshotter: self.config.snapshotter.clone(),
+            key: id.to_owned(),
+            parent: spec.image.chain_id.clone(),
+            labels: HashMap::from([(LABEL_NAME.to_owned(), spec.name.clone())]),
+        });
+        if let Ok(v) = lease.parse() {
+            prepare.metadata_mut().insert("containerd-lease", v);
+        }
+        self.client
+            .snapshots()
+            .prepare(prepare)
+            .instrument(debug_span!("snapshots.prepare"))
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| {
+                if s.code() == tonic::Code::AlreadyExists {
+                    RuntimeError::AlreadyExists {
+                        kind: "container",
+                        id: id.to_owned(),
+                    }
+                } else {
+                    RuntimeError::containerd("snapshots.prepare", s)
+                }
+            })
+    }
+
+    /// The lease new snapshots are prepared under. One lease serves every
+    /// create for most of its hour (it is replaced once less than
+    /// [`CREATE_LEASE_RENEW`] is left, or when `renew`), so a create makes
+    /// no lease calls of its own: the snapshot is safe from containerd's GC
+    /// from its prepare on, and once the container record references it the
+    /// lease is not needed. Nothing deletes the lease; containerd's GC does
+    /// at its `gc.expire`, and the snapshots it still lists are kept by
+    /// their containers or already removed with them. A snapshot prepared
+    /// just before a crash is left protected until then, and the agent's GC
+    /// removes it sooner (a rootfs snapshot without a container).
     #[tracing::instrument(name = "leases.create", level = "debug", skip_all)]
-    async fn create_lease(&self, id: &str) -> Result<String, RuntimeError> {
-        let lease_id = format!("cubelet-create-{id}-{}", unix_nanos(SystemTime::now()));
-        let expire = crate::logs::rfc3339_nano(SystemTime::now() + Duration::from_secs(3600));
+    async fn lease_for_create(&self, renew: bool) -> Result<String, RuntimeError> {
+        let mut current = self.create_lease.lock().await;
+        let now = SystemTime::now();
+        if let Some((id, expires)) = current.as_ref() {
+            if !renew && *expires > now + CREATE_LEASE_RENEW {
+                return Ok(id.clone());
+            }
+        }
+        let lease_id = format!("cubelet-create-{}", unix_nanos(now));
+        let expires = now + CREATE_LEASE_LIFE;
         self.client
             .leases()
             .create(self.client.request(LeaseCreateRequest {
                 id: lease_id.clone(),
-                labels: HashMap::from([("containerd.io/gc.expire".to_owned(), expire)]),
+                labels: HashMap::from([(
+                    "containerd.io/gc.expire".to_owned(),
+                    crate::logs::rfc3339_nano(expires),
+                )]),
             }))
             .await
             .map_err(cd("leases.create"))?;
+        *current = Some((lease_id.clone(), expires));
         Ok(lease_id)
-    }
-
-    #[tracing::instrument(name = "leases.delete", level = "debug", skip_all)]
-    async fn delete_lease(&self, lease: &str) {
-        let req = self.client.request(LeaseDeleteRequest {
-            id: lease.to_owned(),
-            sync: false,
-        });
-        if let Err(e) = self.client.leases().delete(req).await {
-            // It expires by itself (gc.expire); nothing leaks for long.
-            tracing::warn!(lease, error = %e, "deleting create lease failed");
-        }
     }
 
     async fn create_record(
