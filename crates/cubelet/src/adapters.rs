@@ -1,5 +1,5 @@
 //! Glue between crates that must not know each other: the store as the
-//! network's lease store, metrics as the CRI observer, the image service as
+//! network's lease store, metrics as the CRI and warm-pool observers, the image service as
 //! the sandbox step's pause image source, readiness as CRI conditions, and
 //! the containerd runtime plus the network crate's namespace dialing as the
 //! streaming server's backend, and the network crate's namespace threads as
@@ -70,6 +70,20 @@ impl cubelet_cri::CriObserver for CriMetrics {
 
     fn events_dropped(&self, n: u64) {
         self.0.events_dropped(n);
+    }
+}
+
+/// Warm-pool metrics (`cubelet_pool_*`).
+#[derive(Debug)]
+pub(crate) struct PoolMetrics(pub(crate) Metrics);
+
+impl cubelet_pod::PoolObserver for PoolMetrics {
+    fn claimed(&self, hit: bool) {
+        self.0.pool_claim(hit);
+    }
+
+    fn ready(&self, n: usize) {
+        self.0.set_pool_ready(n);
     }
 }
 

@@ -211,15 +211,21 @@ pub async fn run(config: Config) -> Result<()> {
     .await
     .context("bind the streaming server")?;
     info!(addr = %streaming.local_addr(), "streaming server bound");
-    let pods = PodService::new(PodDeps {
-        engine: engine.clone(),
-        store: Arc::clone(&store),
-        runtime: Arc::new(cubelet_pod::Containerd::new(
-            Arc::clone(&runtime),
-            Arc::clone(&images),
-        )),
-        shutdown: shutdown.clone(),
-    });
+    let pods = PodService::with_pool(
+        PodDeps {
+            engine: engine.clone(),
+            store: Arc::clone(&store),
+            runtime: Arc::new(cubelet_pod::Containerd::new(
+                Arc::clone(&runtime),
+                Arc::clone(&images),
+            )),
+            shutdown: shutdown.clone(),
+        },
+        cubelet_pod::PoolConfig {
+            size: config.pools.sandbox.size,
+        },
+        Arc::new(crate::adapters::PoolMetrics(metrics.clone())),
+    );
     let cri = Cri::new(CriDeps {
         pods: pods.clone(),
         runtime: Arc::clone(&runtime),
@@ -264,6 +270,8 @@ pub async fn run(config: Config) -> Result<()> {
 
     readiness.set_not_ready("reconciling");
     reconcile(&parts).await?;
+    // After reconciliation, which destroys the last run's shells.
+    parts.pods.start_pool();
     readiness.set_ready();
     info!("reconciliation done; ready");
     crate::notify::notify_systemd("READY=1");
@@ -319,6 +327,9 @@ pub async fn run(config: Config) -> Result<()> {
     shutdown.cancel();
     let drained = tokio::time::timeout(GRACE, async {
         let _ = cri_task.await;
+        // Ready shells are destroyed, not kept for the next start (which
+        // would destroy them anyway: see the pod crate's `pool`).
+        parts.pods.close_pool().await;
         engine.drain().await;
         let _ = streaming_task.await;
         let _ = gc_task.await;
@@ -364,6 +375,7 @@ async fn reconcile(parts: &Parts) -> Result<()> {
         reattached = report.reattached,
         lost = report.lost,
         shims_reaped = report.shims_reaped,
+        shells_destroyed = report.shells_destroyed,
         "reconciled"
     );
     parts.metrics_sandboxes();

@@ -56,8 +56,8 @@ impl Default for WorkflowConfig {
 /// A workflow configuration that is wrong, naming what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
-    /// A flow name other than create, destroy, cleanup.
-    #[error("flows.{0}: unknown flow (expected create, destroy or cleanup)")]
+    /// A flow name other than create, destroy, cleanup, prewarm.
+    #[error("flows.{0}: unknown flow (expected create, destroy, cleanup or prewarm)")]
     UnknownFlow(String),
     /// A required flow is absent.
     #[error("flows.{0}: missing (create, destroy and cleanup are required)")]
@@ -125,8 +125,15 @@ pub struct ValidFlow {
 }
 
 impl WorkflowConfig {
+    /// The `prewarm` flow's limit when the configuration leaves the flow
+    /// out: one shell at a time, so refilling the pool takes at most one
+    /// flow's worth of the node while user flows run.
+    pub const PREWARM_CONCURRENT: i64 = 1;
+
     /// Checks the configuration against the registered provider names and
-    /// returns the flows in [`FlowKind::ALL`] order.
+    /// returns the flows in [`FlowKind::ALL`] order. `prewarm` may be left
+    /// out: it then runs the `create` flow's stages, one at a time
+    /// ([`WorkflowConfig::PREWARM_CONCURRENT`]).
     pub fn validate<'a>(
         &self,
         providers: impl IntoIterator<Item = &'a str>,
@@ -139,7 +146,25 @@ impl WorkflowConfig {
         let mut out = Vec::with_capacity(FlowKind::ALL.len());
         for kind in FlowKind::ALL {
             let name = kind.as_str();
-            let cfg = self.flows.get(name).ok_or(ConfigError::MissingFlow(name))?;
+            let derived;
+            let cfg = match self.flows.get(name) {
+                Some(cfg) => cfg,
+                None if kind == FlowKind::Prewarm => {
+                    let create = FlowKind::Create.as_str();
+                    let steps = self
+                        .flows
+                        .get(create)
+                        .ok_or(ConfigError::MissingFlow(create))?
+                        .steps
+                        .clone();
+                    derived = FlowConfig {
+                        concurrent: Self::PREWARM_CONCURRENT,
+                        steps,
+                    };
+                    &derived
+                }
+                None => return Err(ConfigError::MissingFlow(name)),
+            };
             let concurrent =
                 usize::try_from(cfg.concurrent).map_err(|_| ConfigError::NegativeConcurrency {
                     flow: name.to_owned(),

@@ -443,10 +443,15 @@ impl Inner {
             (Err(e), _) => e,
         };
 
-        let rollback = if kind == FlowKind::Create && ctx.failover() {
-            let result = self
-                .compensate(FlowKind::Destroy, Some(id), &ctx.for_rollback())
-                .await;
+        // A failed create is undone by `destroy` (the pod service's `cleanup`
+        // follows), a failed shell by `cleanup` at once: nobody else will.
+        let undo = match kind {
+            FlowKind::Create if ctx.failover() => Some(FlowKind::Destroy),
+            FlowKind::Prewarm if ctx.failover() => Some(FlowKind::Cleanup),
+            _ => None,
+        };
+        let rollback = if let Some(undo) = undo {
+            let result = self.compensate(undo, Some(id), &ctx.for_rollback()).await;
             let outcome = match &result {
                 Ok(()) => Outcome::Ok,
                 Err(_) => Outcome::Error,
@@ -777,6 +782,7 @@ impl Inner {
             FlowKind::Create => step.flow.create(ctx),
             FlowKind::Destroy => step.flow.destroy(ctx),
             FlowKind::Cleanup => step.flow.cleanup(ctx),
+            FlowKind::Prewarm => step.flow.prewarm(ctx),
         };
         let span = info_span!("step", step = name, stage);
         let guarded = AssertUnwindSafe(call.instrument(span)).catch_unwind();

@@ -110,7 +110,7 @@ impl FakeFlow {
         self.note(kind, "start");
         let behavior = lock(&self.behavior).get(&kind).cloned().unwrap_or_default();
         let id = ctx.sandbox_id();
-        let forward = kind == FlowKind::Create;
+        let forward = !kind.is_teardown();
         let fail = || StepError::internal(Message(format!("{} {kind} failed", self.name)));
         match behavior {
             Behavior::Ok => {}
@@ -178,6 +178,10 @@ impl Flow for FakeFlow {
 
     async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError> {
         self.act(FlowKind::Cleanup, ctx).await
+    }
+
+    async fn prewarm(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        self.act(FlowKind::Prewarm, ctx).await
     }
 }
 

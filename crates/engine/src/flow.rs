@@ -14,7 +14,8 @@ use crate::deferred::Task;
 use crate::error::StepError;
 use crate::spec::{NetworkStatus, SandboxId, SandboxProcess, SandboxSpec, StorageStatus};
 
-/// The three flows every configuration defines.
+/// The flows of the engine: the three every configuration defines, and
+/// `prewarm`, which defaults to the `create` flow's stages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FlowKind {
@@ -24,11 +25,20 @@ pub enum FlowKind {
     Destroy,
     /// Removes everything left of a sandbox (RemovePodSandbox, GC).
     Cleanup,
+    /// Builds a warm-pool shell, the pod-independent part of a sandbox,
+    /// ahead of any pod (in the background; [`Flow::prewarm`]). A failure
+    /// is rolled back by `cleanup`.
+    Prewarm,
 }
 
 impl FlowKind {
     /// All flow kinds, in a stable order.
-    pub const ALL: [FlowKind; 3] = [FlowKind::Create, FlowKind::Destroy, FlowKind::Cleanup];
+    pub const ALL: [FlowKind; 4] = [
+        FlowKind::Create,
+        FlowKind::Destroy,
+        FlowKind::Cleanup,
+        FlowKind::Prewarm,
+    ];
 
     /// The flow's name in configuration and metric labels.
     pub fn as_str(self) -> &'static str {
@@ -36,12 +46,13 @@ impl FlowKind {
             FlowKind::Create => "create",
             FlowKind::Destroy => "destroy",
             FlowKind::Cleanup => "cleanup",
+            FlowKind::Prewarm => "prewarm",
         }
     }
 
     /// True for flows that tear down: every step runs even if another fails.
     pub fn is_teardown(self) -> bool {
-        !matches!(self, FlowKind::Create)
+        matches!(self, FlowKind::Destroy | FlowKind::Cleanup)
     }
 }
 
@@ -59,8 +70,9 @@ impl FromStr for FlowKind {
             "create" => Ok(FlowKind::Create),
             "destroy" => Ok(FlowKind::Destroy),
             "cleanup" => Ok(FlowKind::Cleanup),
+            "prewarm" => Ok(FlowKind::Prewarm),
             other => Err(format!(
-                "unknown flow {other:?} (expected create, destroy or cleanup)"
+                "unknown flow {other:?} (expected create, destroy, cleanup or prewarm)"
             )),
         }
     }
@@ -88,6 +100,18 @@ pub trait Flow: Send + Sync + 'static {
 
     /// Removes everything this provider holds for the sandbox. Idempotent.
     async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError>;
+
+    /// Builds the pod-independent part of this provider's share of a
+    /// sandbox ahead of any pod (a warm-pool shell), under the id the pod
+    /// that claims it will have, and publishes it. The spec is a blank one.
+    /// A later `create` of the same id runs with
+    /// [`FlowContext::claimed`] set and what this published already in the
+    /// context, and finishes only what depends on the pod. `cleanup`
+    /// removes a shell that is never claimed. The default prepares nothing.
+    async fn prewarm(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        let _ = ctx;
+        Ok(())
+    }
 }
 
 /// What the steps of a `create` flow produce, for later stages and for the
@@ -133,6 +157,7 @@ pub struct FlowContext {
     spec: Arc<SandboxSpec>,
     cancel: CancellationToken,
     failover: bool,
+    claimed: bool,
     outputs: Arc<Mutex<SandboxOutputs>>,
     /// Set by the engine for the teardown flows it runs for a caller.
     deferrable: AtomicBool,
@@ -157,6 +182,7 @@ impl FlowContext {
             spec,
             cancel: CancellationToken::new(),
             failover: false,
+            claimed: false,
             outputs: Arc::default(),
             deferrable: AtomicBool::new(false),
             deferred: Mutex::default(),
@@ -167,6 +193,22 @@ impl FlowContext {
     pub fn with_failover(mut self, failover: bool) -> Self {
         self.failover = failover;
         self
+    }
+
+    /// Marks a `create` that finishes a warm-pool shell made under this id
+    /// by a `prewarm` flow, with `shell`, what that flow published, in the
+    /// context: steps find their pod-independent part ready and do only
+    /// what depends on the pod ([`Flow::prewarm`]).
+    pub fn with_shell(mut self, shell: SandboxOutputs) -> Self {
+        self.claimed = true;
+        *self.lock() = shell;
+        self
+    }
+
+    /// Whether this `create` finishes a claimed shell
+    /// ([`FlowContext::with_shell`]).
+    pub fn claimed(&self) -> bool {
+        self.claimed
     }
 
     /// Uses the caller's cancellation token.
@@ -230,6 +272,7 @@ impl FlowContext {
             spec: Arc::clone(&self.spec),
             cancel: CancellationToken::new(),
             failover: false,
+            claimed: self.claimed,
             outputs: Arc::clone(&self.outputs),
             deferrable: AtomicBool::new(false),
             deferred: Mutex::default(),

@@ -26,7 +26,8 @@ pub struct RecoveryReport {
 impl Engine {
     /// Settles every open flow in the journal: for an interrupted or failed
     /// `create` or `destroy` the `destroy` flow runs again, for a `cleanup`
-    /// the `cleanup` flow. One teardown per sandbox, bounded by the rollback
+    /// or a `prewarm` (a half-made shell, which no pod owns) the `cleanup`
+    /// flow. One teardown per sandbox, bounded by the rollback
     /// budget; on success every open flow of the sandbox is marked
     /// compensated.
     pub async fn recover(&self) -> Result<RecoveryReport, EngineError> {
@@ -49,7 +50,10 @@ impl Engine {
         let inner = &self.inner;
         let results = futures::stream::iter(by_sandbox)
             .map(|(id, recs)| async move {
-                let teardown = if recs.iter().any(|r| r.kind == FlowKind::Cleanup) {
+                let teardown = if recs
+                    .iter()
+                    .any(|r| matches!(r.kind, FlowKind::Cleanup | FlowKind::Prewarm))
+                {
                     FlowKind::Cleanup
                 } else {
                     FlowKind::Destroy

@@ -732,6 +732,106 @@ async fn without_failover_recover_undoes_the_failed_create() {
 }
 
 #[tokio::test]
+async fn prewarm_runs_the_create_stages_under_a_limit_of_its_own() {
+    let r = rig(DEFAULT, 1);
+    // Left out of the configuration: the create flow's stages, one at a time.
+    assert_eq!(
+        r.engine.stages(FlowKind::Prewarm),
+        r.engine.stages(FlowKind::Create)
+    );
+    let prewarm = r.engine.admit(FlowKind::Prewarm).unwrap();
+    assert!(matches!(
+        r.engine.admit(FlowKind::Prewarm),
+        Err(EngineError::Rejected {
+            flow: FlowKind::Prewarm,
+            limit: 1
+        })
+    ));
+    // Its permit is not the create flow's: a create is admitted beside it.
+    r.engine.run(FlowKind::Create, ctx("user")).await.unwrap();
+    prewarm.run(ctx("shell")).await.unwrap();
+    let log = r.log();
+    for name in ["storage", "network", "sandbox"] {
+        assert!(log.contains(&format!("prewarm:{name}:end")), "{log:?}");
+    }
+    assert_eq!(r.held(), 6);
+    // A claimed create of the shell runs with what prewarm published.
+    let shell = SandboxOutputs {
+        process: Some(crate::spec::SandboxProcess::default()),
+        ..Default::default()
+    };
+    let claim = Arc::new(
+        FlowContext::new(SandboxId::new_unchecked("shell"), Arc::default()).with_shell(shell),
+    );
+    assert!(claim.claimed());
+    assert!(claim.get::<crate::spec::SandboxProcess>().is_some());
+    r.engine.run(FlowKind::Create, claim).await.unwrap();
+    assert_eq!(r.held(), 6, "the claim took what the shell held");
+}
+
+#[tokio::test]
+async fn a_failed_prewarm_is_rolled_back_by_cleanup() {
+    let r = rig(DEFAULT, 16);
+    r.fake("sandbox").set(
+        FlowKind::Prewarm,
+        Behavior::Fail {
+            after_acquire: true,
+        },
+    );
+    let err = r
+        .engine
+        .run(FlowKind::Prewarm, ctx("shell"))
+        .await
+        .unwrap_err();
+    assert!(!err.rollback_failed(), "{err}");
+    assert_eq!(r.held(), 0);
+    let log = r.log();
+    assert!(log.iter().any(|l| l == "cleanup:network:end"), "{log:?}");
+    assert!(!log.iter().any(|l| l.starts_with("destroy:")), "{log:?}");
+}
+
+#[tokio::test]
+async fn recovery_rolls_an_interrupted_prewarm_back_with_cleanup() {
+    let r = rig(DEFAULT, 16);
+    r.fake("sandbox").set(FlowKind::Prewarm, Behavior::Hang);
+    let run = r.engine.run(FlowKind::Prewarm, ctx("half"));
+    // Dropped half-way, as a kill -9 would leave it.
+    assert!(tokio::time::timeout(Duration::from_millis(50), run)
+        .await
+        .is_err());
+    assert!(r.held() > 0);
+    let report = r.engine.recover().await.unwrap();
+    assert_eq!(
+        report.settled,
+        [(SandboxId::new_unchecked("half"), FlowKind::Cleanup)]
+    );
+    assert_eq!(r.held(), 0);
+    assert!(r.journal.open_flows().unwrap().is_empty());
+}
+
+#[test]
+fn a_configured_prewarm_flow_is_validated_like_the_others() {
+    let mut cfg = config(DEFAULT, 16);
+    cfg.flows.insert(
+        "prewarm".into(),
+        FlowConfig {
+            concurrent: 2,
+            steps: vec![vec!["network".into()], vec!["nope".into()]],
+        },
+    );
+    let err = cfg
+        .validate(["storage", "network", "sandbox"])
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("flows.prewarm.steps[1]"), "{err}");
+    cfg.flows.get_mut("prewarm").unwrap().steps = vec![vec!["network".into()]];
+    let flows = cfg.validate(["storage", "network", "sandbox"]).unwrap();
+    let prewarm = flows.iter().find(|f| f.kind == FlowKind::Prewarm).unwrap();
+    assert_eq!(prewarm.concurrent, 2);
+    assert_eq!(prewarm.stages, vec![vec!["network".to_owned()]]);
+}
+
+#[tokio::test]
 async fn failed_recovery_is_reported_and_stays_open() {
     let r = rig(DEFAULT, 16);
     r.fake("sandbox").set(

@@ -79,7 +79,7 @@ struct Inner {
     step_duration: HistogramVec,
     rollbacks: IntCounterVec,
     /// Per-flow handles, indexed by [`flow_index`], resolved once.
-    per_flow: [PerFlow; 3],
+    per_flow: [PerFlow; 4],
     cri_requests: IntCounterVec,
     cri_duration: HistogramVec,
     sandboxes: IntGaugeVec,
@@ -90,6 +90,9 @@ struct Inner {
     events_dropped: IntCounter,
     pool_hit: IntCounter,
     pool_miss: IntCounter,
+    shell_hits: IntCounter,
+    shell_misses: IntCounter,
+    shells_ready: IntGauge,
 }
 
 struct PerFlow {
@@ -103,6 +106,7 @@ fn flow_index(flow: FlowKind) -> usize {
         FlowKind::Create => 0,
         FlowKind::Destroy => 1,
         FlowKind::Cleanup => 2,
+        FlowKind::Prewarm => 3,
     }
 }
 
@@ -294,6 +298,30 @@ impl Metrics {
             "Sandbox storage requests served from the warm pool (hit) or built (miss).",
             &["result"],
         )?;
+        let shell_hits = register(
+            registry,
+            "cubelet_pool_hits_total",
+            IntCounter::new(
+                "cubelet_pool_hits_total",
+                "RunPodSandbox calls that claimed a ready warm-pool shell.",
+            ),
+        )?;
+        let shell_misses = register(
+            registry,
+            "cubelet_pool_misses_total",
+            IntCounter::new(
+                "cubelet_pool_misses_total",
+                "RunPodSandbox calls, with the warm pool on, that took the cold path (no ready shell, or a pod no shell fits).",
+            ),
+        )?;
+        let shells_ready = register(
+            registry,
+            "cubelet_pool_ready",
+            IntGauge::new(
+                "cubelet_pool_ready",
+                "Warm-pool shells ready to be claimed.",
+            ),
+        )?;
         let build_info = gauge_vec(
             registry,
             "cubelet_build_info",
@@ -345,6 +373,9 @@ impl Metrics {
                 events_dropped,
                 pool_hit: storage_pool.with_label_values(&["hit"]),
                 pool_miss: storage_pool.with_label_values(&["miss"]),
+                shell_hits,
+                shell_misses,
+                shells_ready,
             }),
         })
     }
@@ -408,6 +439,23 @@ impl Metrics {
     /// Counts `n` container events dropped for a slow subscriber.
     pub fn events_dropped(&self, n: u64) {
         self.inner.events_dropped.inc_by(n);
+    }
+
+    /// Counts one RunPodSandbox with the warm pool on: a claimed shell
+    /// (`hit`) or the cold path.
+    pub fn pool_claim(&self, hit: bool) {
+        if hit {
+            self.inner.shell_hits.inc();
+        } else {
+            self.inner.shell_misses.inc();
+        }
+    }
+
+    /// Sets how many warm-pool shells are ready.
+    pub fn set_pool_ready(&self, n: usize) {
+        self.inner
+            .shells_ready
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Counts one storage request served from the warm pool (`hit`) or
@@ -490,6 +538,9 @@ mod tests {
             "cubelet_gc_pending",
             "cubelet_events_dropped_total",
             "cubelet_storage_pool_total",
+            "cubelet_pool_hits_total",
+            "cubelet_pool_misses_total",
+            "cubelet_pool_ready",
         ] {
             family(&families, name);
         }
@@ -503,7 +554,7 @@ mod tests {
                 .iter()
                 .map(|m| labels(m)[0].1.clone())
                 .collect();
-            assert_eq!(flows, ["cleanup", "create", "destroy"], "{name}");
+            assert_eq!(flows, ["cleanup", "create", "destroy", "prewarm"], "{name}");
         }
         let info = &family(&families, "cubelet_build_info").get_metric()[0];
         assert_eq!(labels(info), [("version".to_owned(), "1.2.3".to_owned())]);
@@ -522,7 +573,7 @@ mod tests {
         };
         let pair = |k: &str, v: &str| (k.to_owned(), v.to_owned());
         let mut want = Vec::new();
-        for flow in ["cleanup", "create", "destroy"] {
+        for flow in ["cleanup", "create", "destroy", "prewarm"] {
             for result in ["error", "ok"] {
                 want.push(vec![pair("flow", flow), pair("result", result)]);
             }
@@ -530,7 +581,7 @@ mod tests {
         assert_eq!(zeros("cubelet_flow_rollbacks_total"), want);
         assert_eq!(
             zeros("cubelet_flow_rejections_total"),
-            ["cleanup", "create", "destroy"].map(|f| vec![pair("flow", f)])
+            ["cleanup", "create", "destroy", "prewarm"].map(|f| vec![pair("flow", f)])
         );
         for (name, kinds) in [
             ("cubelet_gc_reclaimed_total", GC_RECLAIMED_KINDS),
@@ -626,6 +677,10 @@ mod tests {
         m.storage_pool(true);
         m.storage_pool(false);
         m.storage_pool(false);
+        m.pool_claim(true);
+        m.pool_claim(true);
+        m.pool_claim(false);
+        m.set_pool_ready(3);
         m.gc_reclaimed("netns", 3);
         m.set_sandboxes("ready", 4);
 
@@ -694,6 +749,13 @@ mod tests {
             .map(|m| (labels(m)[0].1.clone(), m.get_counter().get_value()))
             .collect();
         assert_eq!(pool, [("hit".to_owned(), 1.0), ("miss".to_owned(), 2.0)]);
+        let value = |name: &str| {
+            let m = &family(&f, name).get_metric()[0];
+            m.get_counter().get_value() + m.get_gauge().get_value()
+        };
+        assert_eq!(value("cubelet_pool_hits_total"), 2.0);
+        assert_eq!(value("cubelet_pool_misses_total"), 1.0);
+        assert_eq!(value("cubelet_pool_ready"), 3.0);
         let gc = family(&f, "cubelet_gc_reclaimed_total")
             .get_metric()
             .iter()

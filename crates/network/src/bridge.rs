@@ -715,8 +715,31 @@ impl Flow for BridgeNetwork {
         Ok(self.setup().await?)
     }
 
+    /// A claimed shell ([`FlowContext::claimed`]) already has its
+    /// namespace, veth and lease: only the pod's host ports are left (a
+    /// failure is rolled back by the flow's failover, which tears the
+    /// whole sandbox down).
     async fn create(&self, ctx: &FlowContext) -> Result<(), StepError> {
         let spec = ctx.spec();
+        if let Some(shell) = ctx
+            .get::<NetworkStatus>()
+            .filter(|n| ctx.claimed() && n.netns_path.is_some() && !spec.host_network())
+        {
+            if !spec.port_mappings.is_empty() {
+                let ip = shell.ips.iter().find_map(|ip| match ip {
+                    IpAddr::V4(v4) => Some(*v4),
+                    IpAddr::V6(_) => None,
+                });
+                let ip = ip.ok_or_else(|| NetworkError::InvalidConfig {
+                    reason: format!("shell {} has no IPv4 address", ctx.sandbox_id()),
+                })?;
+                let nft = self.nft()?;
+                let _guard = self.ports.lock().await;
+                nft::add_host_ports(&nft, &self.table, ctx.sandbox_id(), ip, &spec.port_mappings)
+                    .await?;
+            }
+            return Ok(());
+        }
         let cancelled = || ctx.cancel_token().is_cancelled();
         let status = self
             .create_with(
@@ -758,6 +781,18 @@ impl Flow for BridgeNetwork {
         Ok(self
             .teardown(ctx.sandbox_id(), !ctx.spec().port_mappings.is_empty())
             .await?)
+    }
+
+    /// A shell's network: the namespace pinned, the veth pair on the
+    /// bridge, an address leased and set, no host ports (those are the
+    /// pod's).
+    async fn prewarm(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        let cancelled = || ctx.cancel_token().is_cancelled();
+        let status = self
+            .create_with(ctx.sandbox_id(), false, &[], None, &cancelled)
+            .await?;
+        ctx.publish(status);
+        Ok(())
     }
 }
 

@@ -4,8 +4,8 @@
 //! and remove a pod sandbox (the engine's `create`, `destroy` and `cleanup`
 //! flows), create, start, stop and remove its containers (through the
 //! [`Runtime`] trait, containerd in production), containerd's exit and OOM
-//! events, reconciliation after a restart, and the garbage collector's work
-//! list. State lives in the store; lifecycle events go to subscribers.
+//! events, reconciliation after a restart, the garbage collector's work
+//! list, and a warm pool of sandbox shells that RunPodSandbox claims. State lives in the store; lifecycle events go to subscribers.
 //!
 //! It knows no wire format: the CRI edge (`cubelet-cri`) converts requests
 //! into this crate's types and its errors into gRPC statuses; the binary
@@ -16,6 +16,7 @@
 mod container;
 mod error;
 mod events;
+mod pool;
 mod reconcile;
 mod runtime;
 mod sandbox;
@@ -29,6 +30,7 @@ mod tests;
 
 pub use container::{ContainerRequest, ExecResult};
 pub use error::{PodError, PodResult};
+pub use pool::{NoopPoolObserver, PoolConfig, PoolObserver};
 pub use reconcile::ReconcileReport;
 pub use runtime::{Containerd, Runtime};
 pub use service::{PodDeps, PodEvent, PodEventKind, PodService, EVENT_BUFFER};

@@ -27,6 +27,8 @@ pub struct ReconcileReport {
     pub lost: usize,
     /// Shims stopped because the runtime had no task for them.
     pub shims_reaped: usize,
+    /// Warm-pool shells the last run left, destroyed (never adopted).
+    pub shells_destroyed: usize,
 }
 
 impl PodService {
@@ -43,6 +45,15 @@ impl PodService {
         }
         for (id, err) in &report.failed {
             warn!(sandbox_id = %id, error = %cubelet_engine::chain(err), "recovery failed; left for GC");
+        }
+        // Recovery rolled back the shells whose prewarm was interrupted;
+        // the ready ones go too (the pool refills once serving starts).
+        report.shells_destroyed = self.reclaim_shells().await?;
+        if report.shells_destroyed > 0 {
+            info!(
+                shells = report.shells_destroyed,
+                "destroyed the warm-pool shells of the last run"
+            );
         }
         let store = self.store();
         for rec in store.list_sandboxes()? {

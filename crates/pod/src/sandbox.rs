@@ -42,9 +42,15 @@ impl PodService {
     pub async fn run_sandbox(&self, spec: SandboxSpec) -> PodResult<SandboxId> {
         let this = self.clone();
         let span = info_span!("run_pod_sandbox", pod = %format!("{}/{}", spec.namespace, spec.name), pod_uid = %spec.uid);
+        // The pool's refill waits while this is held (see `pool`).
+        let busy = self.busy();
         self.detached(
             "RunPodSandbox",
-            async move { this.run_sandbox_locked(spec).await }.instrument(span),
+            async move {
+                let _busy = busy;
+                this.run_sandbox_locked(spec).await
+            }
+            .instrument(span),
         )
         .await
     }
@@ -73,16 +79,36 @@ impl PodService {
         }
 
         let admission = self.engine().admit(FlowKind::Create)?;
-        let id = SandboxId::new_unchecked(new_id()?);
+        // A ready shell that fits gives the pod its id and everything that
+        // does not depend on the pod; otherwise the cold path.
+        let shell = self.claim_shell(&spec);
+        let id = match &shell {
+            Some(shell) => shell.id.clone(),
+            None => SandboxId::new_unchecked(new_id()?),
+        };
         let spec = Arc::new(spec);
         // Recorded before anything is built, so a crash leaves a record that
-        // reconciliation finds next to the journal's open flow.
-        blocking(|| store.put_sandbox_buffered(&SandboxRecord::new(id.clone(), (*spec).clone())))?;
-        let ctx = Arc::new(
-            FlowContext::new(id.clone(), Arc::clone(&spec))
-                .with_failover(true)
-                .with_cancel(self.deps().shutdown.child_token()),
-        );
+        // reconciliation finds next to the journal's open flow. A claimed
+        // shell's record becomes the sandbox's in the same write.
+        let rec = SandboxRecord::new(id.clone(), (*spec).clone());
+        let recorded = match &shell {
+            Some(_) => blocking(|| store.claim_shell(&rec)),
+            None => blocking(|| store.put_sandbox_buffered(&rec)),
+        };
+        if let Err(e) = recorded {
+            if shell.is_some() {
+                // Its record is still a shell's: destroy it, never reuse it.
+                self.discard_shell(&id).await;
+            }
+            return Err(e.into());
+        }
+        let mut ctx = FlowContext::new(id.clone(), Arc::clone(&spec))
+            .with_failover(true)
+            .with_cancel(self.deps().shutdown.child_token());
+        if let Some(shell) = shell {
+            ctx = ctx.with_shell(shell.outputs);
+        }
+        let ctx = Arc::new(ctx);
         match admission.run(Arc::clone(&ctx)).await {
             Ok(()) => {
                 let out = ctx.outputs();

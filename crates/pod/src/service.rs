@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn, Instrument};
 
 use crate::error::{PodError, PodResult};
+use crate::pool::{NoopPoolObserver, Pool, PoolConfig, PoolObserver};
 use crate::runtime::Runtime;
 
 /// Events buffered per subscriber before the oldest are dropped.
@@ -78,6 +79,8 @@ pub(crate) struct Inner {
     /// One lock per container id: start, stop, remove.
     pub(crate) container_locks: KeyedLocks<String>,
     pub(crate) events: broadcast::Sender<PodEvent>,
+    /// The warm pool of sandbox shells, when on.
+    pub(crate) pool: Option<Arc<Pool>>,
 }
 
 /// Owns every pod and container state transition: RunPodSandbox through
@@ -120,14 +123,23 @@ pub(crate) fn new_id() -> PodResult<String> {
 pub(crate) use cubelet_engine::blocking;
 
 impl PodService {
-    /// Builds the service.
+    /// Builds the service, without a warm pool.
     pub fn new(deps: PodDeps) -> Self {
+        Self::with_pool(deps, PoolConfig { size: 0 }, Arc::new(NoopPoolObserver))
+    }
+
+    /// Builds the service with a warm pool of `pool.size` sandbox shells
+    /// (none for `0`), reporting to `observer`. The pool fills once
+    /// [`PodService::start_pool`] is called.
+    pub fn with_pool(deps: PodDeps, pool: PoolConfig, observer: Arc<dyn PoolObserver>) -> Self {
+        let pool = (pool.size > 0).then(|| Arc::new(Pool::new(pool, observer)));
         Self {
             inner: Arc::new(Inner {
                 deps,
                 pod_locks: KeyedLocks::default(),
                 container_locks: KeyedLocks::default(),
                 events: broadcast::channel(EVENT_BUFFER).0,
+                pool,
             }),
         }
     }

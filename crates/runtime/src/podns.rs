@@ -25,7 +25,7 @@ use cubelet_engine::spec::SandboxProcess;
 use cubelet_engine::SandboxId;
 use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use nix::sched::{unshare, CloneFlags};
+use nix::sched::{setns, unshare, CloneFlags};
 use nix::sys::statfs::{statfs, NSFS_MAGIC};
 
 use crate::error::RuntimeError;
@@ -158,6 +158,23 @@ impl PodNamespaces {
                 .remove(&id);
             drop(held);
             made
+        })
+        .await
+    }
+
+    /// Sets `hostname` in `id`'s pinned UTS namespace (a warm-pool shell's,
+    /// made before its pod was known), on a thread of its own that joins
+    /// the namespace, sets the name and exits.
+    pub async fn set_hostname(&self, id: &SandboxId, hostname: &str) -> Result<(), RuntimeError> {
+        let pin = self.sandbox_dir(id).join(UTS_PIN);
+        let hostname = hostname.to_owned();
+        on_thread(pin.display().to_string(), move || {
+            let ns = fs::File::open(&pin).map_err(|e| io_err("open namespace pin", &pin, e))?;
+            // This thread now lives in the pod's UTS namespace and exits
+            // right after.
+            setns(&ns, CloneFlags::CLONE_NEWUTS)
+                .map_err(|e| ns_err("enter the UTS namespace", &pin, e))?;
+            nix::unistd::sethostname(&hostname).map_err(|e| ns_err("set the hostname in", &pin, e))
         })
         .await
     }

@@ -254,11 +254,37 @@ impl Flow for SandboxProvider {
         Ok(())
     }
 
+    /// A claimed shell ([`FlowContext::claimed`]) has its IPC and UTS
+    /// namespaces pinned already: a pod without an infra process gets its
+    /// hostname set in them; a pod with one has them removed first (its
+    /// pause process makes its own, and teardown reads a pin directory as
+    /// "no pause container").
     async fn create(&self, ctx: &FlowContext) -> Result<(), StepError> {
         let id = ctx.sandbox_id().as_str();
         let (handler, config) = self.runtime.handler(&ctx.spec().runtime_handler)?;
         let infra = self.needs_infra(ctx.spec(), config);
         let handler = handler.to_owned();
+        let shell = ctx
+            .get::<SandboxProcess>()
+            .filter(|p| ctx.claimed() && p.pins_dir.is_some());
+        if let (Some(shell), Some(pins)) = (shell, &self.pins) {
+            let spec = ctx.spec();
+            let fits = shell.uts_path.is_some()
+                && shell.ipc_path.is_some()
+                && !spec.host_network()
+                && spec.namespaces.ipc != NamespaceMode::Node;
+            if !infra && fits {
+                pins.set_hostname(ctx.sandbox_id(), spec.effective_hostname())
+                    .await?;
+                ctx.publish(SandboxProcess {
+                    runtime_handler: handler,
+                    ..shell
+                });
+                return Ok(());
+            }
+            pins.remove(ctx.sandbox_id()).await?;
+            ctx.take::<SandboxProcess>();
+        }
         if let (false, Some(pins)) = (infra, &self.pins) {
             return self.create_pinned(ctx, pins, handler).await;
         }
@@ -299,7 +325,37 @@ impl Flow for SandboxProvider {
     async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError> {
         self.destroy(ctx).await
     }
+
+    /// A shell's IPC and UTS namespaces, pinned, when pods may go without
+    /// an infra process (`runtime.sandbox: auto`); in `pause` mode every
+    /// pod's pause process makes its own, so a shell has none. The
+    /// hostname is a placeholder until a pod claims the shell.
+    async fn prewarm(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        let Some(pins) = self
+            .pins
+            .as_ref()
+            .filter(|_| self.mode == SandboxMode::Auto)
+        else {
+            return Ok(());
+        };
+        let req = PinRequest {
+            ipc: true,
+            hostname: Some(SHELL_HOSTNAME.to_owned()),
+        };
+        let pinned = pins.create(ctx.sandbox_id(), &req).await?;
+        ctx.publish(SandboxProcess {
+            pid: None,
+            runtime_handler: String::new(),
+            ipc_path: pinned.ipc,
+            uts_path: pinned.uts,
+            pins_dir: Some(pinned.dir),
+        });
+        Ok(())
+    }
 }
+
+/// The hostname of a warm-pool shell's UTS namespace until a pod claims it.
+pub const SHELL_HOSTNAME: &str = "cubelet-shell";
 
 #[cfg(test)]
 mod tests {

@@ -175,6 +175,59 @@ impl LocalStorage {
         spec: &SandboxSpec,
         ips: &[std::net::IpAddr],
     ) -> Result<StorageStatus, StorageError> {
+        self.build_sandbox(id, spec, ips, None).await
+    }
+
+    /// The pod-independent part of a sandbox's storage, for a warm-pool
+    /// shell: its directory, its `/dev/shm` and (with scratch on) its
+    /// scratch space. [`LocalStorage::finish_shell`] adds the pod's files.
+    pub async fn prepare_shell(&self, id: &SandboxId) -> Result<StorageStatus, StorageError> {
+        self.ensure_root()?;
+        let p = self.paths(id);
+        ensure_dir(&p.dir, DIR_MODE)?;
+        check_sandbox_dir(&self.sandboxes_dir(), &p.dir)?;
+        ensure_dir(&p.shm, 0o755)?;
+        if !is_mounted(&p.shm)? {
+            mount_shm(&p.shm, self.cfg.shm_size)?;
+        }
+        let scratch_path = match &self.pool {
+            Some(pool) => {
+                self.create_scratch(pool, &p).await?;
+                Some(p.scratch.clone())
+            }
+            None => None,
+        };
+        Ok(StorageStatus {
+            sandbox_dir: p.dir.clone(),
+            hostname_path: p.hostname,
+            hosts_path: p.hosts,
+            resolv_conf_path: p.resolv_conf,
+            shm_path: Some(p.shm),
+            scratch_path,
+        })
+    }
+
+    /// [`LocalStorage::create_sandbox`] of a pod that claimed the shell
+    /// `shell` made by [`LocalStorage::prepare_shell`]: validates the
+    /// request and writes only what depends on the pod (hostname, hosts,
+    /// resolv.conf, its log directory).
+    pub async fn finish_shell(
+        &self,
+        id: &SandboxId,
+        spec: &SandboxSpec,
+        ips: &[std::net::IpAddr],
+        shell: StorageStatus,
+    ) -> Result<StorageStatus, StorageError> {
+        self.build_sandbox(id, spec, ips, Some(shell)).await
+    }
+
+    async fn build_sandbox(
+        &self,
+        id: &SandboxId,
+        spec: &SandboxSpec,
+        ips: &[std::net::IpAddr],
+        shell: Option<StorageStatus>,
+    ) -> Result<StorageStatus, StorageError> {
         if let Some(dir) = &spec.log_directory {
             validate_log_directory(dir)?;
         }
@@ -189,8 +242,19 @@ impl LocalStorage {
             validate_dns(dns)?;
         }
 
-        self.ensure_root()?;
         let p = self.paths(id);
+        if let Some(shell) = shell.filter(|s| s.sandbox_dir == p.dir) {
+            // The directory, shm and scratch are the shell's, checked
+            // when it was made; only the pod's files are left.
+            write_file(&p.hostname, files::render_hostname(hostname).as_bytes())?;
+            files::write_hosts(&p.dir, hostname, ips)?;
+            files::write_resolv_conf(&p, dns, &self.cfg.host_resolv_conf)?;
+            if let Some(dir) = &spec.log_directory {
+                create_log_directory(dir)?;
+            }
+            return Ok(shell);
+        }
+        self.ensure_root()?;
         ensure_dir(&p.dir, DIR_MODE)?;
         check_sandbox_dir(&self.sandboxes_dir(), &p.dir)?;
 
@@ -454,9 +518,23 @@ impl Flow for LocalStorage {
             .get::<NetworkStatus>()
             .map(|n| n.ips)
             .unwrap_or_default();
-        let status = self
-            .create_sandbox(ctx.sandbox_id(), ctx.spec(), &ips)
-            .await?;
+        let shell = ctx.get::<StorageStatus>().filter(|_| ctx.claimed());
+        let status = match shell {
+            Some(shell) => {
+                self.finish_shell(ctx.sandbox_id(), ctx.spec(), &ips, shell)
+                    .await?
+            }
+            None => {
+                self.create_sandbox(ctx.sandbox_id(), ctx.spec(), &ips)
+                    .await?
+            }
+        };
+        ctx.publish(status);
+        Ok(())
+    }
+
+    async fn prewarm(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        let status = self.prepare_shell(ctx.sandbox_id()).await?;
         ctx.publish(status);
         Ok(())
     }

@@ -24,7 +24,7 @@ use redb::{
 use tracing::warn;
 
 use crate::error::StoreError;
-use crate::records::{ContainerRecord, IpLease, SandboxRecord};
+use crate::records::{ContainerRecord, IpLease, SandboxRecord, ShellRecord};
 use crate::store::{decode, JsonTable, CONTAINERS, FLOWS, FLOWS_NAME, LEASES, SANDBOXES};
 
 /// An index of a JSON table: lookup key to primary keys (both strings).
@@ -113,6 +113,12 @@ impl Indexed for SandboxRecord {
 impl Indexed for ContainerRecord {
     fn entries(&self) -> Vec<(IndexTable, String)> {
         vec![(CONTAINERS_BY_SANDBOX, self.sandbox_id.as_str().to_owned())]
+    }
+}
+
+impl Indexed for ShellRecord {
+    fn entries(&self) -> Vec<(IndexTable, String)> {
+        Vec::new()
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! This crate owns the on-disk records of the node: sandboxes
 //! ([`SandboxRecord`]), containers ([`ContainerRecord`]), IP leases
-//! ([`IpLease`]), the flow journal (the [`cubelet_engine::Journal`] impl of
+//! ([`IpLease`]), warm-pool shells ([`ShellRecord`]), the flow journal (the [`cubelet_engine::Journal`] impl of
 //! [`Store`]) and a small `meta` table with the schema version. Values are
 //! JSON, so fields can be added without a migration.
 //!
@@ -17,5 +17,7 @@ mod records;
 mod store;
 
 pub use error::StoreError;
-pub use records::{ContainerRecord, ContainerState, IpLease, SandboxRecord, SandboxState};
+pub use records::{
+    ContainerRecord, ContainerState, IpLease, SandboxRecord, SandboxState, ShellRecord,
+};
 pub use store::{Store, VerifyReport, SCHEMA_VERSION};

@@ -85,6 +85,31 @@ impl SandboxRecord {
     }
 }
 
+/// A warm-pool shell: the pod-independent part of a sandbox (namespaces,
+/// network, sandbox directory) made ahead of any pod by a `prewarm` flow,
+/// under the sandbox id the pod that claims it will have. The record exists
+/// from before the flow acts until the shell is claimed (a sandbox record
+/// with the same id is written first) or destroyed, so the garbage
+/// collector counts its objects as live, and a restart finds every shell
+/// the last run left.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShellRecord {
+    /// The shell's id: the sandbox id of the pod that claims it.
+    pub id: SandboxId,
+    /// When it was first recorded.
+    pub created_at: SystemTime,
+}
+
+impl ShellRecord {
+    /// A new record, created now.
+    pub fn new(id: SandboxId) -> Self {
+        Self {
+            id,
+            created_at: SystemTime::now(),
+        }
+    }
+}
+
 /// Lifecycle state of a stored container (CRI `ContainerState`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

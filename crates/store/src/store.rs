@@ -13,7 +13,7 @@ use tracing::{debug, info};
 
 use crate::error::StoreError;
 use crate::index::{self, Indexed};
-use crate::records::{ContainerRecord, IpLease, SandboxRecord};
+use crate::records::{ContainerRecord, IpLease, SandboxRecord, ShellRecord};
 
 /// Schema version this build reads and writes. Bump it only for changes that
 /// old builds cannot read; adding a field with `#[serde(default)]` is not one.
@@ -34,6 +34,7 @@ impl JsonTable {
 pub(crate) const SANDBOXES: JsonTable = JsonTable { name: "sandboxes" };
 pub(crate) const CONTAINERS: JsonTable = JsonTable { name: "containers" };
 pub(crate) const LEASES: JsonTable = JsonTable { name: "ip_leases" };
+pub(crate) const SHELLS: JsonTable = JsonTable { name: "shells" };
 /// Journalled flows by id; the table name doubles as the error label.
 pub(crate) const FLOWS_NAME: &str = "flows";
 pub(crate) const FLOWS: TableDefinition<u64, &[u8]> = TableDefinition::new(FLOWS_NAME);
@@ -146,6 +147,8 @@ impl Store {
             txn.open_table(CONTAINERS.def())
                 .map_err(StoreError::db("open"))?;
             txn.open_table(LEASES.def())
+                .map_err(StoreError::db("open"))?;
+            txn.open_table(SHELLS.def())
                 .map_err(StoreError::db("open"))?;
             txn.open_table(FLOWS).map_err(StoreError::db("open"))?;
         }
@@ -469,6 +472,58 @@ impl Store {
         )
     }
 
+    // ---- warm-pool shells ----
+
+    /// Records a shell, durably, before its `prewarm` flow acts.
+    pub fn put_shell(&self, rec: &ShellRecord) -> Result<(), StoreError> {
+        self.put_json(SHELLS, rec.id.as_str(), rec, Durability::Immediate)
+    }
+
+    /// Every shell record, ordered by id.
+    pub fn list_shells(&self) -> Result<Vec<ShellRecord>, StoreError> {
+        self.scan(SHELLS, |_| true)
+    }
+
+    /// A pod claims shell `rec.id`: records its sandbox `rec` and deletes
+    /// the shell record, in one write transaction, so the id is never
+    /// without a record (the GC never sees its objects as orphans). The
+    /// commit is buffered as [`Store::put_sandbox_buffered`]'s, for the
+    /// same reason: the `create` flow's first journal write follows, is
+    /// durable and returns before any step acts, so a crash before it
+    /// loses both changes together and leaves the shell as it was.
+    pub fn claim_shell(&self, rec: &SandboxRecord) -> Result<(), StoreError> {
+        let op = "claim shell";
+        let key = rec.id.as_str();
+        let bytes = encode(SANDBOXES.name, key, rec)?;
+        let mut txn = self.write(op)?;
+        txn.set_durability(Durability::None)
+            .map_err(StoreError::db(op))?;
+        let old = {
+            txn.open_table(SHELLS.def())
+                .map_err(StoreError::db(op))?
+                .remove(key)
+                .map_err(StoreError::db(op))?;
+            let mut t = txn
+                .open_table(SANDBOXES.def())
+                .map_err(StoreError::db(op))?;
+            let old = t
+                .insert(key, bytes.as_slice())
+                .map_err(StoreError::db(op))?
+                .map(|g| g.value().to_vec());
+            old
+        };
+        if let Some(old) = old {
+            unindex::<SandboxRecord>(&txn, SANDBOXES, key, &old)?;
+        }
+        index::add(&txn, rec, key)?;
+        txn.commit().map_err(StoreError::db(op))
+    }
+
+    /// Deletes a shell record. Idempotent: returns whether it existed.
+    pub fn delete_shell(&self, id: &SandboxId) -> Result<bool, StoreError> {
+        self.delete_key::<ShellRecord>(SHELLS, id.as_str())
+    }
+
     // ---- IP leases ----
 
     /// Records a lease. Check and insert happen in one write transaction, so
@@ -711,6 +766,28 @@ mod tests {
             Some(SCHEMA_VERSION.to_string())
         );
         assert_eq!(store.verify().unwrap(), VerifyReport::default());
+    }
+
+    #[test]
+    fn a_claimed_shell_becomes_its_sandbox_in_one_step() {
+        let (_dir, store) = open_tmp();
+        store.put_shell(&ShellRecord::new(sid("s1"))).unwrap();
+        store.put_shell(&ShellRecord::new(sid("s2"))).unwrap();
+        let ids = |v: Vec<ShellRecord>| v.into_iter().map(|r| r.id).collect::<Vec<_>>();
+        assert_eq!(ids(store.list_shells().unwrap()), [sid("s1"), sid("s2")]);
+        let rec = SandboxRecord::new(sid("s1"), spec("default", "web", "u1", 0));
+        store.claim_shell(&rec).unwrap();
+        assert_eq!(ids(store.list_shells().unwrap()), [sid("s2")]);
+        assert_eq!(store.get_sandbox(&sid("s1")).unwrap(), Some(rec.clone()));
+        // Found through the pod index like any sandbox.
+        let found = store
+            .find_sandbox_by_pod("default", "web", "u1", 0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(found.id, sid("s1"));
+        assert!(store.delete_shell(&sid("s2")).unwrap());
+        assert!(!store.delete_shell(&sid("s2")).unwrap());
+        assert!(store.list_shells().unwrap().is_empty());
     }
 
     #[test]

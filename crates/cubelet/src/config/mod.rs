@@ -26,8 +26,8 @@ pub use self::bytesize::ByteSize;
 pub use self::error::ConfigError;
 pub use self::sections::{
     BridgeSection, CgroupDriver, CniSection, ContainerdConfig, CriConfig, EngineConfig, GcConfig,
-    HandlerConfig, ImagesConfig, MetricsConfig, NetworkConfig, NetworkProvider, RuntimeConfig,
-    SandboxMode, ScratchSection, StorageConfig, StreamingConfig,
+    HandlerConfig, ImagesConfig, MetricsConfig, NetworkConfig, NetworkProvider, PoolsConfig,
+    RuntimeConfig, SandboxMode, SandboxPoolConfig, ScratchSection, StorageConfig, StreamingConfig,
 };
 
 /// The whole configuration.
@@ -62,6 +62,8 @@ pub struct Config {
     pub engine: EngineConfig,
     /// Garbage collector.
     pub gc: GcConfig,
+    /// Warm pools.
+    pub pools: PoolsConfig,
 }
 
 impl Default for Config {
@@ -81,6 +83,7 @@ impl Default for Config {
             flows: WorkflowConfig::default(),
             engine: EngineConfig::default(),
             gc: GcConfig::default(),
+            pools: PoolsConfig::default(),
         }
     }
 }

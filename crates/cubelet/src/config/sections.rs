@@ -394,6 +394,29 @@ impl Default for GcConfig {
     }
 }
 
+/// `pools:`: warm pools of resources made ahead of the pods that use them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolsConfig {
+    /// Shells of pod sandboxes that RunPodSandbox claims.
+    pub sandbox: SandboxPoolConfig,
+}
+
+/// `pools.sandbox:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxPoolConfig {
+    /// Shells kept ready (pinned namespaces, veth on the bridge, an
+    /// address, the sandbox directory with its shm); `0` turns the pool off.
+    pub size: usize,
+}
+
+impl Default for SandboxPoolConfig {
+    fn default() -> Self {
+        Self { size: 4 }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::Config;
@@ -412,6 +435,17 @@ mod tests {
             .to_string();
         assert!(e.starts_with("streaming.tls_key_file"), "{e}");
         assert_eq!(Config::default().streaming.tls().unwrap(), None);
+    }
+
+    #[test]
+    fn the_sandbox_pool_holds_four_shells_unless_told_otherwise() {
+        assert_eq!(Config::default().pools.sandbox.size, 4);
+        let c = Config::from_yaml("pools: { sandbox: { size: 0 } }").unwrap();
+        assert_eq!(c.pools.sandbox.size, 0);
+        let e = Config::from_yaml("pools: { sandbox: { count: 2 } }")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pools.sandbox"), "{e}");
     }
 
     #[test]

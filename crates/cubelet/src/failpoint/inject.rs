@@ -192,6 +192,10 @@ impl Flow for Injected {
         self.around(FlowKind::Cleanup, self.inner.cleanup(ctx))
             .await
     }
+    async fn prewarm(&self, ctx: &FlowContext) -> Result<(), StepError> {
+        self.around(FlowKind::Prewarm, self.inner.prewarm(ctx))
+            .await
+    }
 }
 
 #[cfg(test)]

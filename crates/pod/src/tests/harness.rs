@@ -69,6 +69,21 @@ impl Rig {
     }
 
     pub(super) fn with_limits(create: i64, cleanup: i64) -> Rig {
+        Rig::build(create, cleanup, 0, Arc::new(crate::NoopPoolObserver))
+    }
+
+    /// A rig whose service keeps `size` warm-pool shells (filled once
+    /// `pods.start_pool()` is called), reporting to `observer`.
+    pub(super) fn with_pool(size: usize, observer: Arc<dyn crate::PoolObserver>) -> Rig {
+        Rig::build(16, 4, size, observer)
+    }
+
+    fn build(
+        create: i64,
+        cleanup: i64,
+        pool: usize,
+        observer: Arc<dyn crate::PoolObserver>,
+    ) -> Rig {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Arc::new(Store::open(&dir.path().join("cubelet.redb")).expect("store"));
         let mut builder = EngineBuilder::new().journal(store.clone());
@@ -82,12 +97,16 @@ impl Rig {
         let runtime = FakeRuntime::new();
         runtime.add_image("busybox", busybox());
         let shutdown = CancellationToken::new();
-        let pods = PodService::new(PodDeps {
-            engine,
-            store: Arc::clone(&store),
-            runtime: Arc::new(runtime.clone()),
-            shutdown: shutdown.clone(),
-        });
+        let pods = PodService::with_pool(
+            PodDeps {
+                engine,
+                store: Arc::clone(&store),
+                runtime: Arc::new(runtime.clone()),
+                shutdown: shutdown.clone(),
+            },
+            crate::PoolConfig { size: pool },
+            observer,
+        );
         Rig {
             pods,
             runtime,

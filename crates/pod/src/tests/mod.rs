@@ -3,5 +3,6 @@
 
 mod container;
 mod harness;
+mod pool;
 mod reconcile;
 mod sandbox;
