@@ -169,6 +169,26 @@ impl Admin for AdminService {
         Ok(Response::new(proto::SetFlowLimitResponse { flow }))
     }
 
+    async fn list_shells(
+        &self,
+        _request: Request<proto::ListShellsRequest>,
+    ) -> Result<Response<proto::ListShellsResponse>, Status> {
+        let store = Arc::clone(&self.store);
+        let mut records = tokio::task::spawn_blocking(move || store.list_shells())
+            .await
+            .map_err(|e| Status::internal(format!("list shells: {e}")))?
+            .map_err(|e| Status::internal(cubelet_engine::chain(&e)))?;
+        records.sort_by_key(|r| r.created_at);
+        let shells = records
+            .into_iter()
+            .map(|r| proto::Shell {
+                id: r.id.to_string(),
+                created_at_ms: millis(r.created_at),
+            })
+            .collect();
+        Ok(Response::new(proto::ListShellsResponse { shells }))
+    }
+
     async fn list_sandboxes(
         &self,
         request: Request<proto::ListSandboxesRequest>,

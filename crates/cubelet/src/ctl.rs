@@ -10,8 +10,8 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::admin::proto::admin_client::AdminClient;
 use crate::admin::proto::{
-    FlowLimit, FlowRun, ListFlowsRequest, ListSandboxesRequest, RunGcRequest, RunGcResponse,
-    Sandbox, SetFlowLimitRequest,
+    FlowLimit, FlowRun, ListFlowsRequest, ListSandboxesRequest, ListShellsRequest, RunGcRequest,
+    RunGcResponse, Sandbox, SetFlowLimitRequest,
 };
 use crate::admin::{AdminError, SOCKET_NAME};
 use crate::config::Config;
@@ -44,7 +44,7 @@ pub enum CtlCommand {
     Flows,
     /// Changes a flow's concurrency limit at run time (0 = unlimited).
     SetLimit {
-        /// create, destroy or cleanup.
+        /// create, destroy, cleanup or prewarm.
         flow: String,
         /// New limit.
         limit: u64,
@@ -57,6 +57,8 @@ pub enum CtlCommand {
     },
     /// Runs a garbage-collection pass now and shows what it reclaimed.
     Gc,
+    /// Warm-pool shells the node holds (no pod's yet), one id a line.
+    Shells,
 }
 
 impl CtlArgs {
@@ -141,6 +143,18 @@ pub async fn run(args: &CtlArgs) -> Result<String, AdminError> {
                 .await
                 .map_err(call("run gc"))?;
             Ok(gc_table(&resp.into_inner()))
+        }
+        CtlCommand::Shells => {
+            let resp = client
+                .list_shells(ListShellsRequest {})
+                .await
+                .map_err(call("list shells"))?;
+            Ok(resp
+                .into_inner()
+                .shells
+                .iter()
+                .map(|s| format!("{}\n", s.id))
+                .collect())
         }
     }
 }

@@ -1,0 +1,416 @@
+//! Warm pools of pod shells (`pools.sandbox.size`), over CRI against the
+//! real daemon and containerd.
+//!
+//! The daemon keeps ready shells (netns pinned, veth on the bridge, an
+//! address leased, the sandbox directory with its shm, and the IPC/UTS
+//! pins). A pod that fits claims one and takes its id: the pod runs a
+//! container, answers on its IP from the host over the bridge, has its own
+//! hostname, and stop + remove leave nothing (the leak audit leaves out
+//! only the shells the daemon reports holding). A pause-mode pod claims a
+//! shell too; a host-network pod and an exhausted pool take the cold path;
+//! the metrics move. With the pool off the daemon holds no shell. kill -9
+//! with ready shells, and in the middle of a prewarm, then a restart: the
+//! last run's shells are destroyed, none is reused. The GC reclaims a shell
+//! whose record is gone.
+//!
+//! Custom runner ([`cubelet_e2e::scenario_main`]): one daemon, scenarios in
+//! order, each followed by removal through CRI and the leak audit.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{ensure, Context};
+use cubelet_e2e::cri::{
+    ExecSyncRequest, NamespaceMode, NamespaceOption, PodSandboxState, RemovePodSandboxRequest,
+    StopPodSandboxRequest,
+};
+use cubelet_e2e::{
+    container_config, eventually, http_get, leaks, pid_per_container, Daemon, DaemonOpts, Scenario,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const BUSYBOX: &str = "127.0.0.1:5000/busybox:test";
+/// Shells the test daemon keeps.
+const SIZE: usize = 2;
+
+fn scenarios() -> Vec<Scenario> {
+    vec![
+        ("a_pool_hit_gives_a_working_pod", 180, |d| {
+            Box::pin(hit_gives_a_working_pod(d))
+        }),
+        ("a_pause_mode_pod_claims_a_shell_too", 120, |d| {
+            Box::pin(pause_pod_claims(d))
+        }),
+        ("host_network_and_an_empty_pool_miss", 120, |d| {
+            Box::pin(misses(d))
+        }),
+        ("the_pool_off_holds_no_shell", 180, |d| {
+            Box::pin(pool_off(d))
+        }),
+        ("kill9_with_ready_shells_destroys_them", 180, |d| {
+            Box::pin(kill9_ready(d))
+        }),
+        ("kill9_mid_prewarm_rolls_the_shell_back", 180, |d| {
+            Box::pin(kill9_mid_prewarm(d))
+        }),
+        ("gc_reclaims_a_shell_without_its_record", 180, |d| {
+            Box::pin(gc_orphaned_shell(d))
+        }),
+    ]
+}
+
+fn main() -> ExitCode {
+    let opts = DaemonOpts {
+        index: 37,
+        extra_config: Some(format!(
+            "gc: {{ interval: 1s }}\npools: {{ sandbox: {{ size: {SIZE} }} }}\n"
+        )),
+        ..Default::default()
+    };
+    cubelet_e2e::scenario_main(opts, scenarios())
+}
+
+/// The value of an unlabelled metric.
+async fn metric(d: &Daemon, name: &str) -> anyhow::Result<f64> {
+    let (_, body) = http_get(d.metrics, "/metrics").await?;
+    body.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no {name} in /metrics"))
+}
+
+/// Waits until the daemon holds `n` ready shells; returns their ids.
+async fn ready(d: &Daemon, n: usize) -> anyhow::Result<BTreeSet<String>> {
+    eventually(
+        &format!("{n} ready shells"),
+        Duration::from_secs(30),
+        || async { Ok(metric(d, "cubelet_pool_ready").await? == n as f64) },
+    )
+    .await?;
+    Ok(d.shells().await?.into_iter().collect())
+}
+
+/// Whether the kernel and the disk hold any part of sandbox `id`.
+fn any_part_of(d: &Daemon, id: &str) -> bool {
+    d.state_dir.join("netns").join(id).exists()
+        || d.podns_dir().join(id).exists()
+        || d.root_dir.join("sandboxes").join(id).exists()
+        || Path::new("/sys/class/net")
+            .join(format!("cb{}", &id[..11]))
+            .exists()
+}
+
+/// Whether every part of shell `id` is there.
+fn whole_shell(d: &Daemon, id: &str) -> bool {
+    d.state_dir.join("netns").join(id).exists()
+        && d.podns_dir().join(id).join("ipc").exists()
+        && d.podns_dir().join(id).join("uts").exists()
+        && d.root_dir.join("sandboxes").join(id).join("shm").exists()
+        && Path::new("/sys/class/net")
+            .join(format!("cb{}", &id[..11]))
+            .exists()
+}
+
+/// Runs `sh -c cmd` in container `id`; its stdout, trimmed.
+async fn sh(d: &Daemon, id: &str, cmd: &str) -> anyhow::Result<String> {
+    let r = d
+        .runtime
+        .clone()
+        .exec_sync(ExecSyncRequest {
+            container_id: id.to_owned(),
+            cmd: vec!["sh".into(), "-c".into(), cmd.into()],
+            timeout: 10,
+        })
+        .await
+        .with_context(|| format!("exec {cmd:?} in {id}"))?
+        .into_inner();
+    ensure!(
+        r.exit_code == 0,
+        "{cmd:?} in {id} exited {}: {}",
+        r.exit_code,
+        String::from_utf8_lossy(&r.stderr)
+    );
+    Ok(String::from_utf8_lossy(&r.stdout).trim().to_owned())
+}
+
+async fn stop_and_remove(d: &Daemon, id: &str) -> anyhow::Result<()> {
+    let mut rt = d.runtime.clone();
+    rt.stop_pod_sandbox(StopPodSandboxRequest {
+        pod_sandbox_id: id.to_owned(),
+    })
+    .await?;
+    rt.remove_pod_sandbox(RemovePodSandboxRequest {
+        pod_sandbox_id: id.to_owned(),
+    })
+    .await?;
+    Ok(())
+}
+
+/// GET / from `ip:8080` over the bridge, from the host.
+async fn get_from_host(ip: &str) -> anyhow::Result<String> {
+    let fut = async {
+        let mut s = tokio::net::TcpStream::connect((ip, 8080)).await?;
+        s.write_all(b"GET / HTTP/1.0\r\n\r\n").await?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await?;
+        anyhow::Ok(String::from_utf8_lossy(&buf).into_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(10), fut)
+        .await
+        .context("GET timed out")?
+}
+
+/// A pod of `cfg` claims a shell and works: a container serves on its IP,
+/// reachable from the host, with the pod's hostname; stop + remove leave
+/// nothing of it.
+async fn claims_and_works(
+    d: &Daemon,
+    cfg: &cubelet_e2e::cri::PodSandboxConfig,
+) -> anyhow::Result<()> {
+    d.pull(BUSYBOX).await?;
+    let shells = ready(d, SIZE).await?;
+    for id in &shells {
+        ensure!(whole_shell(d, id), "shell {id} incomplete");
+    }
+    let hits = metric(d, "cubelet_pool_hits_total").await?;
+    let pod = d.run_pod(cfg, "").await?;
+    ensure!(
+        shells.contains(&pod),
+        "pod {pod} took no shell of {shells:?}"
+    );
+    ensure!(
+        metric(d, "cubelet_pool_hits_total").await? == hits + 1.0,
+        "hit not counted"
+    );
+    ensure!(!d.shells().await?.contains(&pod), "still listed as a shell");
+    let status = d.pod_status(&pod).await?;
+    ensure!(
+        status.state == PodSandboxState::SandboxReady as i32,
+        "{status:?}"
+    );
+    let ip = status
+        .network
+        .as_ref()
+        .map(|n| n.ip.clone())
+        .unwrap_or_default();
+    ensure!(!ip.is_empty(), "no pod IP: {status:?}");
+    let c = d
+        .start_in(
+            &pod,
+            cfg,
+            container_config(
+                "web",
+                BUSYBOX,
+                &[
+                    "sh",
+                    "-c",
+                    "mkdir -p /tmp/www && echo hello-pool > /tmp/www/index.html && \
+                     exec httpd -f -p 8080 -h /tmp/www",
+                ],
+            ),
+        )
+        .await?;
+    let hostname = sh(d, &c, "hostname").await?;
+    ensure!(hostname == cfg.hostname, "hostname {hostname:?}");
+    let hosts = sh(d, &c, "cat /etc/hosts").await?;
+    ensure!(hosts.contains(&cfg.hostname), "hosts: {hosts}");
+    let mut body = String::new();
+    for _ in 0..50 {
+        match get_from_host(&ip).await {
+            Ok(b) if b.contains("hello-pool") => {
+                body = b;
+                break;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    ensure!(body.contains("hello-pool"), "pod not reachable at {ip}");
+    d.remove_all().await?;
+    ensure!(!any_part_of(d, &pod), "pod {pod} left something");
+    // The pool refills with new shells; the pod's id never returns.
+    let after = ready(d, SIZE).await?;
+    ensure!(!after.contains(&pod), "a removed pod's id is a shell again");
+    Ok(())
+}
+
+async fn hit_gives_a_working_pod(d: &Daemon) -> anyhow::Result<()> {
+    ensure!(
+        metric(d, "cubelet_pool_misses_total").await? >= 0.0,
+        "misses exported"
+    );
+    claims_and_works(d, &pid_per_container(d.pod_config("pooled"))).await
+}
+
+async fn pause_pod_claims(d: &Daemon) -> anyhow::Result<()> {
+    // CRI's zero value: one PID namespace for the pod, so a pause container.
+    claims_and_works(d, &d.pod_config("pooled-pause")).await?;
+    Ok(())
+}
+
+async fn misses(d: &Daemon) -> anyhow::Result<()> {
+    d.pull(BUSYBOX).await?;
+    let shells = ready(d, SIZE).await?;
+    let misses = metric(d, "cubelet_pool_misses_total").await?;
+    let hits = metric(d, "cubelet_pool_hits_total").await?;
+    let mut host = pid_per_container(d.pod_config("pool-host"));
+    let ns = host
+        .linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default)
+        .namespace_options
+        .get_or_insert_with(NamespaceOption::default);
+    ns.network = NamespaceMode::Node as i32;
+    let pod = d.run_pod(&host, "").await?;
+    ensure!(!shells.contains(&pod), "a host-network pod took a shell");
+    ensure!(metric(d, "cubelet_pool_misses_total").await? == misses + 1.0);
+    ensure!(d.shells().await?.len() == SIZE, "the shells were kept");
+    stop_and_remove(d, &pod).await?;
+
+    // More pods at once than shells: the refill waits for them, so the
+    // last ones take the cold path.
+    let cfgs: Vec<_> = (0..SIZE + 2)
+        .map(|i| pid_per_container(d.pod_config(&format!("burst-{i}"))))
+        .collect();
+    let ids = futures::future::try_join_all(cfgs.iter().map(|c| d.run_pod(c, ""))).await?;
+    let claimed = ids.iter().filter(|id| shells.contains(*id)).count();
+    let new_hits = metric(d, "cubelet_pool_hits_total").await? - hits;
+    let new_misses = metric(d, "cubelet_pool_misses_total").await? - misses - 1.0;
+    ensure!(
+        claimed == SIZE && new_hits == SIZE as f64 && new_misses == 2.0,
+        "claimed {claimed}, hits {new_hits}, misses {new_misses}"
+    );
+    let distinct: BTreeSet<_> = ids.iter().collect();
+    ensure!(distinct.len() == ids.len(), "two pods share an id");
+    d.remove_all().await?;
+    ready(d, SIZE).await?;
+    Ok(())
+}
+
+/// Writes drop-in `name` (or removes it with `None`) and restarts.
+async fn reconfigure(d: &Daemon, name: &str, yaml: Option<&str>) -> anyhow::Result<()> {
+    let path = d.config_dir().join("config.d").join(name);
+    match yaml {
+        Some(y) => std::fs::write(&path, y)?,
+        None => std::fs::remove_file(&path)?,
+    }
+    d.restart().await
+}
+
+async fn pool_off(d: &Daemon) -> anyhow::Result<()> {
+    let before = ready(d, SIZE).await?;
+    reconfigure(d, "60-pool.yaml", Some("pools: { sandbox: { size: 0 } }\n")).await?;
+    ensure!(d.shells().await?.is_empty(), "shells with the pool off");
+    for id in &before {
+        ensure!(!any_part_of(d, id), "shell {id} of the last run kept");
+    }
+    ensure!(metric(d, "cubelet_pool_ready").await? == 0.0);
+    let pod = d
+        .run_pod(&pid_per_container(d.pod_config("cold")), "")
+        .await?;
+    ensure!(d.pod_status(&pod).await?.state == PodSandboxState::SandboxReady as i32);
+    ensure!(
+        metric(d, "cubelet_pool_hits_total").await? == 0.0
+            && metric(d, "cubelet_pool_misses_total").await? == 0.0,
+        "the pool off counts nothing"
+    );
+    stop_and_remove(d, &pod).await?;
+    let leaked = leaks(d).await?;
+    ensure!(leaked.is_empty(), "leaked: {leaked:?}");
+    reconfigure(d, "60-pool.yaml", None).await?;
+    let after = ready(d, SIZE).await?;
+    ensure!(after.is_disjoint(&before), "a shell id came back");
+    Ok(())
+}
+
+async fn kill9_ready(d: &Daemon) -> anyhow::Result<()> {
+    let before = ready(d, SIZE).await?;
+    d.kill9().await?;
+    for id in &before {
+        ensure!(whole_shell(d, id), "shell {id} gone before the restart");
+    }
+    d.start_with_env(&[]).await?;
+    // Destroyed during reconciliation, before the daemon was ready.
+    for id in &before {
+        ensure!(!any_part_of(d, id), "shell {id} of the killed run left");
+    }
+    let after = ready(d, SIZE).await?;
+    ensure!(after.is_disjoint(&before), "a shell was adopted or reused");
+    Ok(())
+}
+
+/// A shell whose first stage is built (netns and directory there).
+async fn half_made(d: &Daemon) -> anyhow::Result<Option<String>> {
+    Ok(d.shells().await?.into_iter().find(|id| {
+        d.state_dir.join("netns").join(id).exists()
+            && d.root_dir.join("sandboxes").join(id).exists()
+    }))
+}
+
+async fn kill9_mid_prewarm(d: &Daemon) -> anyhow::Result<()> {
+    ready(d, SIZE).await?;
+    // A prewarm held after its first stage (namespace, veth, lease,
+    // directory made), before the sandbox step pins IPC and UTS.
+    d.stop().await?;
+    d.start_with_env(&[(
+        "CUBELET_TEST_FAILPOINTS",
+        "sandbox.prewarm@before=sleep:300s",
+    )])
+    .await?;
+    eventually("a prewarm half-way", Duration::from_secs(30), || async {
+        Ok(half_made(d).await?.is_some())
+    })
+    .await?;
+    let half = half_made(d).await?.context("the half-made shell")?;
+    ensure!(
+        metric(d, "cubelet_pool_ready").await? == 0.0,
+        "a shell ready"
+    );
+    d.kill9().await?;
+    ensure!(
+        any_part_of(d, &half),
+        "nothing of the half shell before restart"
+    );
+    d.start_with_env(&[]).await?;
+    ensure!(
+        !any_part_of(d, &half),
+        "the half-made shell {half} survived"
+    );
+    let after = ready(d, SIZE).await?;
+    ensure!(!after.contains(&half), "the half-made shell was adopted");
+    Ok(())
+}
+
+async fn gc_orphaned_shell(d: &Daemon) -> anyhow::Result<()> {
+    let before = ready(d, SIZE).await?;
+    // Killed with shells ready; their records then lost (as if the store
+    // were restored from before they were made): nobody owns them.
+    d.kill9().await?;
+    {
+        let store = cubelet_store::Store::open(&d.root_dir.join("cubelet.redb"))?;
+        for id in &before {
+            let id = cubelet_engine::SandboxId::parse(id).context("shell id")?;
+            store.delete_shell(&id)?;
+        }
+    }
+    d.start_with_env(&[]).await?;
+    eventually(
+        "orphaned shells reclaimed by the GC",
+        Duration::from_secs(30),
+        || async { Ok(before.iter().all(|id| !any_part_of(d, id))) },
+    )
+    .await?;
+    let (_, body) = http_get(d.metrics, "/metrics").await?;
+    let veths = body
+        .lines()
+        .find(|l| l.starts_with("cubelet_gc_reclaimed_total{kind=\"veth\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    ensure!(veths >= SIZE as f64, "veth reclaims not counted: {veths}");
+    ready(d, SIZE).await?;
+    Ok(())
+}
