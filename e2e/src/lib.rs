@@ -598,6 +598,19 @@ impl Daemon {
             .collect())
     }
 
+    /// The netns pins under `<state_dir>/netns` that are not the warm-pool
+    /// shells' the daemon holds (listed first, the shells asked after, so
+    /// a shell begun meanwhile is left out too).
+    pub async fn pod_netns_pins(&self) -> anyhow::Result<Vec<PathBuf>> {
+        let dir = self.state_dir.join("netns");
+        let pins: Vec<PathBuf> = dir_entries(&dir).into_iter().map(|n| dir.join(n)).collect();
+        let shells = self.shells().await?;
+        Ok(pins
+            .into_iter()
+            .filter(|p| !shells.iter().any(|s| p.ends_with(s)))
+            .collect())
+    }
+
     /// Full teardown: pods via CRI, the daemon, the bridge and its nft table,
     /// ip_forward, mounts and dirs, containerd objects and namespace.
     /// Every step runs; the errors are returned together.

@@ -367,12 +367,11 @@ async fn pod_lifecycle(d: &Daemon) -> anyhow::Result<()> {
         "ip {ip} not a pod address in {}/24",
         d.subnet
     );
-    // The netns pin lives under <state_dir>/netns and is a mounted nsfs.
-    let pins: Vec<PathBuf> = std::fs::read_dir(d.state_dir.join("netns"))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .collect();
+    // The netns pin lives under <state_dir>/netns and is a mounted nsfs
+    // (beside the pins of the daemon's warm-pool shells).
+    let pins: Vec<PathBuf> = d.pod_netns_pins().await?;
     ensure!(pins.len() == 1, "expected one netns pin, found {pins:?}");
+    ensure!(pins[0].ends_with(&id), "the pin is not the pod's: {pins:?}");
     let mounted = cubelet_e2e::mounts_under(&[pins[0].as_path()]);
     ensure!(
         !mounted.is_empty(),
@@ -1327,7 +1326,7 @@ async fn concurrent_run(d: &Daemon) -> anyhow::Result<()> {
         pods.into_inner().items.len() == 1,
         "more than one sandbox for one pod"
     );
-    let pins = std::fs::read_dir(d.state_dir.join("netns"))?.count();
+    let pins = d.pod_netns_pins().await?.len();
     ensure!(pins == 1, "{pins} netns pins for one pod");
     Ok(())
 }

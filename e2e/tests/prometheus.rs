@@ -217,7 +217,7 @@ async fn scenario(d: &Daemon, prom: &Prometheus) -> anyhow::Result<()> {
 
     let rejections = query(prom.addr, "cubelet_flow_rejections_total").await?;
     ensure!(
-        label_values(&rejections, "flow") == ["cleanup", "create", "destroy"],
+        label_values(&rejections, "flow") == ["cleanup", "create", "destroy", "prewarm"],
         "rejection counters per flow: {rejections:?}"
     );
 

@@ -81,13 +81,24 @@ async fn kill_mid_create(d: &Daemon) -> anyhow::Result<()> {
     });
     let netns_dir = d.state_dir.join("netns");
     let sandboxes_dir = d.root_dir.join("sandboxes");
+    // The pod's, not a warm-pool shell's (listed first, the shells asked
+    // after, as the agent's GC does): a pod that claimed a shell took its
+    // id and is a shell no more.
+    let pod_dir = || async {
+        let dirs = entries(&sandboxes_dir);
+        let shells = d.shells().await?;
+        anyhow::Ok(
+            dirs.into_iter()
+                .find(|id| !shells.contains(id) && netns_dir.join(id).exists()),
+        )
+    };
     eventually(
         "storage and network steps done",
         Duration::from_secs(60),
-        || async { Ok(!entries(&netns_dir).is_empty() && !entries(&sandboxes_dir).is_empty()) },
+        || async { Ok(pod_dir().await?.is_some()) },
     )
     .await?;
-    let id = entries(&sandboxes_dir).pop().context("no sandbox dir")?;
+    let id = pod_dir().await?.context("no sandbox dir")?;
     println!("killing the agent in the middle of create of {id}");
     d.kill9().await?;
     let _ = create.await; // the call fails: its server died

@@ -299,11 +299,11 @@ fn backoff_delay(interval: Duration, failures: u32) -> Duration {
         .min(MAX_BACKOFF)
 }
 
-/// The store's sandbox and warm-pool shell records, read afresh each time
-/// a collector asks: a shell's objects are live while its record is (it is
-/// written before its `prewarm` flow acts and becomes its pod's sandbox
-/// record in one transaction), and an orphaned shell's, whose record is
-/// gone, are reclaimed like any sandbox's.
+/// The store's sandbox and warm-pool shell records, read afresh (in one
+/// transaction) each time a collector asks: a shell's objects are live
+/// while its record is (it is written before its `prewarm` flow acts and
+/// becomes its pod's sandbox record in one transaction), and an orphaned
+/// shell's, whose record is gone, are reclaimed like any sandbox's.
 struct StoreLive<'a> {
     store: &'a Store,
     /// Set when a read failed (the collector then removed nothing).
@@ -312,16 +312,8 @@ struct StoreLive<'a> {
 
 impl LiveSandboxes for StoreLive<'_> {
     fn now(&self) -> Option<HashSet<SandboxId>> {
-        let read = self.store.list_sandboxes().and_then(|sandboxes| {
-            let shells = self.store.list_shells()?;
-            Ok(sandboxes
-                .into_iter()
-                .map(|r| r.id)
-                .chain(shells.into_iter().map(|s| s.id))
-                .collect())
-        });
-        match read {
-            Ok(all) => Some(all),
+        match self.store.sandbox_and_shell_ids() {
+            Ok(all) => Some(all.into_iter().collect()),
             Err(e) => {
                 warn!(error = %cubelet_engine::chain(&e), "gc: list sandboxes");
                 self.failed.store(true, Ordering::Relaxed);

@@ -519,6 +519,23 @@ impl Store {
         txn.commit().map_err(StoreError::db(op))
     }
 
+    /// The ids of every sandbox and every shell, read in one transaction:
+    /// a claim turns a shell record into a sandbox record atomically, and
+    /// two separate reads could miss the id between them.
+    pub fn sandbox_and_shell_ids(&self) -> Result<Vec<SandboxId>, StoreError> {
+        let op = "scan";
+        let txn = self.db.begin_read().map_err(StoreError::db(op))?;
+        let mut out = Vec::new();
+        for table in [SANDBOXES, SHELLS] {
+            let t = txn.open_table(table.def()).map_err(StoreError::db(op))?;
+            for entry in t.iter().map_err(StoreError::db(op))? {
+                let (k, _) = entry.map_err(StoreError::db(op))?;
+                out.push(SandboxId::new_unchecked(k.value()));
+            }
+        }
+        Ok(out)
+    }
+
     /// Deletes a shell record. Idempotent: returns whether it existed.
     pub fn delete_shell(&self, id: &SandboxId) -> Result<bool, StoreError> {
         self.delete_key::<ShellRecord>(SHELLS, id.as_str())
@@ -785,6 +802,10 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(found.id, sid("s1"));
+        assert_eq!(
+            store.sandbox_and_shell_ids().unwrap(),
+            [sid("s1"), sid("s2")]
+        );
         assert!(store.delete_shell(&sid("s2")).unwrap());
         assert!(!store.delete_shell(&sid("s2")).unwrap());
         assert!(store.list_shells().unwrap().is_empty());
