@@ -136,7 +136,7 @@ async fn pods_no_shell_fits_and_an_empty_pool_take_the_cold_path() {
         assert_ne!(id, shell, "a pod no shell fits builds its own");
     }
     assert_eq!(counts.get(), (0, 3, 1));
-    assert_eq!(shells(&rig), [shell.clone()]);
+    assert_eq!(shells(&rig), std::slice::from_ref(&shell));
 
     // A pause-mode pod (pod PID namespace) fits: network and storage serve it.
     let first = rig.pods.run_sandbox(spec("pause")).await.unwrap();
