@@ -270,8 +270,6 @@ pub async fn run(config: Config) -> Result<()> {
 
     readiness.set_not_ready("reconciling");
     reconcile(&parts).await?;
-    // After reconciliation, which destroys the last run's shells.
-    parts.pods.start_pool();
     readiness.set_ready();
     info!("reconciliation done; ready");
     crate::notify::notify_systemd("READY=1");
@@ -320,6 +318,11 @@ pub async fn run(config: Config) -> Result<()> {
         let shutdown = shutdown.clone();
         tokio::spawn(async move { streaming.serve(backend, shutdown).await }.in_current_span())
     };
+
+    // Last: after reconciliation (which destroys the last run's shells) and
+    // once every server is under way, so refilling never competes with the
+    // startup a client waits for.
+    parts.pods.start_pool();
 
     wait_for_signal(&shutdown).await?;
     info!("shutting down");
