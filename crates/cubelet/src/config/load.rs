@@ -261,6 +261,8 @@ mod tests {
             ("gc.interval", "5s", |c| {
                 c.gc.interval = Duration::from_secs(5)
             }),
+            ("pools.sandbox.size", "2", |c| c.pools.sandbox.size = 2),
+            ("pools.sandbox", "{ size: 0 }", |c| c.pools.sandbox.size = 0),
         ]
     }
 
