@@ -25,6 +25,6 @@ pub mod transport;
 pub mod validate;
 
 pub use error::{CriError, CriResult};
-pub use server::serve_unix;
+pub use server::{serve_unix, CriSocket};
 pub use service::{Cri, CriDeps, CriObserver, NodeConditions, NoopCriObserver};
 pub use stats::NetnsCounters;

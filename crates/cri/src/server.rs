@@ -2,7 +2,7 @@
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use k8s_cri::v1::image_service_server::ImageServiceServer;
 use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
@@ -16,16 +16,41 @@ use crate::transport::{self, TransportOptions};
 /// Largest CRI message accepted or sent (kubelet uses 16 MiB).
 const MAX_MESSAGE: usize = 16 * 1024 * 1024;
 
-/// Binds `socket` (parent created, a stale socket file removed, mode 0660)
-/// and serves both CRI services until `shutdown` is cancelled, its
-/// connections treated as `options` say.
+/// The CRI socket, bound. Clients that connect wait in its backlog until
+/// [`serve_unix`] serves it, so the agent can bind it before it says it is
+/// ready and serve right after.
+#[derive(Debug)]
+pub struct CriSocket {
+    path: PathBuf,
+    listener: UnixListener,
+}
+
+impl CriSocket {
+    /// Binds `path` (parent created, a stale socket file removed, mode 0660).
+    pub fn bind(path: impl Into<PathBuf>) -> io::Result<Self> {
+        let path = path.into();
+        let listener = bind(&path)?;
+        Ok(Self { path, listener })
+    }
+
+    /// Where it is bound.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Serves both CRI services on `socket` until `shutdown` is cancelled, its
+/// connections treated as `options` say; removes the socket file at the end.
 pub async fn serve_unix(
-    socket: std::path::PathBuf,
+    socket: CriSocket,
     cri: Cri,
     options: TransportOptions,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
-    let listener = bind(&socket)?;
+    let CriSocket {
+        path: socket,
+        listener,
+    } = socket;
     // Event streams never end on their own; end them when shutdown starts
     // so the graceful drain does not wait for their clients.
     {
@@ -68,7 +93,7 @@ pub async fn serve_unix(
 }
 
 /// Binds the unix socket, replacing a stale one.
-pub(crate) fn bind(socket: &Path) -> io::Result<UnixListener> {
+fn bind(socket: &Path) -> io::Result<UnixListener> {
     if let Some(parent) = socket.parent() {
         std::fs::create_dir_all(parent)?;
     }

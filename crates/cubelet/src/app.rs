@@ -270,6 +270,12 @@ pub async fn run(config: Config) -> Result<()> {
 
     readiness.set_not_ready("reconciling");
     reconcile(&parts).await?;
+    // Both sockets are bound before the agent says it is ready, so a client
+    // that saw `/readyz` (or READY=1) never finds no socket; served below.
+    let cri_socket = cubelet_cri::CriSocket::bind(&config.socket)
+        .with_context(|| format!("bind the CRI socket {}", config.socket.display()))?;
+    let admin_socket = config.state_dir.join(crate::admin::SOCKET_NAME);
+    let admin_listener = crate::admin::bind(&admin_socket)?;
     readiness.set_ready();
     info!("reconciliation done; ready");
     crate::notify::notify_systemd("READY=1");
@@ -287,8 +293,6 @@ pub async fn run(config: Config) -> Result<()> {
     let gc = Arc::new(Gc::new(Arc::clone(&parts)));
     let gc_task = tokio::spawn(Arc::clone(&gc).run(shutdown.clone()).in_current_span());
 
-    let admin_socket = config.state_dir.join(crate::admin::SOCKET_NAME);
-    let admin_listener = crate::admin::bind(&admin_socket)?;
     let admin_service = crate::admin::AdminService::new(engine.clone(), Arc::clone(&store), gc);
     let admin_api_task = tokio::spawn(
         crate::admin::serve(
@@ -303,7 +307,7 @@ pub async fn run(config: Config) -> Result<()> {
 
     let cri_task = tokio::spawn(
         cubelet_cri::serve_unix(
-            config.socket.clone(),
+            cri_socket,
             cri,
             cubelet_cri::transport::TransportOptions {
                 rewrite_invalid_authority: config.cri.rewrite_invalid_authority,
