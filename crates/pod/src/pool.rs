@@ -24,8 +24,11 @@
 //! - **Refill and priority:** one task refills the pool after claims. The
 //!   `prewarm` flow has its own limit (one at a time unless configured),
 //!   so it never takes a permit of the `create` flow; and the task starts
-//!   a shell only while no RunPodSandbox is running or waiting in this
-//!   service, so a user create never queues behind a prewarm. A user
+//!   a shell only once no pod or container transition (RunPodSandbox,
+//!   CreateContainer, StartContainer, the stops and removals) has run in
+//!   this service for [`QUIET`], so a user call never queues behind a
+//!   prewarm, nor shares the CPU and the store's durable writes with one
+//!   that started in the gap between the calls of a pod's start. A user
 //!   create that arrives while a shell is being made runs beside it at
 //!   once (nothing it needs is held by the prewarm beyond the short store
 //!   and lease critical sections every flow shares), and the next shell
@@ -43,7 +46,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cubelet_engine::spec::NamespaceMode;
 use cubelet_engine::{
@@ -58,8 +61,14 @@ use crate::error::PodResult;
 use crate::service::{blocking, new_id, PodService};
 
 /// How long the refill task waits before it looks again while user
-/// creates keep the node busy (it is also woken when they finish).
+/// calls keep the node busy (it is also woken when they finish).
 const BUSY_RECHECK: Duration = Duration::from_millis(50);
+/// How long no pod or container transition must have run before a shell is
+/// started. A pod's start is several calls (RunPodSandbox, CreateContainer,
+/// StartContainer) with a client round trip between them; a shell made in
+/// such a gap would compete with the next call for the CPU and the store's
+/// durable writes.
+pub(crate) const QUIET: Duration = Duration::from_millis(100);
 /// First wait after a failed prewarm; doubled per failure in a row.
 const FAILURE_BACKOFF: Duration = Duration::from_millis(500);
 /// Longest wait after failed prewarms.
@@ -110,8 +119,11 @@ pub(crate) struct Pool {
     size: usize,
     ready: Mutex<VecDeque<Shell>>,
     observer: Arc<dyn PoolObserver>,
-    /// RunPodSandbox calls running or waiting for their pod lock.
+    /// Pod and container transitions running (RunPodSandbox, Stop…,
+    /// Remove…, CreateContainer, StartContainer).
     busy: AtomicUsize,
+    /// When the last of them ended.
+    idle_since: Mutex<Instant>,
     /// Wakes the refill task: a claim, the last busy create finishing.
     wake: Notify,
     refiller: Mutex<Option<JoinHandle<()>>>,
@@ -140,6 +152,7 @@ impl Pool {
             ready: Mutex::default(),
             observer,
             busy: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
             wake: Notify::new(),
             refiller: Mutex::default(),
         }
@@ -174,12 +187,13 @@ impl Pool {
     }
 }
 
-/// Counts a RunPodSandbox as busy until dropped.
+/// Counts a pod or container transition as busy until dropped.
 pub(crate) struct Busy(Option<Arc<crate::service::Inner>>);
 
 impl Drop for Busy {
     fn drop(&mut self) {
         if let Some(pool) = self.0.as_ref().and_then(|i| i.pool.as_ref()) {
+            *lock(&pool.idle_since) = Instant::now();
             if pool.busy.fetch_sub(1, Ordering::AcqRel) == 1 {
                 pool.wake.notify_one();
             }
@@ -208,8 +222,8 @@ impl PodService {
         self.inner.pool.as_ref().map_or(0, |p| p.len())
     }
 
-    /// Marks a RunPodSandbox busy (the refill task waits) until the guard
-    /// drops.
+    /// Marks a pod or container transition busy (the refill task waits)
+    /// until the guard drops.
     pub(crate) fn busy(&self) -> Busy {
         match &self.inner.pool {
             Some(pool) => {
@@ -303,8 +317,15 @@ impl PodService {
             }
             let full = pool.len() >= pool.size;
             let busy = pool.busy.load(Ordering::Acquire) > 0;
-            if full || busy {
-                let recheck = if full { MAX_BACKOFF } else { BUSY_RECHECK };
+            let quiet_in = QUIET.saturating_sub(lock(&pool.idle_since).elapsed());
+            if full || busy || !quiet_in.is_zero() {
+                let recheck = if full {
+                    MAX_BACKOFF
+                } else if busy {
+                    BUSY_RECHECK
+                } else {
+                    quiet_in
+                };
                 tokio::select! {
                     () = pool.wake.notified() => {}
                     () = tokio::time::sleep(recheck) => {}

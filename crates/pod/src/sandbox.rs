@@ -42,15 +42,9 @@ impl PodService {
     pub async fn run_sandbox(&self, spec: SandboxSpec) -> PodResult<SandboxId> {
         let this = self.clone();
         let span = info_span!("run_pod_sandbox", pod = %format!("{}/{}", spec.namespace, spec.name), pod_uid = %spec.uid);
-        // The pool's refill waits while this is held (see `pool`).
-        let busy = self.busy();
         self.detached(
             "RunPodSandbox",
-            async move {
-                let _busy = busy;
-                this.run_sandbox_locked(spec).await
-            }
-            .instrument(span),
+            async move { this.run_sandbox_locked(spec).await }.instrument(span),
         )
         .await
     }

@@ -168,12 +168,19 @@ impl PodService {
     }
 
     /// Runs `work` on a task of its own and waits for it: the client giving
-    /// up (this future dropped) does not stop it.
+    /// up (this future dropped) does not stop it. The pool's refill waits
+    /// while it runs and for a quiet spell after (see `pool`): every pod and
+    /// container transition goes through here.
     pub(crate) async fn detached<T, F>(&self, what: &'static str, work: F) -> PodResult<T>
     where
         T: Send + 'static,
         F: Future<Output = PodResult<T>> + Send + 'static,
     {
+        let busy = self.busy();
+        let work = async move {
+            let _busy = busy;
+            work.await
+        };
         tokio::spawn(work.in_current_span())
             .await
             .map_err(|e| PodError::TaskDied {

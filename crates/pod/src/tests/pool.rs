@@ -242,6 +242,42 @@ async fn no_prewarm_starts_while_a_user_create_runs() {
 }
 
 #[tokio::test]
+async fn no_prewarm_starts_in_the_quiet_spell_after_a_user_call() {
+    let (rig, _counts) = rig(1);
+    rig.pods.start_pool();
+    filled(&rig, 1).await;
+    let prewarms = || {
+        rig.fake("network")
+            .log()
+            .iter()
+            .filter(|l| *l == "prewarm:network:start")
+            .count()
+    };
+    assert_eq!(prewarms(), 1);
+    // The claim wakes the refill, but the pod's next calls (its
+    // containers) come within the spell: no shell starts in it.
+    rig.pods.run_sandbox(infraless("web")).await.unwrap();
+    let ended = std::time::Instant::now();
+    loop {
+        let started = prewarms();
+        // Read before the clock: a shell counted here started before.
+        if ended.elapsed() >= crate::pool::QUIET {
+            break;
+        }
+        assert_eq!(
+            started,
+            1,
+            "a shell started {:?} after a call",
+            ended.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // After it the pool fills again.
+    filled(&rig, 1).await;
+    assert_eq!(prewarms(), 2);
+}
+
+#[tokio::test]
 async fn a_failed_prewarm_is_rolled_back_and_leaves_nothing() {
     let (rig, counts) = rig(1);
     rig.fake("sandbox").set(
