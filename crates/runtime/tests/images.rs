@@ -307,6 +307,39 @@ async fn pull_schema2_image_status_and_unpack() {
     env.finish().await;
 }
 
+/// A record's manifest and config are read from the content store once:
+/// later lookups of an unchanged record do not read them again (a service
+/// without that cache finds the record unreadable once its config is gone).
+#[tokio::test]
+async fn image_documents_are_read_once_per_record() {
+    let Some(env) = setup("image_documents_are_read_once_per_record").await else {
+        return;
+    };
+    let reference = format!("{}/busybox:test", registry());
+    let info = env.images.pull(&reference, None).await.unwrap();
+    assert_eq!(
+        env.images.status(&reference).await.unwrap().as_ref(),
+        Some(&info)
+    );
+    env.cd
+        .content()
+        .delete(env.cd.request(DeleteContentRequest {
+            digest: info.id.clone(),
+        }))
+        .await
+        .unwrap();
+    assert_eq!(
+        env.images.status(&reference).await.unwrap().as_ref(),
+        Some(&info),
+        "read again"
+    );
+    let fresh = ImageService::new(env.cd.clone(), "/nonexistent/cubelet-test-certs.d");
+    assert_eq!(fresh.status(&reference).await.unwrap(), None);
+    env.images.remove(&reference).await.unwrap();
+    assert_eq!(env.images.status(&reference).await.unwrap(), None);
+    env.finish().await;
+}
+
 #[tokio::test]
 async fn pull_oci_image() {
     let Some(env) = setup("pull_oci_image").await else {

@@ -10,8 +10,9 @@ pub(crate) mod content;
 mod fs;
 pub(crate) mod unpack;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use containerd_client::services::v1::{
     CreateImageRequest, DeleteImageRequest, Image, ListImagesRequest, UpdateImageRequest,
@@ -39,12 +40,18 @@ pub const LABEL_PINNED: &str = "io.cri-containerd.pinned";
 pub const LABEL_MANAGED: &str = "io.cri-containerd.image";
 
 /// Image operations on one containerd namespace, for the host's platform.
+/// Cheap to clone; clones share their cache.
 #[derive(Debug, Clone)]
 pub struct ImageService {
     cd: Containerd,
     registry_config_dir: PathBuf,
     snapshotter: String,
     platform: Platform,
+    /// What each image record's manifest and config say, by (record name,
+    /// target digest). Content is addressed by digest and never changes,
+    /// so an entry is right for as long as its record points at that
+    /// target; only records that still exist are kept.
+    documents: Arc<Mutex<HashMap<(String, String), ImageInfo>>>,
 }
 
 /// One image (grouped by config digest) with the records naming it.
@@ -77,6 +84,7 @@ impl ImageService {
             registry_config_dir: registry_config_dir.into(),
             snapshotter: DEFAULT_SNAPSHOTTER.to_owned(),
             platform: host_platform(),
+            documents: Arc::default(),
         }
     }
 
@@ -336,13 +344,35 @@ impl ImageService {
             .images;
         let store = Store::new(&self.cd);
         let mut by_id: BTreeMap<String, Resolved> = BTreeMap::new();
+        let mut seen = HashSet::new();
         for image in images {
-            let resolved = match self.resolve_record(&store, &image).await {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::debug!(name = %image.name, error = %e, "skipping unreadable image");
-                    continue;
-                }
+            let key = (
+                image.name.clone(),
+                image
+                    .target
+                    .as_ref()
+                    .map(|t| t.digest.clone())
+                    .unwrap_or_default(),
+            );
+            let cached = lock(&self.documents).get(&key).cloned();
+            let resolved = match cached {
+                Some(info) => info,
+                None => match self.resolve_record(&store, &image).await {
+                    Ok(r) => {
+                        lock(&self.documents).insert(key.clone(), r.clone());
+                        r
+                    }
+                    Err(e) => {
+                        tracing::debug!(name = %image.name, error = %e, "skipping unreadable image");
+                        continue;
+                    }
+                },
+            };
+            seen.insert(key);
+            // A record's labels may change under the same target.
+            let resolved = ImageInfo {
+                pinned: is_pinned(&image),
+                ..resolved
             };
             let entry = by_id
                 .entry(resolved.id.clone())
@@ -364,6 +394,7 @@ impl ImageService {
                 }
             }
         }
+        lock(&self.documents).retain(|k, _| seen.contains(k));
         Ok(by_id.into_values().collect())
     }
 
@@ -402,12 +433,23 @@ impl ImageService {
                 .as_ref()
                 .map(ImageConfig::from)
                 .unwrap_or_default(),
-            pinned: image
-                .labels
-                .get(LABEL_PINNED)
-                .is_some_and(|v| v == "pinned"),
+            pinned: is_pinned(image),
         })
     }
+}
+
+/// Whether an image record carries the CRI's pin label.
+fn is_pinned(image: &Image) -> bool {
+    image
+        .labels
+        .get(LABEL_PINNED)
+        .is_some_and(|v| v == "pinned")
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every update is one insert or retain: consistent even if a holder
+    // panicked.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl From<&Config> for ImageConfig {
