@@ -399,7 +399,9 @@ impl PodService {
             }
         }
         self.runtime().remove(&rec.id).await?;
-        blocking(|| self.store().delete_container(&rec.id))?;
+        // Buffered: nothing of the container is left to lose (see the
+        // store's `delete_container_buffered`).
+        blocking(|| self.store().delete_container_buffered(&rec.id))?;
         self.emit(&rec.id, &rec.sandbox_id, PodEventKind::Deleted);
         Ok(())
     }

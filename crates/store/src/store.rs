@@ -256,8 +256,18 @@ impl Store {
         table: JsonTable,
         key: &str,
     ) -> Result<bool, StoreError> {
+        self.delete_key_with::<T>(table, key, Durability::Immediate)
+    }
+
+    fn delete_key_with<T: DeserializeOwned + Indexed>(
+        &self,
+        table: JsonTable,
+        key: &str,
+        durability: Durability,
+    ) -> Result<bool, StoreError> {
         let op = "delete";
-        let txn = self.write(op)?;
+        let mut txn = self.write(op)?;
+        txn.set_durability(durability).map_err(StoreError::db(op))?;
         let old = txn
             .open_table(table.def())
             .map_err(StoreError::db(op))?
@@ -455,6 +465,16 @@ impl Store {
     /// Deletes a container record. Idempotent: returns whether it existed.
     pub fn delete_container(&self, id: &str) -> Result<bool, StoreError> {
         self.delete_key::<ContainerRecord>(CONTAINERS, id)
+    }
+
+    /// [`Store::delete_container`] without waiting for the disk: the change
+    /// is visible at once and reaches the disk with the next durable
+    /// commit of any kind. For the record of a container the runtime has
+    /// already removed: a crash before that commit brings the record back,
+    /// and the restart's reconciliation finds nothing of it in the runtime
+    /// and marks it `Unknown`, for the client's next RemoveContainer.
+    pub fn delete_container_buffered(&self, id: &str) -> Result<bool, StoreError> {
+        self.delete_key_with::<ContainerRecord>(CONTAINERS, id, Durability::None)
     }
 
     /// Changes a container record atomically, like [`Store::update_sandbox`].
@@ -865,6 +885,25 @@ mod tests {
         }
         let store = Store::open(&path).unwrap();
         assert_eq!(store.get_sandbox(&rec.id).unwrap(), Some(rec));
+    }
+
+    #[test]
+    fn a_buffered_container_delete_is_seen_at_once_and_kept_by_the_next_durable_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cubelet.redb");
+        {
+            let store = Store::open(&path).unwrap();
+            let c = ContainerRecord::new("c1", sid("sb1"), "app", 0, "busybox");
+            store.put_container(&c).unwrap();
+            assert!(store.delete_container_buffered("c1").unwrap());
+            assert_eq!(store.get_container("c1").unwrap(), None);
+            assert!(store.list_containers_of(&sid("sb1")).unwrap().is_empty());
+            assert!(!store.delete_container_buffered("c1").unwrap());
+            store.set_meta("k", "v").unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.get_container("c1").unwrap(), None);
+        assert!(store.list_containers_of(&sid("sb1")).unwrap().is_empty());
     }
 
     #[test]
