@@ -188,6 +188,10 @@ pub struct ContainerRuntime {
     /// The lease new rootfs snapshots are prepared under (id, expiry),
     /// shared by every create until it nears its expiry.
     create_lease: tokio::sync::Mutex<Option<(String, SystemTime)>>,
+    /// Containers whose rootfs snapshot this process prepared under a
+    /// create lease, with that lease's expiry: until then containerd's GC
+    /// cannot collect the snapshot, whatever else references it.
+    leased: Arc<Mutex<HashMap<String, SystemTime>>>,
 }
 
 /// A task being retired: its exit (status, time), and a receiver that turns
@@ -254,6 +258,7 @@ impl ContainerRuntime {
             retiring: Arc::default(),
             retired: Arc::default(),
             create_lease: tokio::sync::Mutex::default(),
+            leased: Arc::default(),
             usage: crate::stats::SnapshotUsageCache::default(),
         }
     }

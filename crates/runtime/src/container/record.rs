@@ -23,11 +23,19 @@ use super::{
 };
 use crate::error::{cd, cd_container, RuntimeError};
 
+fn lock_map<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // One insert or removal per holder: consistent even after a panic.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// How long a create lease lives (its `containerd.io/gc.expire`).
 const CREATE_LEASE_LIFE: Duration = Duration::from_secs(3600);
 /// A create lease with less than this left is replaced, so the snapshots
 /// prepared under it have their container record long before it expires.
 const CREATE_LEASE_RENEW: Duration = Duration::from_secs(600);
+/// A removal relies on a snapshot's create lease only with this much of the
+/// lease left.
+const LEASE_MARGIN: Duration = Duration::from_secs(60);
 use crate::io as fifo_io;
 use crate::spec::{
     build_oci_spec, linux_resources, resolve_user, user_needs_lookup, ContainerSpec, ResolvedUser,
@@ -87,7 +95,8 @@ impl ContainerRuntime {
         {
             snap = self.prepare_snapshot(id, spec, true).await;
         }
-        let snap = snap?;
+        let (snap, lease_expires) = snap?;
+        lock_map(&self.leased).insert(id.to_owned(), lease_expires);
         let staged = self.stage_mounts(id, spec).await;
         let res = match &staged {
             Ok(staged) => {
@@ -106,6 +115,7 @@ impl ContainerRuntime {
         if let Err(e) = staged.and(res) {
             let _ = self.unstage_mounts(id).await;
             let _ = self.remove_snapshot(id).await;
+            lock_map(&self.leased).remove(id);
             return Err(e);
         }
         Ok(())
@@ -184,9 +194,14 @@ impl ContainerRuntime {
         id: &str,
         spec: &ContainerSpec,
         renew: bool,
-    ) -> Result<containerd_client::services::v1::snapshots::PrepareSnapshotResponse, RuntimeError>
-    {
-        let lease = self.lease_for_create(renew).await?;
+    ) -> Result<
+        (
+            containerd_client::services::v1::snapshots::PrepareSnapshotResponse,
+            SystemTime,
+        ),
+        RuntimeError,
+    > {
+        let (lease, expires) = self.lease_for_create(renew).await?;
         let mut prepare = self.client.request(PrepareSnapshotRequest {
             snapshotter: self.config.snapshotter.clone(),
             key: id.to_owned(),
@@ -201,7 +216,7 @@ impl ContainerRuntime {
             .prepare(prepare)
             .instrument(debug_span!("snapshots.prepare"))
             .await
-            .map(tonic::Response::into_inner)
+            .map(|r| (r.into_inner(), expires))
             .map_err(|s| {
                 if s.code() == tonic::Code::AlreadyExists {
                     RuntimeError::AlreadyExists {
@@ -225,12 +240,12 @@ impl ContainerRuntime {
     /// just before a crash is left protected until then, and the agent's GC
     /// removes it sooner (a rootfs snapshot without a container).
     #[tracing::instrument(name = "leases.create", level = "debug", skip_all)]
-    async fn lease_for_create(&self, renew: bool) -> Result<String, RuntimeError> {
+    async fn lease_for_create(&self, renew: bool) -> Result<(String, SystemTime), RuntimeError> {
         let mut current = self.create_lease.lock().await;
         let now = SystemTime::now();
         if let Some((id, expires)) = current.as_ref() {
             if !renew && *expires > now + CREATE_LEASE_RENEW {
-                return Ok(id.clone());
+                return Ok((id.clone(), *expires));
             }
         }
         let lease_id = format!("cubelet-create-{}", unix_nanos(now));
@@ -247,7 +262,7 @@ impl ContainerRuntime {
             .await
             .map_err(cd("leases.create"))?;
         *current = Some((lease_id.clone(), expires));
-        Ok(lease_id)
+        Ok((lease_id, expires))
     }
 
     async fn create_record(
@@ -401,13 +416,25 @@ impl ContainerRuntime {
     /// unreferenced, and if containerd's GC collects it first, the GC leaves
     /// the child link in the image's parent snapshot behind, which then
     /// refuses an explicit removal ("cannot remove snapshot with child").
+    /// A container this process created, whose create lease still has a
+    /// while to run, is the exception: the lease holds the snapshot, so the
+    /// snapshot and the record are removed at the same time.
     #[tracing::instrument(name = "runtime.remove", level = "debug", skip_all)]
     pub async fn remove(&self, id: &str) -> Result<(), RuntimeError> {
         self.delete_task(id).await?;
         self.unstage_mounts(id).await?;
-        self.remove_snapshot(id).await?;
+        let leased = lock_map(&self.leased).remove(id);
+        if leased.is_some_and(|expires| expires > SystemTime::now() + LEASE_MARGIN) {
+            // Its create lease keeps the snapshot from containerd's GC
+            // whatever the order, so both go at once.
+            let (snapshot, record) =
+                tokio::join!(self.remove_snapshot(id), self.delete_container(id));
+            snapshot.and(record)?;
+        } else {
+            self.remove_snapshot(id).await?;
+            self.delete_container(id).await?;
+        }
         self.usage_cache().forget(id);
-        self.delete_container(id).await?;
         self.forget_retired(id);
         fifo_io::remove_dir(&self.io_dir(id))?;
         let mnt = self.config.state_dir.join("mnt").join(id);
