@@ -320,6 +320,20 @@ mod tests {
         f
     }
 
+    /// Calls method `M` of service `svc` with an empty request, as each
+    /// test's client.
+    async fn call_m(path: PathBuf, timeout: Duration) -> Result<Vec<u8>, RuntimeError> {
+        call(
+            &SocketAddress::Path(path),
+            "ns",
+            "svc",
+            "M",
+            Vec::new(),
+            timeout,
+        )
+        .await
+    }
+
     fn socket() -> (tempfile::TempDir, PathBuf, UnixListener) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("shim.sock");
@@ -429,16 +443,7 @@ mod tests {
             frames
         })
         .await;
-        let got = call(
-            &SocketAddress::Path(path),
-            "ns",
-            "svc",
-            "M",
-            Vec::new(),
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap();
+        let got = call_m(path, Duration::from_secs(30)).await.unwrap();
         assert_eq!(got, b"ok");
         server.await.unwrap();
     }
@@ -483,16 +488,7 @@ mod tests {
             f
         })
         .await;
-        let err = call(
-            &SocketAddress::Path(path),
-            "ns",
-            "svc",
-            "M",
-            Vec::new(),
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap_err();
+        let err = call_m(path, Duration::from_secs(30)).await.unwrap_err();
         assert!(matches!(err, RuntimeError::Ttrpc { .. }), "{err}");
         server.await.unwrap();
     }
@@ -504,16 +500,7 @@ mod tests {
             header(MAX_MESSAGE as u32 + 1, stream_id, TYPE_RESPONSE).to_vec()
         })
         .await;
-        let err = call(
-            &SocketAddress::Path(path),
-            "ns",
-            "svc",
-            "M",
-            Vec::new(),
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap_err();
+        let err = call_m(path, Duration::from_secs(30)).await.unwrap_err();
         assert!(err.to_string().contains("too large"), "{err}");
         server.await.unwrap();
     }
@@ -523,16 +510,7 @@ mod tests {
         let (_dir, path, listener) = socket();
         // Accepts, reads the request, answers nothing until the client leaves.
         let server = fake_server(listener, |_, _, _| Vec::new()).await;
-        let err = call(
-            &SocketAddress::Path(path),
-            "ns",
-            "svc",
-            "M",
-            Vec::new(),
-            Duration::from_millis(200),
-        )
-        .await
-        .unwrap_err();
+        let err = call_m(path, Duration::from_millis(200)).await.unwrap_err();
         assert!(matches!(err, RuntimeError::Timeout { .. }), "{err}");
         server.await.unwrap();
     }
