@@ -239,6 +239,7 @@ impl BridgeNetwork {
             .execute()
             .await
             .map_err(|e| NetworkError::netlink("set up", name.as_str(), e))?;
+        fix_address(&handle, index, name).await?;
         let gw = self.gateway();
         let prefix = self.config.subnet.prefix_len();
         exists_ok(
@@ -599,6 +600,32 @@ fn port_of(msg: &LinkMessage, bridge: u32) -> Option<String> {
 }
 
 /// True when `msg` describes a bridge.
+/// Makes the bridge keep its hardware address. A bridge whose address was
+/// never set takes the lowest of its ports', so it changed whenever a pod's
+/// veth joined or left (a warm-pool shell made in the background, say), and
+/// pods that had the gateway's old address in their ARP cache could not
+/// reach it for seconds. Setting the address, to the one it has, makes the
+/// kernel keep it from then on. Idempotent.
+async fn fix_address(handle: &Handle, index: u32, name: &str) -> Result<(), NetworkError> {
+    let mac = link_message(handle, name)
+        .await?
+        .and_then(|m| {
+            m.attributes.into_iter().find_map(|a| match a {
+                LinkAttribute::Address(mac) => Some(mac),
+                _ => None,
+            })
+        })
+        .ok_or_else(|| NetworkError::LinkNotFound {
+            name: name.to_owned(),
+        })?;
+    handle
+        .link()
+        .set(LinkUnspec::new_with_index(index).address(mac).build())
+        .execute()
+        .await
+        .map_err(|e| NetworkError::netlink("set the address of", name, e))
+}
+
 fn is_bridge(msg: &LinkMessage) -> bool {
     msg.attributes.iter().any(|a| match a {
         LinkAttribute::LinkInfo(infos) => infos

@@ -47,6 +47,27 @@ fn init_is_idempotent_and_sets_up_the_node() {
             rules.contains("ip saddr 10.77.0.0/24 ip daddr != 10.77.0.0/24 masquerade"),
             "{rules}"
         );
+        // The bridge keeps its hardware address as ports join and leave
+        // (else pods lose the gateway from their ARP cache).
+        let mac = || -> Result<String> {
+            let link = run(&["ip", "-o", "link", "show", BRIDGE])?;
+            Ok(link
+                .split_whitespace()
+                .skip_while(|w| *w != "link/ether")
+                .nth(1)
+                .unwrap_or_default()
+                .to_owned())
+        };
+        let before = mac()?;
+        let ids: Vec<_> = (0..4).map(sid).collect();
+        for id in &ids {
+            net.create_sandbox(id, false, &[]).await?;
+            assert_eq!(mac()?, before, "bridge address moved with a port");
+        }
+        for id in &ids {
+            net.teardown(id, false).await?;
+        }
+        assert_eq!(mac()?, before);
         Ok(())
     });
 }
