@@ -396,27 +396,14 @@ impl BridgeNetwork {
 
     /// Removes everything the sandbox holds: host-port rules (when it had
     /// any), the veth pair, the namespace pin and the lease. Absent parts are
-    /// fine. Every part is attempted; the first error is returned.
+    /// fine. Every part is attempted; the first error is returned. It is
+    /// [`BridgeNetwork::detach`] and then [`BridgeNetwork::remove_links`],
+    /// waited for in one call.
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox_id = %sandbox))]
     pub async fn teardown(&self, sandbox: &SandboxId, had_ports: bool) -> Result<(), NetworkError> {
-        let mut first: Option<NetworkError> = None;
-        let mut note = |r: Result<(), NetworkError>| {
-            if let Err(e) = r {
-                tracing::warn!(sandbox = %sandbox, error = %cubelet_engine::chain(&e), "network teardown step failed");
-                first.get_or_insert(e);
-            }
-        };
-        if had_ports {
-            note(
-                self.unmap_ports(|owner| owner == sandbox.as_str())
-                    .await
-                    .map(|_| ()),
-            );
-        }
-        note(delete_link(&veth_name(sandbox)).await.map(|_| ()));
-        note(netns::remove(&self.netns_path(sandbox)).await.map(|_| ()));
-        note(self.ipam.release(sandbox).map(|_| ()));
-        first.map_or(Ok(()), Err)
+        let detached = self.detach(sandbox, had_ports).await;
+        let removed = self.remove_links(sandbox).await;
+        detached.and(removed)
     }
 
     /// Cuts the sandbox off the network without waiting for the kernel's
