@@ -39,7 +39,11 @@ struct Running {
 
 impl Running {
     fn start(registry: Registry, readiness: Readiness) -> Running {
-        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        Running::start_on("127.0.0.1:0", registry, readiness)
+    }
+
+    fn start_on(addr: &str, registry: Registry, readiness: Readiness) -> Running {
+        let addr: SocketAddr = addr.parse().unwrap();
         let server = AdminServer::bind(addr, registry, readiness).unwrap();
         let addr = server.local_addr();
         assert_ne!(addr.port(), 0, "bind must report the kernel's port");
@@ -601,7 +605,10 @@ async fn bind_error_names_the_address() {
 
 #[tokio::test]
 async fn shutdown_finishes_request_in_flight_then_refuses_connections() {
-    let server = Running::start(Registry::new(), Readiness::new());
+    // An address of its own in 127/8: the other tests of this binary bind
+    // 127.0.0.1, so once this listener closes none of them can take its
+    // port and answer the final connect.
+    let server = Running::start_on("127.0.0.42:0", Registry::new(), Readiness::new());
 
     // A keep-alive connection that has served one request and is idle.
     let mut idle = TcpStream::connect(server.addr).await.unwrap();
