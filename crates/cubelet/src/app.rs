@@ -334,6 +334,8 @@ pub async fn run(config: Config) -> Result<()> {
     shutdown.cancel();
     let drained = tokio::time::timeout(GRACE, async {
         let _ = cri_task.await;
+        // Containers RemoveContainer forgot leave containerd before exit.
+        parts.pods.drain_removals().await;
         // Ready shells are destroyed, not kept for the next start (which
         // would destroy them anyway: see the pod crate's `pool`).
         parts.pods.close_pool().await;

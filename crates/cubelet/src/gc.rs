@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use cubelet_engine::{Collector, GcReport, LiveSandboxes, SandboxId};
+use cubelet_pod::PodService;
 use cubelet_runtime::container::ContainerRuntime;
 use cubelet_store::Store;
 use futures::StreamExt;
@@ -130,6 +131,7 @@ impl Gc {
         let containerd = ContainerdOrphans {
             runtime: &parts.runtime,
             store: &parts.store,
+            pods: &parts.pods,
             concurrency: parts.config.gc.concurrency.max(1),
         };
         let network = parts.network.collector();
@@ -179,11 +181,13 @@ impl Gc {
 }
 
 /// containerd containers, tasks and rootfs snapshots that belong to neither
-/// a live sandbox (its infra container) nor a container the store knows,
-/// and extraction snapshots of pulls that died.
+/// a live sandbox (its infra container) nor a container the store knows
+/// (or one whose removal is under way), and extraction snapshots of pulls
+/// that died.
 struct ContainerdOrphans<'a> {
     runtime: &'a ContainerRuntime,
     store: &'a Store,
+    pods: &'a PodService,
     concurrency: usize,
 }
 
@@ -212,10 +216,14 @@ impl Collector for ContainerdOrphans<'_> {
                 return report;
             }
         };
+        // Asked after the store: a removal is registered before its record
+        // goes (see the pod crate's `removals`).
+        let removing = self.pods.removing();
         let known: HashSet<&str> = live
             .iter()
             .map(SandboxId::as_str)
             .chain(containers.iter().map(|c| c.id.as_str()))
+            .chain(removing.iter().map(String::as_str))
             .collect();
         let orphans: Vec<String> = inv
             .ids()

@@ -369,8 +369,9 @@ impl PodService {
         Ok(())
     }
 
-    /// RemoveContainer: forces a running container down, removes it from
-    /// the runtime and forgets it. Gone is Ok.
+    /// RemoveContainer: forgets the container and answers; a running one is
+    /// forced down and the runtime's objects are removed in the background
+    /// (see `removals`). Gone is Ok.
     pub async fn remove_container(&self, id: &str) -> PodResult<()> {
         let Some(rec) = self.find_container("container_id", id)? else {
             return Ok(());
@@ -379,31 +380,63 @@ impl PodService {
         let span = info_span!("remove_container", container_id = %rec.id);
         self.detached(
             "RemoveContainer",
-            async move { this.remove_container_in_pod(&rec.id).await }.instrument(span),
+            async move { this.forget_container(&rec.id).await }.instrument(span),
         )
         .await
     }
 
-    /// Removes one container under its lock (callers may hold its pod's lock).
+    /// Deletes one container's record under its lock and hands the
+    /// runtime's part of the removal to a task of its own.
+    async fn forget_container(&self, id: &str) -> PodResult<()> {
+        let _lock = self.lock_container(id).await;
+        let Some(rec) = self.store().get_container(id)? else {
+            return Ok(());
+        };
+        // Registered first: the GC's containerd collector, which reads the
+        // store before it asks, never takes the objects for orphans.
+        let pending = self.inner.removals.register(&rec.id, &rec.sandbox_id);
+        // Buffered: a crash before it reaches the disk brings the record
+        // back with its objects, which reconciliation reads again.
+        blocking(|| self.store().delete_container_buffered(&rec.id))?;
+        self.emit(&rec.id, &rec.sandbox_id, PodEventKind::Deleted);
+        let this = self.clone();
+        // The pool's refill waits for this work as for the call itself.
+        let busy = self.busy();
+        pending.spawn(async move {
+            let _busy = busy;
+            if let Err(e) = this.remove_from_runtime(&rec.id).await {
+                warn!(container_id = %rec.id, error = %cubelet_engine::chain(&e), "remove container from the runtime; left to the GC");
+            }
+        });
+        Ok(())
+    }
+
+    /// Removes one container under its lock (callers may hold its pod's
+    /// lock), runtime first: a failure leaves the record for a retry.
     pub(crate) async fn remove_container_in_pod(&self, id: &str) -> PodResult<()> {
         let _lock = self.lock_container(id).await;
         let Some(rec) = self.store().get_container(id)? else {
             return Ok(());
         };
-        // Removing a running container forces it down, as containerd's CRI does.
-        match self.runtime().stop(&rec.id, Duration::ZERO).await {
-            Ok(()) => {}
-            Err(e) if e.is_not_found() => {}
-            Err(e) => {
-                warn!(container_id = %rec.id, error = %cubelet_engine::chain(&e), "stop before remove")
-            }
-        }
-        self.runtime().remove(&rec.id).await?;
+        self.remove_from_runtime(&rec.id).await?;
         // Buffered: nothing of the container is left to lose (see the
         // store's `delete_container_buffered`).
         blocking(|| self.store().delete_container_buffered(&rec.id))?;
         self.emit(&rec.id, &rec.sandbox_id, PodEventKind::Deleted);
         Ok(())
+    }
+
+    /// Removes everything the runtime holds for a container, forcing a
+    /// running one down first, as containerd's CRI does.
+    async fn remove_from_runtime(&self, id: &str) -> Result<(), RuntimeError> {
+        match self.runtime().stop(id, Duration::ZERO).await {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => {
+                warn!(container_id = %id, error = %cubelet_engine::chain(&e), "stop before remove")
+            }
+        }
+        self.runtime().remove(id).await
     }
 
     /// ContainerStatus: the record, with a running container's exit read

@@ -18,6 +18,7 @@ mod error;
 mod events;
 mod pool;
 mod reconcile;
+mod removals;
 mod runtime;
 mod sandbox;
 mod service;

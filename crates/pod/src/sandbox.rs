@@ -228,6 +228,9 @@ impl PodService {
         for c in self.store().list_containers_of(&rec.id)? {
             self.remove_container_in_pod(&c.id).await?;
         }
+        // The removals RemoveContainer left running finish first: the pod
+        // leaves nothing behind when this answers.
+        self.settle_removals(&rec.id).await;
         let ctx = Arc::new(FlowContext::new(rec.id.clone(), Arc::new(rec.spec.clone())));
         if let Err(e) = self.engine().run(FlowKind::Cleanup, ctx).await {
             if !matches!(e, EngineError::Rejected { .. }) {

@@ -14,6 +14,7 @@ use tracing::{debug, warn, Instrument};
 
 use crate::error::{PodError, PodResult};
 use crate::pool::{NoopPoolObserver, Pool, PoolConfig, PoolObserver};
+use crate::removals::Removals;
 use crate::runtime::Runtime;
 
 /// Events buffered per subscriber before the oldest are dropped.
@@ -81,6 +82,8 @@ pub(crate) struct Inner {
     pub(crate) events: broadcast::Sender<PodEvent>,
     /// The warm pool of sandbox shells, when on.
     pub(crate) pool: Option<Arc<Pool>>,
+    /// Container removals finishing in the background.
+    pub(crate) removals: Removals,
 }
 
 /// Owns every pod and container state transition: RunPodSandbox through
@@ -140,6 +143,7 @@ impl PodService {
                 container_locks: KeyedLocks::default(),
                 events: broadcast::channel(EVENT_BUFFER).0,
                 pool,
+                removals: Removals::default(),
             }),
         }
     }

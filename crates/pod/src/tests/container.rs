@@ -512,9 +512,27 @@ async fn remove_forces_a_running_container_down_and_forgets_it() {
     let mut rx = r.pods.subscribe();
     r.pods.remove_container(&id).await.unwrap();
     assert!(r.container(&id).is_none());
+    r.pods.drain_removals().await;
     assert!(r.runtime.container(&id).is_none());
     assert_eq!(r.runtime.calls("stop"), 1);
     assert_eq!(drain(&mut rx), [(id, PodEventKind::Deleted)]);
+}
+
+#[tokio::test]
+async fn remove_answers_before_the_runtime_is_done_and_the_pod_waits_for_it() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.created(&sb, "app").await;
+    r.runtime.delay("remove", Duration::from_millis(300));
+    r.pods.remove_container(&id).await.unwrap();
+    // Forgotten at once; the runtime's part is still under way, and the
+    // GC's containerd collector is told so.
+    assert!(r.container(&id).is_none());
+    assert!(r.runtime.container(&id).is_some());
+    assert!(r.pods.removing().contains(&id));
+    r.pods.remove_sandbox(sb.as_str()).await.unwrap();
+    assert!(r.runtime.container(&id).is_none());
+    assert!(r.pods.removing().is_empty());
 }
 
 #[tokio::test]
@@ -528,15 +546,30 @@ async fn removing_twice_or_an_unknown_container_is_ok() {
 }
 
 #[tokio::test]
-async fn a_remove_the_runtime_refuses_keeps_the_record() {
+async fn a_remove_the_runtime_refuses_leaves_its_objects_to_the_gc() {
     let r = Rig::new();
     let sb = r.ready_pod("web").await;
     let id = r.created(&sb, "app").await;
     r.runtime.fail_next("remove", failed("snapshot busy"));
-    r.pods.remove_container(&id).await.unwrap_err();
-    assert!(r.container(&id).is_some());
     r.pods.remove_container(&id).await.unwrap();
     assert!(r.container(&id).is_none());
+    r.pods.drain_removals().await;
+    // Objects of no record and no removal under way: the GC's orphans.
+    assert!(r.runtime.container(&id).is_some());
+    assert!(r.pods.removing().is_empty());
+}
+
+#[tokio::test]
+async fn a_pod_removal_the_runtime_refuses_keeps_the_container_record() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.created(&sb, "app").await;
+    r.runtime.fail_next("remove", failed("snapshot busy"));
+    r.pods.remove_sandbox(sb.as_str()).await.unwrap_err();
+    assert!(r.container(&id).is_some());
+    r.pods.remove_sandbox(sb.as_str()).await.unwrap();
+    assert!(r.container(&id).is_none());
+    assert!(r.runtime.container(&id).is_none());
 }
 
 #[tokio::test]
