@@ -257,18 +257,21 @@ impl Cri {
         (stats, cg)
     }
 
-    async fn pod_stats_of(&self, sb: &SandboxRecord) -> CriResult<cri::PodSandboxStats> {
-        let containers = self.pods().containers_of(&sb.id)?;
+    async fn pod_stats_of(
+        &self,
+        sb: &SandboxRecord,
+        containers: &[&ContainerRecord],
+    ) -> cri::PodSandboxStats {
         let mut stats = Vec::with_capacity(containers.len());
         let mut cgroups = Vec::with_capacity(containers.len());
-        for c in &containers {
+        for c in containers {
             let (s, cg) = self.container_stats_of(c, Some(sb)).await;
             stats.push(s);
             cgroups.push(cg);
         }
         let pod = self.pod_cgroup(sb, &cgroups);
         let now = nanos(SystemTime::now());
-        Ok(cri::PodSandboxStats {
+        cri::PodSandboxStats {
             attributes: Some(cri::PodSandboxAttributes {
                 id: sb.id.to_string(),
                 metadata: Some(cri::PodSandboxMetadata {
@@ -291,22 +294,18 @@ impl Cri {
                 containers: stats,
             }),
             windows: None,
-        })
+        }
     }
 
-    /// Drops CPU samples of objects that are gone.
-    fn prune_samples(&self) -> CriResult<()> {
-        let store = self.pods();
-        let mut live: HashSet<String> =
-            store.list_containers()?.into_iter().map(|c| c.id).collect();
-        live.extend(
-            store
-                .list_sandboxes()?
-                .into_iter()
-                .map(|s| s.id.to_string()),
-        );
+    /// Drops the CPU samples of every container and pod not in the full
+    /// lists a List*Stats call read.
+    fn prune_samples(&self, sandboxes: &[SandboxRecord], containers: &[ContainerRecord]) {
+        let live: HashSet<String> = containers
+            .iter()
+            .map(|c| c.id.clone())
+            .chain(sandboxes.iter().map(|s| s.id.to_string()))
+            .collect();
         self.inner.stats.retain(&live);
-        Ok(())
     }
 
     pub(crate) async fn container_stats_impl(
@@ -327,33 +326,28 @@ impl Cri {
         r: cri::ListContainerStatsRequest,
     ) -> CriResult<cri::ListContainerStatsResponse> {
         let f = r.filter.unwrap_or_default();
-        let store = self.pods();
-        let sandboxes: HashMap<String, SandboxRecord> = store
-            .list_sandboxes()?
-            .into_iter()
-            .map(|s| (s.id.to_string(), s))
-            .collect();
-        let containers: Vec<ContainerRecord> = store
-            .list_containers()?
-            .into_iter()
+        let all_sandboxes = self.pods().list_sandboxes()?;
+        let all_containers = self.pods().list_containers()?;
+        let sandboxes: HashMap<&str, &SandboxRecord> =
+            all_sandboxes.iter().map(|s| (s.id.as_str(), s)).collect();
+        let containers = all_containers
+            .iter()
             .filter(|c| f.id.is_empty() || c.id.starts_with(&f.id))
             .filter(|c| {
                 f.pod_sandbox_id.is_empty() || c.sandbox_id.as_str().starts_with(&f.pod_sandbox_id)
             })
-            .filter(|c| convert::labels_match(&f.label_selector, &c.labels))
-            .collect();
-        // Each container's writable-layer usage is a containerd round trip:
-        // overlap them, in order.
+            .filter(|c| convert::labels_match(&f.label_selector, &c.labels));
+        // A container's writable-layer usage may be a containerd round trip
+        // (the first time it is asked for): overlap them, in order.
         let pending: Vec<_> = containers
-            .iter()
-            .map(|c| self.container_stats_of(c, sandboxes.get(c.sandbox_id.as_str())))
+            .map(|c| self.container_stats_of(c, sandboxes.get(c.sandbox_id.as_str()).copied()))
             .collect();
         let stats = futures::stream::iter(pending)
             .buffered(STATS_CONCURRENCY)
             .map(|(stats, _)| stats)
             .collect::<Vec<_>>()
             .await;
-        self.prune_samples()?;
+        self.prune_samples(&all_sandboxes, &all_containers);
         Ok(cri::ListContainerStatsResponse { stats })
     }
 
@@ -368,8 +362,10 @@ impl Cri {
             .pods()
             .find_sandbox("pod_sandbox_id", &r.pod_sandbox_id)?
             .ok_or_else(|| CriError::not_found("pod sandbox", r.pod_sandbox_id.clone()))?;
+        let containers = self.pods().containers_of(&sb.id)?;
+        let containers: Vec<&ContainerRecord> = containers.iter().collect();
         Ok(cri::PodSandboxStatsResponse {
-            stats: Some(self.pod_stats_of(&sb).await?),
+            stats: Some(self.pod_stats_of(&sb, &containers).await),
         })
     }
 
@@ -378,22 +374,28 @@ impl Cri {
         r: cri::ListPodSandboxStatsRequest,
     ) -> CriResult<cri::ListPodSandboxStatsResponse> {
         let f = r.filter.unwrap_or_default();
-        let sandboxes: Vec<SandboxRecord> = self
-            .pods()
-            .list_sandboxes()?
-            .into_iter()
+        // Two reads of the store for the whole node, not one per pod.
+        let all_sandboxes = self.pods().list_sandboxes()?;
+        let all_containers = self.pods().list_containers()?;
+        let mut by_pod: HashMap<&str, Vec<&ContainerRecord>> = HashMap::new();
+        for c in &all_containers {
+            by_pod.entry(c.sandbox_id.as_str()).or_default().push(c);
+        }
+        let pending: Vec<_> = all_sandboxes
+            .iter()
             .filter(|s| s.state == SandboxState::Ready)
             .filter(|s| f.id.is_empty() || s.id.as_str().starts_with(&f.id))
             .filter(|s| convert::labels_match(&f.label_selector, &s.spec.labels))
+            .map(|sb| {
+                let containers = by_pod.get(sb.id.as_str()).map_or(&[][..], Vec::as_slice);
+                self.pod_stats_of(sb, containers)
+            })
             .collect();
-        let pending: Vec<_> = sandboxes.iter().map(|sb| self.pod_stats_of(sb)).collect();
         let stats = futures::stream::iter(pending)
             .buffered(STATS_CONCURRENCY)
             .collect::<Vec<_>>()
-            .await
-            .into_iter()
-            .collect::<CriResult<Vec<_>>>()?;
-        self.prune_samples()?;
+            .await;
+        self.prune_samples(&all_sandboxes, &all_containers);
         Ok(cri::ListPodSandboxStatsResponse { stats })
     }
 }
