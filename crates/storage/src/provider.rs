@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::StorageError;
 use crate::files::{self, validate_dns, validate_hostname, write_file};
-use crate::mount::{is_mounted, mount_shm, mount_table, unmount_all};
+use crate::mount::{first_mount, is_mounted, mount_shm, mount_table, unmount_all};
 use crate::paths::{
     self, check_sandbox_dir, ensure_dir, remove_tree, validate_log_directory, SandboxPaths,
 };
@@ -352,14 +352,23 @@ impl LocalStorage {
         }
         unmount_sandbox(&p)?;
         // A bind mount from the same filesystem keeps the device number,
-        // so the walk's device check cannot see it: ask the mount table.
-        let canon = fs::canonicalize(&p.dir).map_err(|e| StorageError::io("resolve", &p.dir, e))?;
-        if let Some(m) = mount_table()?
-            .into_iter()
-            .find(|m| m.mount_point.starts_with(&canon))
-        {
+        // so the removal's device check cannot see it: look for mounts
+        // first, entry by entry (or, on a kernel that cannot tell, in the
+        // mount table, whose size grows with every pod on the node).
+        let foreign = match first_mount(&p.dir)? {
+            Some(found) => found,
+            None => {
+                let canon =
+                    fs::canonicalize(&p.dir).map_err(|e| StorageError::io("resolve", &p.dir, e))?;
+                mount_table()?
+                    .into_iter()
+                    .map(|m| m.mount_point)
+                    .find(|m| m.starts_with(&canon))
+            }
+        };
+        if let Some(path) = foreign {
             return Err(StorageError::UnsafePath {
-                path: m.mount_point,
+                path,
                 reason: "a mount not made by the storage provider is inside the sandbox directory",
             });
         }
