@@ -91,6 +91,23 @@ pub fn cubelet_bin() -> PathBuf {
         .unwrap_or_else(|| target_dir().join("debug").join("cubelet"))
 }
 
+/// The daemon binary a benchmark starts: `flag`, `$CUBELET_BIN`, the
+/// release build if there is one, else the debug build.
+pub fn bench_cubelet_bin(flag: Option<&Path>) -> PathBuf {
+    if let Some(p) = flag {
+        return p.to_path_buf();
+    }
+    if let Some(p) = std::env::var_os("CUBELET_BIN") {
+        return PathBuf::from(p);
+    }
+    let release = target_dir().join("release").join("cubelet");
+    if release.is_file() {
+        release
+    } else {
+        cubelet_bin()
+    }
+}
+
 /// Opens a tonic channel to a CRI endpoint on a unix socket.
 pub async fn connect(socket: &Path) -> anyhow::Result<Channel> {
     let path = socket.to_path_buf();

@@ -107,6 +107,53 @@ pub(crate) fn on_path(name: &str) -> bool {
 /// calls (their containerd round trips overlap).
 const STATS_CONCURRENCY: usize = 16;
 
+/// Cgroups a List*Stats call reads on one thread; from this many on they
+/// are shared out among the cores.
+const PARALLEL_READS_FROM: usize = 32;
+
+/// `read` of every item, in order, the items shared out among `cores`:
+/// the last share is read on this thread, the others on blocking threads.
+/// Fewer than [`PARALLEL_READS_FROM`] items are all read here.
+async fn in_shares<T, R, F>(items: Vec<T>, cores: usize, read: F) -> CriResult<Vec<R>>
+where
+    T: Send + 'static,
+    R: Send + 'static,
+    F: Fn(&T) -> R + Clone + Send + 'static,
+{
+    if items.len() < PARALLEL_READS_FROM || cores < 2 {
+        return Ok(items.iter().map(read).collect());
+    }
+    let share = items.len().div_ceil(cores);
+    let mut shares: Vec<Vec<T>> = Vec::with_capacity(cores);
+    let mut rest = items.into_iter().peekable();
+    while rest.peek().is_some() {
+        shares.push(rest.by_ref().take(share).collect());
+    }
+    let last = shares.pop().unwrap_or_default();
+    let others: Vec<_> = shares
+        .into_iter()
+        .map(|share| {
+            let read = read.clone();
+            tokio::task::spawn_blocking(move || share.iter().map(read).collect::<Vec<R>>())
+        })
+        .collect();
+    let mine: Vec<R> = last.iter().map(read).collect();
+    let mut out = Vec::new();
+    for task in others {
+        out.extend(
+            task.await
+                .map_err(|e| CriError::Internal(format!("cgroup reading task: {e}")))?,
+        );
+    }
+    out.extend(mine);
+    Ok(out)
+}
+
+/// The cgroup of container `c` of pod `sb`, as its OCI spec names it.
+fn container_cgroup_path(c: &ContainerRecord, sb: Option<&SandboxRecord>) -> String {
+    cgroup_path(sb.and_then(|s| s.spec.cgroup_parent.as_deref()), &c.id)
+}
+
 fn u64v(value: u64) -> cri::UInt64Value {
     cri::UInt64Value { value }
 }
@@ -160,8 +207,29 @@ impl Cri {
         c: &ContainerRecord,
         sb: Option<&SandboxRecord>,
     ) -> CgroupStats {
-        let parent = sb.and_then(|s| s.spec.cgroup_parent.as_deref());
-        self.inner.stats.layout().read(&cgroup_path(parent, &c.id))
+        self.inner
+            .stats
+            .layout()
+            .read(&container_cgroup_path(c, sb))
+    }
+
+    /// Reads the cgroups at `paths`, in order, a share of them per core on
+    /// blocking threads: a reading is three to five cgroup files of a few
+    /// microseconds each, times every container on the node. Without
+    /// `processes`, the process counts are left out (see
+    /// [`CgroupLayout::read_usage`]).
+    async fn read_cgroups(
+        &self,
+        paths: Vec<String>,
+        processes: bool,
+    ) -> CriResult<Vec<CgroupStats>> {
+        let layout = self.inner.stats.layout().clone();
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        in_shares(paths, cores, move |p: &String| match processes {
+            true => layout.read(p),
+            false => layout.read_usage(p),
+        })
+        .await
     }
 
     /// Cgroup readings of a pod: its parent cgroup when it has one, else the
@@ -218,12 +286,12 @@ impl Cri {
         })
     }
 
+    /// A container's stats from its cgroup reading `cg`.
     async fn container_stats_of(
         &self,
         c: &ContainerRecord,
-        sb: Option<&SandboxRecord>,
-    ) -> (cri::ContainerStats, CgroupStats) {
-        let cg = self.container_cgroup(c, sb);
+        cg: CgroupStats,
+    ) -> cri::ContainerStats {
         let now = nanos(SystemTime::now());
         let writable_layer = match self.deps().runtime.writable_layer_usage(&c.id).await {
             Ok((u, at)) => Some(cri::FilesystemUsage {
@@ -239,7 +307,7 @@ impl Cri {
                 None
             }
         };
-        let stats = cri::ContainerStats {
+        cri::ContainerStats {
             attributes: Some(cri::ContainerAttributes {
                 id: c.id.clone(),
                 metadata: Some(cri::ContainerMetadata {
@@ -253,22 +321,20 @@ impl Cri {
             memory: memory(&cg, now),
             writable_layer,
             swap: None,
-        };
-        (stats, cg)
+        }
     }
 
+    /// A pod's stats, from its containers and their cgroup readings.
     async fn pod_stats_of(
         &self,
         sb: &SandboxRecord,
-        containers: &[&ContainerRecord],
+        containers: &[(&ContainerRecord, CgroupStats)],
     ) -> cri::PodSandboxStats {
         let mut stats = Vec::with_capacity(containers.len());
-        let mut cgroups = Vec::with_capacity(containers.len());
-        for c in containers {
-            let (s, cg) = self.container_stats_of(c, Some(sb)).await;
-            stats.push(s);
-            cgroups.push(cg);
+        for (c, cg) in containers {
+            stats.push(self.container_stats_of(c, *cg).await);
         }
+        let cgroups: Vec<CgroupStats> = containers.iter().map(|(_, cg)| *cg).collect();
         let pod = self.pod_cgroup(sb, &cgroups);
         let now = nanos(SystemTime::now());
         cri::PodSandboxStats {
@@ -317,7 +383,12 @@ impl Cri {
         }
         let c = self.pods().require_container(&r.container_id)?;
         let sb = self.pods().sandbox(&c.sandbox_id)?;
-        let (stats, _) = self.container_stats_of(&c, sb.as_ref()).await;
+        let cg = self
+            .inner
+            .stats
+            .layout()
+            .read_usage(&container_cgroup_path(&c, sb.as_ref()));
+        let stats = self.container_stats_of(&c, cg).await;
         Ok(cri::ContainerStatsResponse { stats: Some(stats) })
     }
 
@@ -336,15 +407,22 @@ impl Cri {
             .filter(|c| {
                 f.pod_sandbox_id.is_empty() || c.sandbox_id.as_str().starts_with(&f.pod_sandbox_id)
             })
-            .filter(|c| convert::labels_match(&f.label_selector, &c.labels));
+            .filter(|c| convert::labels_match(&f.label_selector, &c.labels))
+            .collect::<Vec<_>>();
+        let paths = containers
+            .iter()
+            .map(|c| container_cgroup_path(c, sandboxes.get(c.sandbox_id.as_str()).copied()))
+            .collect();
+        let cgroups = self.read_cgroups(paths, false).await?;
         // A container's writable-layer usage may be a containerd round trip
         // (the first time it is asked for): overlap them, in order.
         let pending: Vec<_> = containers
-            .map(|c| self.container_stats_of(c, sandboxes.get(c.sandbox_id.as_str()).copied()))
+            .iter()
+            .zip(cgroups)
+            .map(|(c, cg)| self.container_stats_of(c, cg))
             .collect();
         let stats = futures::stream::iter(pending)
             .buffered(STATS_CONCURRENCY)
-            .map(|(stats, _)| stats)
             .collect::<Vec<_>>()
             .await;
         self.prune_samples(&all_sandboxes, &all_containers);
@@ -363,7 +441,11 @@ impl Cri {
             .find_sandbox("pod_sandbox_id", &r.pod_sandbox_id)?
             .ok_or_else(|| CriError::not_found("pod sandbox", r.pod_sandbox_id.clone()))?;
         let containers = self.pods().containers_of(&sb.id)?;
-        let containers: Vec<&ContainerRecord> = containers.iter().collect();
+        let layout = self.inner.stats.layout();
+        let containers: Vec<_> = containers
+            .iter()
+            .map(|c| (c, layout.read(&container_cgroup_path(c, Some(&sb)))))
+            .collect();
         Ok(cri::PodSandboxStatsResponse {
             stats: Some(self.pod_stats_of(&sb, &containers).await),
         })
@@ -377,15 +459,32 @@ impl Cri {
         // Two reads of the store for the whole node, not one per pod.
         let all_sandboxes = self.pods().list_sandboxes()?;
         let all_containers = self.pods().list_containers()?;
-        let mut by_pod: HashMap<&str, Vec<&ContainerRecord>> = HashMap::new();
-        for c in &all_containers {
-            by_pod.entry(c.sandbox_id.as_str()).or_default().push(c);
-        }
-        let pending: Vec<_> = all_sandboxes
+        let pods: Vec<&SandboxRecord> = all_sandboxes
             .iter()
             .filter(|s| s.state == SandboxState::Ready)
             .filter(|s| f.id.is_empty() || s.id.as_str().starts_with(&f.id))
             .filter(|s| convert::labels_match(&f.label_selector, &s.spec.labels))
+            .collect();
+        let wanted: HashMap<&str, &SandboxRecord> =
+            pods.iter().map(|s| (s.id.as_str(), *s)).collect();
+        let containers: Vec<(&ContainerRecord, &SandboxRecord)> = all_containers
+            .iter()
+            .filter_map(|c| Some((c, *wanted.get(c.sandbox_id.as_str())?)))
+            .collect();
+        let paths = containers
+            .iter()
+            .map(|(c, sb)| container_cgroup_path(c, Some(sb)))
+            .collect();
+        let cgroups = self.read_cgroups(paths, true).await?;
+        let mut by_pod: HashMap<&str, Vec<(&ContainerRecord, CgroupStats)>> = HashMap::new();
+        for ((c, _), cg) in containers.into_iter().zip(cgroups) {
+            by_pod
+                .entry(c.sandbox_id.as_str())
+                .or_default()
+                .push((c, cg));
+        }
+        let pending: Vec<_> = pods
+            .into_iter()
             .map(|sb| {
                 let containers = by_pod.get(sb.id.as_str()).map_or(&[][..], Vec::as_slice);
                 self.pod_stats_of(sb, containers)
@@ -402,6 +501,8 @@ impl Cri {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
@@ -436,6 +537,46 @@ mod tests {
                 .usage_nano_cores,
             None
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn readings_shared_out_among_cores_come_back_in_order() {
+        for (n, cores) in [
+            (0, 2),
+            (5, 2),
+            (31, 2),
+            (32, 2),
+            (33, 2),
+            (250, 2),
+            (250, 3),
+            (100, 1),
+        ] {
+            let items: Vec<usize> = (0..n).collect();
+            let threads = Arc::new(Mutex::new(HashSet::new()));
+            let seen = Arc::clone(&threads);
+            let out = in_shares(items, cores, move |i: &usize| {
+                seen.lock().unwrap().insert(std::thread::current().id());
+                i * 10
+            })
+            .await
+            .unwrap();
+            assert_eq!(
+                out,
+                (0..n).map(|i| i * 10).collect::<Vec<_>>(),
+                "n={n} cores={cores}"
+            );
+            // Shared out: this thread and at least one blocking thread (the
+            // pool may run two shares one after the other on one thread).
+            let used = threads.lock().unwrap().len();
+            if n >= PARALLEL_READS_FROM && cores > 1 {
+                assert!(
+                    (2..=cores).contains(&used),
+                    "n={n} cores={cores}: {used} threads"
+                );
+            } else {
+                assert_eq!(used, usize::from(n > 0), "n={n} cores={cores}");
+            }
+        }
     }
 
     #[test]

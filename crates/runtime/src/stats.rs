@@ -166,6 +166,17 @@ impl CgroupLayout {
     /// Reads the cgroup at `path` (as in the OCI spec, e.g. `/cubelet/<id>`).
     /// A cgroup that does not exist yields [`CgroupStats::is_empty`].
     pub fn read(&self, path: &str) -> CgroupStats {
+        self.read_parts(path, true)
+    }
+
+    /// [`CgroupLayout::read`] without the process count (`processes` is
+    /// `None`): CRI's container stats carry none, and each file read is a
+    /// few microseconds, times every container on the node.
+    pub fn read_usage(&self, path: &str) -> CgroupStats {
+        self.read_parts(path, false)
+    }
+
+    fn read_parts(&self, path: &str, processes: bool) -> CgroupStats {
         let rel = path.trim_start_matches('/');
         match self {
             CgroupLayout::V1 {
@@ -175,9 +186,18 @@ impl CgroupLayout {
             } => CgroupStats {
                 cpu_usage_ns: cpuacct.as_ref().and_then(|d| read_v1_cpu(&d.join(rel))),
                 memory: memory.as_ref().and_then(|d| read_v1_memory(&d.join(rel))),
-                processes: pids.as_ref().and_then(|d| read_processes(&d.join(rel))),
+                processes: pids
+                    .as_ref()
+                    .filter(|_| processes)
+                    .and_then(|d| read_processes(&d.join(rel))),
             },
-            CgroupLayout::V2 { root } => read_v2(&root.join(rel)),
+            CgroupLayout::V2 { root } => {
+                let dir = root.join(rel);
+                CgroupStats {
+                    processes: processes.then(|| read_processes(&dir)).flatten(),
+                    ..read_v2_usage(&dir)
+                }
+            }
         }
     }
 }
@@ -237,6 +257,14 @@ pub fn read_processes(dir: &Path) -> Option<u64> {
 /// A cgroup v2 directory: `cpu.stat`, `memory.current`, `memory.stat`,
 /// `memory.max`, `pids.current`.
 pub fn read_v2(dir: &Path) -> CgroupStats {
+    CgroupStats {
+        processes: read_processes(dir),
+        ..read_v2_usage(dir)
+    }
+}
+
+/// [`read_v2`] without `pids.current`.
+fn read_v2_usage(dir: &Path) -> CgroupStats {
     let cpu = read_flat(&dir.join("cpu.stat"))
         .and_then(|s| get(&s, "usage_usec"))
         .map(|us| us.saturating_mul(1000));
@@ -257,7 +285,7 @@ pub fn read_v2(dir: &Path) -> CgroupStats {
     CgroupStats {
         cpu_usage_ns: cpu,
         memory,
-        processes: read_processes(dir),
+        processes: None,
     }
 }
 
@@ -599,8 +627,19 @@ mod tests {
         let m = layout.read("cubelet/abc").memory.unwrap();
         assert_eq!(m.limit_bytes, Some(20000));
         assert_eq!(m.available_bytes(), Some(11000));
+        // The usage alone: everything but the process count.
+        let usage = layout.read_usage("/cubelet/abc");
+        assert_eq!(usage.processes, None);
+        assert_eq!(
+            usage,
+            CgroupStats {
+                processes: None,
+                ..layout.read("/cubelet/abc")
+            }
+        );
         // A cgroup that is gone reads as empty.
         assert!(layout.read("/cubelet/gone").is_empty());
+        assert!(layout.read_usage("/cubelet/gone").is_empty());
     }
 
     #[test]
@@ -638,6 +677,13 @@ mod tests {
         let s = layout.read("kubepods/pod1/c1");
         assert_eq!(s.memory.unwrap().available_bytes(), Some(16384 - 7168));
         assert_eq!(s.processes, Some(5));
+        assert_eq!(
+            layout.read_usage("kubepods/pod1/c1"),
+            CgroupStats {
+                processes: None,
+                ..s
+            }
+        );
         assert!(layout.read("/kubepods/none").is_empty());
     }
 

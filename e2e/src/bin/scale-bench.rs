@@ -4,9 +4,10 @@
 //! p50 of the first and the last 25 pods, p50/p99 of ListPodSandbox,
 //! ListContainers, ListContainerStats, ListPodSandboxStats and
 //! PodSandboxStatus, the agent's resident memory and open fds (`--pid`), and
-//! the time to tear everything down.
+//! the time to tear everything down. `--cubelet` starts a Cubelet of its
+//! own (the e2e harness's daemon, from `target/`) instead of `--endpoint`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -18,16 +19,26 @@ use cubelet_e2e::cri::{
     ListPodSandboxRequest, ListPodSandboxStatsRequest, PodSandboxStatusRequest, PullImageRequest,
     RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
 };
-use cubelet_e2e::{container_config, image_spec, ms, percentile, pod_config};
+use cubelet_e2e::{
+    container_config, image_spec, ms, percentile, pid_per_container, pod_config, Daemon, DaemonOpts,
+};
 use tonic::transport::Channel;
 
 /// Measure a CRI endpoint at N pods.
 #[derive(Debug, Parser)]
 #[command(name = "scale-bench")]
 struct Args {
-    /// CRI unix socket.
-    #[arg(long)]
-    endpoint: PathBuf,
+    /// CRI unix socket (or `--cubelet`).
+    #[arg(long, required_unless_present = "cubelet")]
+    endpoint: Option<PathBuf>,
+    /// Start a Cubelet of our own and measure it (its pid is reported as
+    /// with `--pid`): `$CUBELET_BIN`, else the release build if there is
+    /// one, else the debug build.
+    #[arg(long, conflicts_with_all = ["endpoint", "pid"])]
+    cubelet: bool,
+    /// A config drop-in for the Cubelet of `--cubelet`.
+    #[arg(long, requires = "cubelet")]
+    drop_in: Option<PathBuf>,
     /// Pods to bring up (one container each).
     #[arg(long, default_value_t = 250)]
     n: usize,
@@ -85,7 +96,14 @@ async fn up(
     i: usize,
 ) -> anyhow::Result<(String, Duration)> {
     let name = format!("scale-{}-{i}", std::process::id());
-    let cfg = pod_config(&name, &format!("uid-{name}"), &log_root.join(&name));
+    // The namespaces kubelet asks for a pod that does not share its
+    // process namespace (the CRI zero value would be one PID namespace per
+    // pod, which kubelet sends only for `shareProcessNamespace: true`).
+    let cfg = pid_per_container(pod_config(
+        &name,
+        &format!("uid-{name}"),
+        &log_root.join(&name),
+    ));
     let t = Instant::now();
     let pod = rt
         .run_pod_sandbox(RunPodSandboxRequest {
@@ -125,11 +143,64 @@ fn row(name: &str, v: &Result<Vec<Duration>, tonic::Code>) {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.cubelet {
+        // Read by the e2e harness's Daemon; set before any thread exists.
+        std::env::set_var("CUBELET_BIN", cubelet_e2e::bench_cubelet_bin(None));
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.n >= 2 && args.queries > 0, "--n ≥ 2 and --queries > 0");
-    let channel = cubelet_e2e::connect(&args.endpoint).await?;
+    let daemon = match args.cubelet {
+        true => Some(start_cubelet(args.drop_in.as_deref()).await?),
+        false => None,
+    };
+    let endpoint = match (&daemon, &args.endpoint) {
+        (Some(d), _) => d.socket.clone(),
+        (None, Some(e)) => e.clone(),
+        (None, None) => anyhow::bail!("--endpoint or --cubelet"),
+    };
+    let pid = args.pid.or(daemon.as_ref().and_then(Daemon::pid));
+    let result = measure_node(&args, &endpoint, pid).await;
+    match daemon {
+        Some(d) => result.and(d.teardown().await),
+        None => result,
+    }
+}
+
+/// The e2e harness's daemon, with `drop_in` if given.
+async fn start_cubelet(drop_in: Option<&Path>) -> anyhow::Result<Daemon> {
+    if let Some(reason) = cubelet_e2e::skip_reason() {
+        anyhow::bail!("cannot start a Cubelet: {reason}");
+    }
+    let extra_config = match drop_in {
+        Some(f) => Some(
+            std::fs::read_to_string(f).with_context(|| format!("read drop-in {}", f.display()))?,
+        ),
+        None => None,
+    };
+    let d = Daemon::start(DaemonOpts {
+        extra_config,
+        ..Default::default()
+    })
+    .await
+    .context("start Cubelet")?;
+    eprintln!(
+        "scale-bench: started {} (pid {:?})",
+        cubelet_e2e::cubelet_bin().display(),
+        d.pid()
+    );
+    Ok(d)
+}
+
+async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow::Result<()> {
+    let channel = cubelet_e2e::connect(endpoint).await?;
     let mut rt = RuntimeServiceClient::new(channel.clone());
     ImageServiceClient::new(channel)
         .pull_image(PullImageRequest {
@@ -141,7 +212,7 @@ async fn main() -> anyhow::Result<()> {
     let log_root = tempfile::Builder::new()
         .prefix("scale-bench-logs")
         .tempdir_in(&args.log_root)?;
-    let before = args.pid.and_then(footprint);
+    let before = pid.and_then(footprint);
 
     let mut pods = Vec::with_capacity(args.n);
     let mut runs = Vec::with_capacity(args.n);
@@ -160,7 +231,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     if failure.is_none() {
-        let at = args.pid.and_then(footprint);
+        let at = pid.and_then(footprint);
         let window = 25.min(runs.len() / 2).max(1);
         let mut first = runs[..window].to_vec();
         first.sort();
@@ -222,7 +293,7 @@ async fn main() -> anyhow::Result<()> {
         .await;
         println!(
             "scale-bench: endpoint {} image {} pods {}",
-            args.endpoint.display(),
+            endpoint.display(),
             args.image,
             pods.len()
         );
@@ -242,7 +313,7 @@ async fn main() -> anyhow::Result<()> {
         if let (Some((rss0, fd0)), Some((rss, fds))) = (before, at) {
             println!(
                 "agent pid {}: RSS {rss:.1} MiB (at start {rss0:.1}), open fds {fds} (at start {fd0})",
-                args.pid.unwrap_or_default()
+                pid.unwrap_or_default()
             );
         }
     }

@@ -28,7 +28,7 @@ mod lifecycle;
 mod plot;
 mod report;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -155,26 +155,6 @@ fn parse_cubelet(s: &str) -> anyhow::Result<(String, Option<PathBuf>)> {
     Ok((label.to_owned(), file))
 }
 
-/// The cubelet binary `--cubelet` starts: the flag, `$CUBELET_BIN`, the
-/// release build, the debug build.
-fn cubelet_bin(flag: Option<&Path>) -> PathBuf {
-    if let Some(p) = flag {
-        return p.to_path_buf();
-    }
-    if let Some(p) = std::env::var_os("CUBELET_BIN") {
-        return PathBuf::from(p);
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| cubelet_e2e::workspace_root().join("target"));
-    let release = target.join("release").join("cubelet");
-    if release.is_file() {
-        release
-    } else {
-        cubelet_e2e::cubelet_bin()
-    }
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(
@@ -183,7 +163,10 @@ fn main() -> anyhow::Result<()> {
     );
     if !args.cubelets.is_empty() {
         // Read by the e2e harness's Daemon; set before any thread exists.
-        std::env::set_var("CUBELET_BIN", cubelet_bin(args.cubelet_bin.as_deref()));
+        std::env::set_var(
+            "CUBELET_BIN",
+            cubelet_e2e::bench_cubelet_bin(args.cubelet_bin.as_deref()),
+        );
     }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
