@@ -191,51 +191,73 @@ impl CgroupLayout {
                     .filter(|_| processes)
                     .and_then(|d| read_processes(&d.join(rel))),
             },
-            CgroupLayout::V2 { root } => {
-                let dir = root.join(rel);
-                CgroupStats {
-                    processes: processes.then(|| read_processes(&dir)).flatten(),
-                    ..read_v2_usage(&dir)
-                }
-            }
+            CgroupLayout::V2 { root } => read_v2_parts(&root.join(rel), processes),
         }
     }
 }
 
-fn read_u64(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+/// An open cgroup directory: its files are opened relative to it, so the
+/// path from `/` is walked once per cgroup rather than once per file (at a
+/// few hundred containers, path walks were most of a List*Stats call).
+struct CgroupDir(std::fs::File);
+
+impl CgroupDir {
+    /// `None` when the cgroup (or the controller's directory) is missing.
+    fn open(dir: &Path) -> Option<CgroupDir> {
+        use rustix::fs::{open, Mode, OFlags};
+        open(
+            dir,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()
+        .map(|fd| CgroupDir(fd.into()))
+    }
+
+    fn read(&self, name: &str) -> Option<String> {
+        use rustix::fs::{openat, Mode, OFlags};
+        use std::io::Read;
+        let fd = openat(
+            &self.0,
+            name,
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        let mut text = String::new();
+        std::fs::File::from(fd).read_to_string(&mut text).ok()?;
+        Some(text)
+    }
+
+    fn read_u64(&self, name: &str) -> Option<u64> {
+        self.read(name)?.trim().parse().ok()
+    }
 }
 
-/// `key value` lines (`memory.stat`, `cpu.stat`).
-fn read_flat(path: &Path) -> Option<Vec<(String, u64)>> {
-    let text = std::fs::read_to_string(path).ok()?;
-    Some(
-        text.lines()
-            .filter_map(|l| {
-                let (k, v) = l.split_once(' ')?;
-                Some((k.to_owned(), v.trim().parse().ok()?))
-            })
-            .collect(),
-    )
-}
-
-fn get(stat: &[(String, u64)], key: &str) -> Option<u64> {
-    stat.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+/// The value of `key` in `key value` lines (`memory.stat`, `cpu.stat`).
+fn flat_get(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
 }
 
 /// cgroup v1 `cpuacct.usage` in `dir`: nanoseconds.
 pub fn read_v1_cpu(dir: &Path) -> Option<u64> {
-    read_u64(&dir.join("cpuacct.usage"))
+    CgroupDir::open(dir)?.read_u64("cpuacct.usage")
 }
 
 /// cgroup v1 memory controller files in `dir`. Uses the hierarchical
 /// `total_*` counters of `memory.stat` when present.
 pub fn read_v1_memory(dir: &Path) -> Option<MemoryStats> {
-    let usage = read_u64(&dir.join("memory.usage_in_bytes"))?;
-    let stat = read_flat(&dir.join("memory.stat")).unwrap_or_default();
-    let pick = |k: &str| get(&stat, &format!("total_{k}")).or_else(|| get(&stat, k));
+    let dir = CgroupDir::open(dir)?;
+    let usage = dir.read_u64("memory.usage_in_bytes")?;
+    let stat = dir.read("memory.stat").unwrap_or_default();
+    let pick = |k: &str| flat_get(&stat, &format!("total_{k}")).or_else(|| flat_get(&stat, k));
     let inactive_file = pick("inactive_file").unwrap_or(0);
-    let limit = read_u64(&dir.join("memory.limit_in_bytes")).filter(|l| *l < UNLIMITED);
+    let limit = dir
+        .read_u64("memory.limit_in_bytes")
+        .filter(|l| *l < UNLIMITED);
     Some(MemoryStats {
         usage_bytes: usage,
         working_set_bytes: usage.saturating_sub(inactive_file),
@@ -248,8 +270,12 @@ pub fn read_v1_memory(dir: &Path) -> Option<MemoryStats> {
 
 /// Process count: `pids.current`, else the lines of `cgroup.procs`.
 pub fn read_processes(dir: &Path) -> Option<u64> {
-    read_u64(&dir.join("pids.current")).or_else(|| {
-        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
+    processes_in(&CgroupDir::open(dir)?)
+}
+
+fn processes_in(dir: &CgroupDir) -> Option<u64> {
+    dir.read_u64("pids.current").or_else(|| {
+        let procs = dir.read("cgroup.procs")?;
         u64::try_from(procs.lines().filter(|l| !l.trim().is_empty()).count()).ok()
     })
 }
@@ -257,35 +283,36 @@ pub fn read_processes(dir: &Path) -> Option<u64> {
 /// A cgroup v2 directory: `cpu.stat`, `memory.current`, `memory.stat`,
 /// `memory.max`, `pids.current`.
 pub fn read_v2(dir: &Path) -> CgroupStats {
-    CgroupStats {
-        processes: read_processes(dir),
-        ..read_v2_usage(dir)
-    }
+    read_v2_parts(dir, true)
 }
 
-/// [`read_v2`] without `pids.current`.
-fn read_v2_usage(dir: &Path) -> CgroupStats {
-    let cpu = read_flat(&dir.join("cpu.stat"))
-        .and_then(|s| get(&s, "usage_usec"))
+/// [`read_v2`], the process count only if `processes`.
+fn read_v2_parts(dir: &Path, processes: bool) -> CgroupStats {
+    let Some(dir) = CgroupDir::open(dir) else {
+        return CgroupStats::default();
+    };
+    let cpu = dir
+        .read("cpu.stat")
+        .and_then(|s| flat_get(&s, "usage_usec"))
         .map(|us| us.saturating_mul(1000));
-    let memory = read_u64(&dir.join("memory.current")).map(|usage| {
-        let stat = read_flat(&dir.join("memory.stat")).unwrap_or_default();
-        let inactive_file = get(&stat, "inactive_file").unwrap_or(0);
+    let memory = dir.read_u64("memory.current").map(|usage| {
+        let stat = dir.read("memory.stat").unwrap_or_default();
+        let inactive_file = flat_get(&stat, "inactive_file").unwrap_or(0);
         // "max" does not parse: unlimited.
-        let limit = read_u64(&dir.join("memory.max")).filter(|l| *l < UNLIMITED);
+        let limit = dir.read_u64("memory.max").filter(|l| *l < UNLIMITED);
         MemoryStats {
             usage_bytes: usage,
             working_set_bytes: usage.saturating_sub(inactive_file),
-            rss_bytes: get(&stat, "anon").unwrap_or(0),
-            page_faults: get(&stat, "pgfault").unwrap_or(0),
-            major_page_faults: get(&stat, "pgmajfault").unwrap_or(0),
+            rss_bytes: flat_get(&stat, "anon").unwrap_or(0),
+            page_faults: flat_get(&stat, "pgfault").unwrap_or(0),
+            major_page_faults: flat_get(&stat, "pgmajfault").unwrap_or(0),
             limit_bytes: limit,
         }
     });
     CgroupStats {
         cpu_usage_ns: cpu,
         memory,
-        processes: None,
+        processes: processes.then(|| processes_in(&dir)).flatten(),
     }
 }
 
