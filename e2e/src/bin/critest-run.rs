@@ -141,6 +141,7 @@ async fn main_async(args: Args) -> anyhow::Result<bool> {
         index: args.index,
         extra_config,
         ready_timeout: Duration::from_secs(120),
+        ..Default::default()
     })
     .await?;
     eprintln!(

@@ -187,6 +187,7 @@ async fn start_cubelet(drop_in: Option<&Path>) -> anyhow::Result<Daemon> {
     };
     let d = Daemon::start(DaemonOpts {
         extra_config,
+        default_gc: true,
         ..Default::default()
     })
     .await
@@ -218,7 +219,7 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
     let mut runs = Vec::with_capacity(args.n);
     let mut failure = None;
     for i in 0..args.n {
-        match up(&mut rt, &args, log_root.path(), i).await {
+        match up(&mut rt, args, log_root.path(), i).await {
             Ok((pod, run)) => {
                 pods.push(pod);
                 runs.push(run);

@@ -251,6 +251,7 @@ async fn open_endpoints(args: &Args, eps: &mut Vec<Endpoint>) -> anyhow::Result<
         let d = Daemon::start(DaemonOpts {
             index: u8::try_from(index).context("too many --cubelet")?,
             extra_config,
+            default_gc: true,
             ..Default::default()
         })
         .await
