@@ -134,14 +134,7 @@ pub(crate) fn add<T: Indexed>(
     rec: &T,
     primary: &str,
 ) -> Result<(), StoreError> {
-    let op = "index";
-    for (index, k) in rec.entries() {
-        txn.open_multimap_table(index.def())
-            .map_err(StoreError::db(op))?
-            .insert(k.as_str(), primary)
-            .map_err(StoreError::db(op))?;
-    }
-    Ok(())
+    change(txn, rec, primary, Change::Add)
 }
 
 /// Removes the entries of `rec`, stored under `primary`, in `txn`.
@@ -150,12 +143,34 @@ pub(crate) fn remove<T: Indexed>(
     rec: &T,
     primary: &str,
 ) -> Result<(), StoreError> {
-    let op = "unindex";
+    change(txn, rec, primary, Change::Remove)
+}
+
+#[derive(Clone, Copy)]
+enum Change {
+    Add,
+    Remove,
+}
+
+fn change<T: Indexed>(
+    txn: &WriteTransaction,
+    rec: &T,
+    primary: &str,
+    change: Change,
+) -> Result<(), StoreError> {
+    let op = match change {
+        Change::Add => "index",
+        Change::Remove => "unindex",
+    };
     for (index, k) in rec.entries() {
-        txn.open_multimap_table(index.def())
-            .map_err(StoreError::db(op))?
-            .remove(k.as_str(), primary)
+        let mut t = txn
+            .open_multimap_table(index.def())
             .map_err(StoreError::db(op))?;
+        match change {
+            Change::Add => t.insert(k.as_str(), primary),
+            Change::Remove => t.remove(k.as_str(), primary),
+        }
+        .map_err(StoreError::db(op))?;
     }
     Ok(())
 }

@@ -236,18 +236,7 @@ impl Store {
         let bytes = encode(table.name, key, value)?;
         let mut txn = self.write(op)?;
         txn.set_durability(durability).map_err(StoreError::db(op))?;
-        let old = {
-            let mut t = txn.open_table(table.def()).map_err(StoreError::db(op))?;
-            let old = t
-                .insert(key, bytes.as_slice())
-                .map_err(StoreError::db(op))?
-                .map(|g| g.value().to_vec());
-            old
-        };
-        if let Some(old) = old {
-            unindex::<T>(&txn, table, key, &old)?;
-        }
-        index::add(&txn, value, key)?;
+        put_in(&txn, op, table, key, value, &bytes)?;
         txn.commit().map_err(StoreError::db(op))
     }
 
@@ -518,24 +507,11 @@ impl Store {
         let mut txn = self.write(op)?;
         txn.set_durability(Durability::None)
             .map_err(StoreError::db(op))?;
-        let old = {
-            txn.open_table(SHELLS.def())
-                .map_err(StoreError::db(op))?
-                .remove(key)
-                .map_err(StoreError::db(op))?;
-            let mut t = txn
-                .open_table(SANDBOXES.def())
-                .map_err(StoreError::db(op))?;
-            let old = t
-                .insert(key, bytes.as_slice())
-                .map_err(StoreError::db(op))?
-                .map(|g| g.value().to_vec());
-            old
-        };
-        if let Some(old) = old {
-            unindex::<SandboxRecord>(&txn, SANDBOXES, key, &old)?;
-        }
-        index::add(&txn, rec, key)?;
+        txn.open_table(SHELLS.def())
+            .map_err(StoreError::db(op))?
+            .remove(key)
+            .map_err(StoreError::db(op))?;
+        put_in(&txn, op, SANDBOXES, key, rec, &bytes)?;
         txn.commit().map_err(StoreError::db(op))
     }
 
@@ -706,6 +682,30 @@ impl Store {
     pub fn list_flows(&self) -> Result<Vec<FlowRecord>, StoreError> {
         self.scan_flows(|_| true)
     }
+}
+
+/// Writes `bytes` (the encoding of `value`) under `key` of `table` in
+/// `txn`, moving the indexes from the record it replaces to the new one.
+fn put_in<T: DeserializeOwned + Indexed>(
+    txn: &WriteTransaction,
+    op: &'static str,
+    table: JsonTable,
+    key: &str,
+    value: &T,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    let old = {
+        let mut t = txn.open_table(table.def()).map_err(StoreError::db(op))?;
+        let old = t
+            .insert(key, bytes)
+            .map_err(StoreError::db(op))?
+            .map(|g| g.value().to_vec());
+        old
+    };
+    if let Some(old) = old {
+        unindex::<T>(txn, table, key, &old)?;
+    }
+    index::add(txn, value, key)
 }
 
 /// Removes the index entries of the record `bytes` held under `key` (a
