@@ -46,14 +46,7 @@ pub(crate) struct StatsState {
 
 impl StatsState {
     pub(crate) fn layout(&self) -> &CgroupLayout {
-        self.layout.get_or_init(|| {
-            CgroupLayout::detect().unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "cgroup layout unknown; assuming v2 at /sys/fs/cgroup");
-                CgroupLayout::V2 {
-                    root: "/sys/fs/cgroup".into(),
-                }
-            })
-        })
+        self.layout.get_or_init(|| CgroupLayout::node().clone())
     }
 
     /// CPU usage of `key` at `now`, with the rate since its previous sample.

@@ -9,6 +9,12 @@ use tracing::warn;
 
 use crate::service::{blocking, PodEventKind, PodService};
 
+/// The reason of a container the kernel's OOM killer killed.
+const OOM_KILLED: &str = "OOMKilled";
+/// The exit status of a process killed by SIGKILL (128 + 9), as the
+/// OOM killer kills.
+const SIGKILL_EXIT: u32 = 137;
+
 impl PodService {
     /// Applies a containerd event: a container's exit or OOM kill goes into
     /// its record; the exit of a pod's infra process makes the pod not ready.
@@ -19,19 +25,25 @@ impl PodService {
         let result = match &event.kind {
             ContainerEventKind::Exited {
                 code, at, exec_id, ..
-            } if exec_id.is_empty() => blocking(|| {
-                store.update_container(&event.id, |c| {
-                    if c.state != ContainerState::Exited {
-                        stopped = Some((c.sandbox_id.clone(), c.state));
-                    }
-                    c.state = ContainerState::Exited;
-                    c.exit_code = Some(i32::try_from(*code).unwrap_or(i32::MAX));
-                    c.finished_at = Some(at.unwrap_or_else(SystemTime::now));
+            } if exec_id.is_empty() => {
+                let oom = *code == SIGKILL_EXIT && self.oom_killed(&event.id);
+                blocking(|| {
+                    store.update_container(&event.id, |c| {
+                        if c.state != ContainerState::Exited {
+                            stopped = Some((c.sandbox_id.clone(), c.state));
+                        }
+                        c.state = ContainerState::Exited;
+                        c.exit_code = Some(i32::try_from(*code).unwrap_or(i32::MAX));
+                        c.finished_at = Some(at.unwrap_or_else(SystemTime::now));
+                        if oom {
+                            c.reason.get_or_insert_with(|| OOM_KILLED.into());
+                        }
+                    })
                 })
-            }),
+            }
             ContainerEventKind::Oom => blocking(|| {
                 store.update_container(&event.id, |c| {
-                    c.reason = Some("OOMKilled".into());
+                    c.reason = Some(OOM_KILLED.into());
                 })
             }),
             _ => return,
@@ -51,6 +63,27 @@ impl PodService {
                 warn!(container_id = %event.id, error = %cubelet_engine::chain(&e), "apply event")
             }
         }
+    }
+
+    /// Whether a container that died of SIGKILL was killed by the kernel's
+    /// OOM killer, as its memory cgroup counts. containerd's OOM event
+    /// comes from the shim's watch on the cgroup, which a process killed
+    /// right after its start can outrun; the cgroup still holds the count
+    /// when the exit arrives (its task is not deleted yet).
+    fn oom_killed(&self, id: &str) -> bool {
+        let Ok(Some(c)) = self.store().get_container(id) else {
+            return false;
+        };
+        if c.reason.is_some() {
+            return false;
+        }
+        let parent = self
+            .store()
+            .get_sandbox(&c.sandbox_id)
+            .ok()
+            .flatten()
+            .and_then(|s| s.spec.cgroup_parent);
+        self.runtime().oom_killed(id, parent.as_deref())
     }
 
     /// The infra process of a sandbox exited: the pod is not ready.

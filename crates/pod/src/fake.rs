@@ -50,6 +50,8 @@ struct State {
     next_pid: u32,
     /// Pin directories the fake reports as alive.
     pins: std::collections::HashSet<std::path::PathBuf>,
+    /// Containers whose memory cgroup counts an OOM kill.
+    oom_killed: std::collections::HashSet<String>,
 }
 
 /// The fake runtime. Cheap to clone; clones share state.
@@ -169,6 +171,11 @@ impl FakeRuntime {
         } else {
             s.pins.remove(&dir);
         }
+    }
+
+    /// Makes container `id`'s memory cgroup count an OOM kill.
+    pub fn set_oom_killed(&self, id: &str) {
+        self.lock().oom_killed.insert(id.to_owned());
     }
 
     /// How many orphan shims the next reap finds.
@@ -368,5 +375,9 @@ impl Runtime for FakeRuntime {
                 .pins_dir
                 .as_ref()
                 .is_some_and(|d| self.lock().pins.contains(d))
+    }
+
+    fn oom_killed(&self, id: &str, _cgroup_parent: Option<&str>) -> bool {
+        self.lock().oom_killed.contains(id)
     }
 }

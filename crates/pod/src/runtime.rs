@@ -68,6 +68,11 @@ pub trait Runtime: Send + Sync + 'static {
     /// Whether the pinned namespaces of a sandbox without an infra process
     /// are still there (its pin directory, every pin mounted).
     fn pins_alive(&self, process: &SandboxProcess) -> bool;
+
+    /// Whether the kernel's OOM killer killed a process of container `id`
+    /// (in its pod's `cgroup_parent`), as its memory cgroup counts: what an
+    /// exit reports when the runtime's OOM event has not come.
+    fn oom_killed(&self, id: &str, cgroup_parent: Option<&str>) -> bool;
 }
 
 /// The real runtime: containers and tasks in containerd, images in its
@@ -150,5 +155,11 @@ impl Runtime for Containerd {
 
     fn pins_alive(&self, process: &SandboxProcess) -> bool {
         cubelet_runtime::podns::pins_alive(process)
+    }
+
+    fn oom_killed(&self, id: &str, cgroup_parent: Option<&str>) -> bool {
+        cubelet_runtime::stats::CgroupLayout::node()
+            .oom_kills(&cubelet_runtime::spec::cgroup_path(cgroup_parent, id))
+            .is_some_and(|n| n > 0)
     }
 }

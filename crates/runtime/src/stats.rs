@@ -176,6 +176,32 @@ impl CgroupLayout {
         self.read_parts(path, false)
     }
 
+    /// How many processes of the cgroup at `path` the kernel's OOM killer
+    /// has killed (`oom_kill` of v1 `memory.oom_control`, v2
+    /// `memory.events`); `None` when the cgroup or the counter is missing.
+    pub fn oom_kills(&self, path: &str) -> Option<u64> {
+        let rel = path.trim_start_matches('/');
+        let (dir, file) = match self {
+            CgroupLayout::V1 { memory, .. } => (memory.as_ref()?.join(rel), "memory.oom_control"),
+            CgroupLayout::V2 { root } => (root.join(rel), "memory.events"),
+        };
+        flat_get(&CgroupDir::open(&dir)?.read(file)?, "oom_kill")
+    }
+
+    /// The node's layout, detected once ([`CgroupLayout::detect`]; v2 at
+    /// `/sys/fs/cgroup` if the mount table cannot be read).
+    pub fn node() -> &'static CgroupLayout {
+        static NODE: std::sync::OnceLock<CgroupLayout> = std::sync::OnceLock::new();
+        NODE.get_or_init(|| {
+            CgroupLayout::detect().unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cgroup layout unknown; assuming v2 at /sys/fs/cgroup");
+                CgroupLayout::V2 {
+                    root: "/sys/fs/cgroup".into(),
+                }
+            })
+        })
+    }
+
     fn read_parts(&self, path: &str, processes: bool) -> CgroupStats {
         let rel = path.trim_start_matches('/');
         match self {
@@ -667,6 +693,15 @@ mod tests {
         // A cgroup that is gone reads as empty.
         assert!(layout.read("/cubelet/gone").is_empty());
         assert!(layout.read_usage("/cubelet/gone").is_empty());
+        // OOM kills, from memory.oom_control.
+        assert_eq!(layout.oom_kills("/cubelet/abc"), None);
+        write(
+            &mem.join(c),
+            "memory.oom_control",
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
+        );
+        assert_eq!(layout.oom_kills("/cubelet/abc"), Some(1));
+        assert_eq!(layout.oom_kills("/cubelet/gone"), None);
     }
 
     #[test]
@@ -712,6 +747,12 @@ mod tests {
             }
         );
         assert!(layout.read("/kubepods/none").is_empty());
+        write(
+            &d,
+            "memory.events",
+            "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\noom_group_kill 0\n",
+        );
+        assert_eq!(layout.oom_kills("kubepods/pod1/c1"), Some(2));
     }
 
     #[test]

@@ -807,6 +807,30 @@ async fn an_oom_kill_is_the_reason() {
 }
 
 #[tokio::test]
+async fn a_sigkill_exit_the_memory_cgroup_counts_as_an_oom_kill_is_one_without_the_event() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    // Killed by the OOM killer; the shim's OOM event never came.
+    let oom = r.running(&sb, "oom").await;
+    r.runtime.set_oom_killed(&oom);
+    r.pods.apply_event(&exited(&oom, 137, ""));
+    assert_eq!(
+        r.container(&oom).unwrap().reason.as_deref(),
+        Some("OOMKilled")
+    );
+    // SIGKILLed by someone else: no reason of its own.
+    let killed = r.running(&sb, "killed").await;
+    r.pods.apply_event(&exited(&killed, 137, ""));
+    assert_eq!(r.container(&killed).unwrap().reason, None);
+    // An earlier OOM kill in a container that then exits by itself is not
+    // why it exited.
+    let later = r.running(&sb, "later").await;
+    r.runtime.set_oom_killed(&later);
+    r.pods.apply_event(&exited(&later, 1, ""));
+    assert_eq!(r.container(&later).unwrap().reason, None);
+}
+
+#[tokio::test]
 async fn the_infra_process_exiting_makes_the_pod_not_ready() {
     let r = Rig::new();
     let sb = r.ready_pod("web").await;
