@@ -10,6 +10,7 @@ pub mod config;
 pub mod ctl;
 mod failpoint;
 mod gc;
+pub mod malloc;
 mod network;
 mod notify;
 

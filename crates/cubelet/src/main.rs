@@ -64,6 +64,8 @@ fn ctl(args: &cubelet::ctl::CtlArgs) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // Before any thread exists (src/malloc.rs says why).
+    let arenas_limited = cubelet::malloc::limit_arenas();
     let args = Args::parse();
     if let Some(Command::Ctl(ctl_args)) = &args.command {
         return ctl(ctl_args);
@@ -102,6 +104,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if arenas_limited {
+        tracing::debug!(
+            arenas = cubelet::malloc::ARENAS,
+            "malloc arenas limited (MALLOC_ARENA_MAX overrides)"
+        );
+    }
     if args.check_config {
         println!("configuration ok");
         return ExitCode::SUCCESS;

@@ -14,9 +14,10 @@ use futures::TryStreamExt;
 use ipnet::Ipv4Net;
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::{
-    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkInfo, LinkMessage,
+    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkExtentMask, LinkInfo, LinkMessage,
 };
 use netlink_packet_route::route::RouteAttribute;
+use netlink_packet_route::AddressFamily;
 use rtnetlink::{Handle, LinkBridge, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 use crate::create::{self, InFlight};
@@ -467,7 +468,19 @@ impl BridgeNetwork {
         // down, which takes the pair with it asynchronously.
         let handle = host_handle()?;
         if let Some(bridge) = link_index(&handle, &self.config.name).await? {
-            let mut links = handle.link().get().execute();
+            // The kernel filters the dump to the bridge's ports and leaves
+            // out their counters: at 250 pods the whole dump parsed into
+            // ~5 MiB of messages at once. `port_of` still checks each one
+            // (a kernel without dump filters sends every link).
+            let mut request = handle
+                .link()
+                .get()
+                .set_filter_mask(AddressFamily::Unspec, vec![LinkExtentMask::SkipStats]);
+            request
+                .message_mut()
+                .attributes
+                .push(LinkAttribute::Controller(bridge));
+            let mut links = request.execute();
             let mut ports = Vec::new();
             while let Some(msg) = links
                 .try_next()

@@ -46,26 +46,37 @@ pub struct OutputChunk {
 
 /// The broadcast half of a [`LogSink`]: output is sent here as it is read,
 /// before it is cut into log entries.
-#[derive(Debug)]
+///
+/// The channel exists only while someone is attached: a broadcast channel
+/// allocates all [`TAP_CAPACITY`] slots up front (64 KiB), and a node holds
+/// one sink per running container and infra container, nearly all of them
+/// never attached to. The first subscriber makes it; the first send that
+/// finds no subscriber left drops it.
+#[derive(Debug, Default)]
 pub struct OutputTap {
-    tx: broadcast::Sender<OutputChunk>,
-}
-
-impl Default for OutputTap {
-    fn default() -> Self {
-        Self {
-            tx: broadcast::channel(TAP_CAPACITY).0,
-        }
-    }
+    tx: std::sync::Mutex<Option<broadcast::Sender<OutputChunk>>>,
 }
 
 impl OutputTap {
+    fn sender(&self) -> std::sync::MutexGuard<'_, Option<broadcast::Sender<OutputChunk>>> {
+        // The guarded value is only ever replaced whole: a panic while it
+        // was held cannot have left it half-written.
+        self.tx
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Sends output to the current subscribers (none is fine).
     pub fn send(&self, stream: Stream, data: &[u8]) {
-        if self.tx.receiver_count() == 0 {
+        let mut tx = self.sender();
+        let Some(sender) = tx.as_ref() else {
+            return;
+        };
+        if sender.receiver_count() == 0 {
+            *tx = None;
             return;
         }
-        let _ = self.tx.send(OutputChunk {
+        let _ = sender.send(OutputChunk {
             stream,
             data: Bytes::copy_from_slice(data),
         });
@@ -73,7 +84,15 @@ impl OutputTap {
 
     /// A new subscriber, seeing output read from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<OutputChunk> {
-        self.tx.subscribe()
+        self.sender()
+            .get_or_insert_with(|| broadcast::channel(TAP_CAPACITY).0)
+            .subscribe()
+    }
+
+    /// Whether the broadcast channel is allocated (someone subscribed and
+    /// no send has found them all gone since).
+    pub fn is_open(&self) -> bool {
+        self.sender().is_some()
     }
 }
 
@@ -405,9 +424,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("c.log");
         let sink = std::sync::Arc::new(LogSink::open(Some(log.clone())).await.unwrap());
-        // Nobody listens yet: nothing is kept.
+        // Nobody listens yet: nothing is kept, and no channel is allocated.
         crate::logs::copy_stream(&b"early\n"[..], Stream::Stdout, sink.clone()).await;
+        assert!(!sink.tap().is_open());
         let mut rx = sink.tap().subscribe();
+        assert!(sink.tap().is_open());
         // A prompt without a newline, then a line ended by CRLF.
         let (mut w, r) = tokio::io::duplex(64);
         let copier = tokio::spawn(crate::logs::copy_stream(r, Stream::Stderr, sink.clone()));
@@ -423,6 +444,15 @@ mod tests {
         let b = rx.recv().await.unwrap();
         assert_eq!(b.data, Bytes::from_static(b" world\r\nnext"));
         assert!(rx.try_recv().is_err());
+        // The last subscriber gone, the next output frees the channel; a
+        // new subscriber gets a fresh one and sees only what follows.
+        drop(rx);
+        sink.tap().send(Stream::Stdout, b"unseen");
+        assert!(!sink.tap().is_open());
+        let mut again = sink.tap().subscribe();
+        sink.tap().send(Stream::Stdout, b"seen");
+        assert_eq!(again.try_recv().unwrap().data, Bytes::from_static(b"seen"));
+        assert!(again.try_recv().is_err());
         let text = std::fs::read_to_string(&log).unwrap();
         let entries: Vec<_> = text
             .lines()

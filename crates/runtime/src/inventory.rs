@@ -76,13 +76,22 @@ impl ContainerRuntime {
         let mut inv = Inventory::default();
         inv.staged
             .extend(crate::staged::staged_ids(&self.staged_root()));
-        let containers = client
+        // One container per message: `containers.list` answers with every
+        // container's record (its OCI spec included) in one message, ~4 MiB
+        // of heap at once for 500 containers, to keep only the ids.
+        let mut containers = client
             .containers()
-            .list(client.request(ListContainersRequest::default()))
+            .list_stream(client.request(ListContainersRequest::default()))
             .await
-            .map_err(|s| RuntimeError::containerd("containers.list", s))?;
-        inv.containers
-            .extend(containers.into_inner().containers.into_iter().map(|c| c.id));
+            .map_err(|s| RuntimeError::containerd("containers.list_stream", s))?
+            .into_inner();
+        while let Some(msg) = containers
+            .try_next()
+            .await
+            .map_err(|s| RuntimeError::containerd("containers.list_stream", s))?
+        {
+            inv.containers.extend(msg.container.map(|c| c.id));
+        }
         let tasks = client
             .tasks()
             .list(client.request(ListTasksRequest::default()))

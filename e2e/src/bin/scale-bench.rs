@@ -3,7 +3,8 @@
 //! another, then measures what a node at that size answers: RunPodSandbox
 //! p50 of the first and the last 25 pods, p50/p99 of ListPodSandbox,
 //! ListContainers, ListContainerStats, ListPodSandboxStats and
-//! PodSandboxStatus, the agent's resident memory and open fds (`--pid`), and
+//! PodSandboxStatus, the agent's resident memory (anonymous and file-backed),
+//! threads and open fds (`--pid`: at start, at N and after the teardown), and
 //! the time to tear everything down. `--cubelet` starts a Cubelet of its
 //! own (the e2e harness's daemon, from `target/`) instead of `--endpoint`.
 
@@ -56,18 +57,47 @@ struct Args {
     log_root: PathBuf,
 }
 
-/// Resident memory (MiB) and open fds of `pid`.
-fn footprint(pid: u32) -> Option<(f64, usize)> {
+/// What `--pid` reports of the agent: resident memory (MiB) split into
+/// anonymous and file-backed pages, threads and open fds.
+#[derive(Debug, Clone, Copy)]
+struct Footprint {
+    rss: f64,
+    anon: f64,
+    file: f64,
+    threads: usize,
+    fds: usize,
+}
+
+impl std::fmt::Display for Footprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RSS {:.1} MiB (anon {:.1}, file {:.1}), {} threads, {} open fds",
+            self.rss, self.anon, self.file, self.threads, self.fds
+        )
+    }
+}
+
+/// The footprint of `pid` from `/proc/<pid>/status` and `/proc/<pid>/fd`.
+fn footprint(pid: u32) -> Option<Footprint> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
+    let field = |name: &str| -> Option<f64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count();
-    Some((kb / 1024.0, fds))
+    Some(Footprint {
+        rss: field("VmRSS")? / 1024.0,
+        anon: field("RssAnon")? / 1024.0,
+        file: field("RssFile")? / 1024.0,
+        threads: field("Threads")? as usize,
+        fds,
+    })
 }
 
 /// Times `queries` calls of `call`; the gRPC code of the first failure
@@ -311,11 +341,10 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
         row("ListContainerStats", &lcs);
         row("ListPodSandboxStats", &lps);
         row("PodSandboxStatus", &ps);
-        if let (Some((rss0, fd0)), Some((rss, fds))) = (before, at) {
-            println!(
-                "agent pid {}: RSS {rss:.1} MiB (at start {rss0:.1}), open fds {fds} (at start {fd0})",
-                pid.unwrap_or_default()
-            );
+        if let (Some(start), Some(at)) = (before, at) {
+            let pid = pid.unwrap_or_default();
+            println!("agent pid {pid} at {} pods: {at}", pods.len());
+            println!("agent pid {pid} at start: {start}");
         }
     }
 
@@ -342,6 +371,9 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
         pods.len(),
         t.elapsed().as_secs_f64()
     );
+    if let Some(after) = pid.and_then(footprint) {
+        println!("agent after teardown: {after}");
+    }
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
