@@ -32,7 +32,16 @@ impl Cri {
     }
 
     pub(crate) async fn remove_container_impl(&self, id: &str) -> CriResult<()> {
-        Ok(self.pods().remove_container(id).await?)
+        let known = self
+            .pods()
+            .find_container("container_id", id)
+            .ok()
+            .flatten();
+        self.pods().remove_container(id).await?;
+        if let Some(c) = known {
+            self.inner.stats.forget(&[c.id]);
+        }
+        Ok(())
     }
 
     pub(crate) fn list_containers_impl(

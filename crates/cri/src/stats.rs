@@ -14,7 +14,7 @@ use cubelet_pod::{ContainerRecord, SandboxRecord, SandboxState};
 use cubelet_runtime::spec::cgroup_path;
 use cubelet_runtime::stats::{
     cpu_nano_cores, parse_net_dev, read_net_dev, CgroupLayout, CgroupStats, CpuSample,
-    InterfaceStats,
+    InterfaceStats, OpenFiles,
 };
 use futures::future::BoxFuture;
 use k8s_cri::v1 as cri;
@@ -42,6 +42,8 @@ pub trait NetnsCounters: Send + Sync + fmt::Debug + 'static {
 pub(crate) struct StatsState {
     layout: OnceLock<CgroupLayout>,
     cpu: Mutex<HashMap<String, CpuSample>>,
+    /// The containers' cgroup files, kept open between List*Stats calls.
+    files: std::sync::Arc<OpenFiles>,
 }
 
 impl StatsState {
@@ -78,10 +80,21 @@ impl StatsState {
         })
     }
 
-    /// Forgets the samples of containers and pods that no longer exist.
+    /// Closes the cgroup files of `containers` (being removed). The List*Stats
+    /// calls close those of containers removed otherwise (by the GC).
+    pub(crate) fn forget(&self, containers: &[String]) {
+        if !containers.is_empty() {
+            self.files.retain(|id| !containers.iter().any(|c| c == id));
+        }
+    }
+
+    /// Forgets the samples of containers and pods that no longer exist,
+    /// and closes their cgroup files.
     fn retain(&self, live: &HashSet<String>) {
         let mut samples = self.cpu.lock().unwrap_or_else(|p| p.into_inner());
         samples.retain(|k, _| live.contains(k));
+        drop(samples);
+        self.files.retain(|id| live.contains(id));
     }
 }
 
@@ -207,8 +220,9 @@ impl Cri {
     }
 
     /// Reads the cgroups at `paths`, in order, a share of them per core on
-    /// blocking threads: a reading is three to five cgroup files of a few
-    /// microseconds each, times every container on the node. Without
+    /// blocking threads, through the files kept open from the last call
+    /// (see [`OpenFiles`]): a reading is three to five cgroup files of a
+    /// few microseconds each, times every container on the node. Without
     /// `processes`, the process counts are left out (see
     /// [`CgroupLayout::read_usage`]).
     async fn read_cgroups(
@@ -217,10 +231,10 @@ impl Cri {
         processes: bool,
     ) -> CriResult<Vec<CgroupStats>> {
         let layout = self.inner.stats.layout().clone();
+        let files = std::sync::Arc::clone(&self.inner.stats.files);
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-        in_shares(paths, cores, move |p: &String| match processes {
-            true => layout.read(p),
-            false => layout.read_usage(p),
+        in_shares(paths, cores, move |p: &String| {
+            layout.read_with(p, processes, &files)
         })
         .await
     }

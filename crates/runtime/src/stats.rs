@@ -166,14 +166,20 @@ impl CgroupLayout {
     /// Reads the cgroup at `path` (as in the OCI spec, e.g. `/cubelet/<id>`).
     /// A cgroup that does not exist yields [`CgroupStats::is_empty`].
     pub fn read(&self, path: &str) -> CgroupStats {
-        self.read_parts(path, true)
+        self.read_parts(path, true, None)
     }
 
     /// [`CgroupLayout::read`] without the process count (`processes` is
     /// `None`): CRI's container stats carry none, and each file read is a
     /// few microseconds, times every container on the node.
     pub fn read_usage(&self, path: &str) -> CgroupStats {
-        self.read_parts(path, false)
+        self.read_parts(path, false, None)
+    }
+
+    /// [`CgroupLayout::read`] (with the process count if `processes`),
+    /// through the files `files` keeps open.
+    pub fn read_with(&self, path: &str, processes: bool, files: &OpenFiles) -> CgroupStats {
+        self.read_parts(path, processes, Some(files))
     }
 
     /// How many processes of the cgroup at `path` the kernel's OOM killer
@@ -185,7 +191,7 @@ impl CgroupLayout {
             CgroupLayout::V1 { memory, .. } => (memory.as_ref()?.join(rel), "memory.oom_control"),
             CgroupLayout::V2 { root } => (root.join(rel), "memory.events"),
         };
-        flat_get(&CgroupDir::open(&dir)?.read(file)?, "oom_kill")
+        flat_get(&CgroupDir::new(&dir, None).read(file)?, "oom_kill")
     }
 
     /// The node's layout, detected once ([`CgroupLayout::detect`]; v2 at
@@ -202,61 +208,159 @@ impl CgroupLayout {
         })
     }
 
-    fn read_parts(&self, path: &str, processes: bool) -> CgroupStats {
+    fn read_parts(&self, path: &str, processes: bool, files: Option<&OpenFiles>) -> CgroupStats {
         let rel = path.trim_start_matches('/');
         match self {
             CgroupLayout::V1 {
                 memory,
                 cpuacct,
                 pids,
-            } => CgroupStats {
-                cpu_usage_ns: cpuacct.as_ref().and_then(|d| read_v1_cpu(&d.join(rel))),
-                memory: memory.as_ref().and_then(|d| read_v1_memory(&d.join(rel))),
-                processes: pids
-                    .as_ref()
-                    .filter(|_| processes)
-                    .and_then(|d| read_processes(&d.join(rel))),
-            },
-            CgroupLayout::V2 { root } => read_v2_parts(&root.join(rel), processes),
+            } => {
+                let dir = |root: &Option<PathBuf>| root.as_ref().map(|d| d.join(rel));
+                let (memory, cpuacct) = (dir(memory), dir(cpuacct));
+                let pids = dir(pids).filter(|_| processes);
+                CgroupStats {
+                    cpu_usage_ns: cpuacct
+                        .as_deref()
+                        .and_then(|d| CgroupDir::new(d, files).read_u64("cpuacct.usage")),
+                    memory: memory
+                        .as_deref()
+                        .and_then(|d| v1_memory(&CgroupDir::new(d, files))),
+                    processes: pids
+                        .as_deref()
+                        .and_then(|d| processes_in(&CgroupDir::new(d, files))),
+                }
+            }
+            CgroupLayout::V2 { root } => {
+                read_v2_parts(&CgroupDir::new(&root.join(rel), files), processes)
+            }
         }
     }
 }
 
-/// An open cgroup directory: its files are opened relative to it, so the
-/// path from `/` is walked once per cgroup rather than once per file (at a
-/// few hundred containers, path walks were most of a List*Stats call).
-struct CgroupDir(std::fs::File);
+/// A cgroup directory whose files are opened relative to it, so the path
+/// from `/` is walked once per cgroup rather than once per file (at a few
+/// hundred containers, path walks were most of a List*Stats call), or not
+/// at all when [`OpenFiles`] has them open already.
+struct CgroupDir<'a> {
+    path: &'a Path,
+    fd: std::cell::OnceCell<Option<std::fs::File>>,
+    files: Option<&'a OpenFiles>,
+}
 
-impl CgroupDir {
-    /// `None` when the cgroup (or the controller's directory) is missing.
-    fn open(dir: &Path) -> Option<CgroupDir> {
-        use rustix::fs::{open, Mode, OFlags};
-        open(
-            dir,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .ok()
-        .map(|fd| CgroupDir(fd.into()))
+impl<'a> CgroupDir<'a> {
+    fn new(path: &'a Path, files: Option<&'a OpenFiles>) -> CgroupDir<'a> {
+        CgroupDir {
+            path,
+            fd: std::cell::OnceCell::new(),
+            files,
+        }
+    }
+
+    /// File `name`, opened relative to the directory (opened on first use).
+    fn open(&self, name: &str) -> Option<std::fs::File> {
+        use rustix::fs::{open, openat, Mode, OFlags};
+        let dir = self
+            .fd
+            .get_or_init(|| {
+                open(
+                    self.path,
+                    OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .ok()
+                .map(std::fs::File::from)
+            })
+            .as_ref()?;
+        let fd = openat(dir, name, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
+        Some(fd.into())
     }
 
     fn read(&self, name: &str) -> Option<String> {
-        use rustix::fs::{openat, Mode, OFlags};
-        use std::io::Read;
-        let fd = openat(
-            &self.0,
-            name,
-            OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .ok()?;
-        let mut text = String::new();
-        std::fs::File::from(fd).read_to_string(&mut text).ok()?;
-        Some(text)
+        match self.files {
+            Some(files) => files.read(&self.path.join(name), || self.open(name)),
+            None => read_from_start(&self.open(name)?),
+        }
     }
 
     fn read_u64(&self, name: &str) -> Option<u64> {
         self.read(name)?.trim().parse().ok()
+    }
+}
+
+/// The whole text of `file` from offset 0, by `pread`: a cgroup file (a
+/// seq_file) generates its text afresh for a read at offset 0.
+fn read_from_start(file: &std::fs::File) -> Option<String> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 4096];
+    let mut n = 0;
+    loop {
+        if n == buf.len() {
+            buf.resize(n * 2, 0);
+        }
+        let read = file.read_at(&mut buf[n..], u64::try_from(n).ok()?).ok()?;
+        if read == 0 {
+            break;
+        }
+        n += read;
+    }
+    buf.truncate(n);
+    String::from_utf8(buf).ok()
+}
+
+/// Cgroup files kept open from one List*Stats call to the next, so that a
+/// reading is one `pread` per file: opening a cgroup file (a path walk, the
+/// kernfs open, the seq_file set-up) costs more than reading it. Keyed by
+/// path; [`OpenFiles::retain`] closes the files of cgroups no longer
+/// wanted, and a file whose read fails (its cgroup is gone) is closed then.
+#[derive(Debug, Default)]
+pub struct OpenFiles {
+    files: Mutex<HashMap<PathBuf, std::sync::Arc<std::fs::File>>>,
+}
+
+impl OpenFiles {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, std::sync::Arc<std::fs::File>>> {
+        // Every update is one insert or remove: a poisoned map is intact.
+        self.files.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read(&self, path: &Path, open: impl FnOnce() -> Option<std::fs::File>) -> Option<String> {
+        let cached = self.lock().get(path).cloned();
+        let file = match cached {
+            Some(file) => file,
+            None => {
+                let file = std::sync::Arc::new(open()?);
+                self.lock()
+                    .insert(path.to_path_buf(), std::sync::Arc::clone(&file));
+                file
+            }
+        };
+        let text = read_from_start(&file);
+        if text.is_none() {
+            self.lock().remove(path);
+        }
+        text
+    }
+
+    /// Closes the files of every cgroup whose directory name `keep` (a
+    /// container id) refuses.
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.lock().retain(|path, _| {
+            path.parent()
+                .and_then(Path::file_name)
+                .and_then(|n| n.to_str())
+                .is_some_and(&keep)
+        });
+    }
+
+    /// How many files are open.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True when no file is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -270,13 +374,16 @@ fn flat_get(text: &str, key: &str) -> Option<u64> {
 
 /// cgroup v1 `cpuacct.usage` in `dir`: nanoseconds.
 pub fn read_v1_cpu(dir: &Path) -> Option<u64> {
-    CgroupDir::open(dir)?.read_u64("cpuacct.usage")
+    CgroupDir::new(dir, None).read_u64("cpuacct.usage")
 }
 
 /// cgroup v1 memory controller files in `dir`. Uses the hierarchical
 /// `total_*` counters of `memory.stat` when present.
 pub fn read_v1_memory(dir: &Path) -> Option<MemoryStats> {
-    let dir = CgroupDir::open(dir)?;
+    v1_memory(&CgroupDir::new(dir, None))
+}
+
+fn v1_memory(dir: &CgroupDir<'_>) -> Option<MemoryStats> {
     let usage = dir.read_u64("memory.usage_in_bytes")?;
     let stat = dir.read("memory.stat").unwrap_or_default();
     let pick = |k: &str| flat_get(&stat, &format!("total_{k}")).or_else(|| flat_get(&stat, k));
@@ -296,10 +403,10 @@ pub fn read_v1_memory(dir: &Path) -> Option<MemoryStats> {
 
 /// Process count: `pids.current`, else the lines of `cgroup.procs`.
 pub fn read_processes(dir: &Path) -> Option<u64> {
-    processes_in(&CgroupDir::open(dir)?)
+    processes_in(&CgroupDir::new(dir, None))
 }
 
-fn processes_in(dir: &CgroupDir) -> Option<u64> {
+fn processes_in(dir: &CgroupDir<'_>) -> Option<u64> {
     dir.read_u64("pids.current").or_else(|| {
         let procs = dir.read("cgroup.procs")?;
         u64::try_from(procs.lines().filter(|l| !l.trim().is_empty()).count()).ok()
@@ -309,14 +416,11 @@ fn processes_in(dir: &CgroupDir) -> Option<u64> {
 /// A cgroup v2 directory: `cpu.stat`, `memory.current`, `memory.stat`,
 /// `memory.max`, `pids.current`.
 pub fn read_v2(dir: &Path) -> CgroupStats {
-    read_v2_parts(dir, true)
+    read_v2_parts(&CgroupDir::new(dir, None), true)
 }
 
 /// [`read_v2`], the process count only if `processes`.
-fn read_v2_parts(dir: &Path, processes: bool) -> CgroupStats {
-    let Some(dir) = CgroupDir::open(dir) else {
-        return CgroupStats::default();
-    };
+fn read_v2_parts(dir: &CgroupDir<'_>, processes: bool) -> CgroupStats {
     let cpu = dir
         .read("cpu.stat")
         .and_then(|s| flat_get(&s, "usage_usec"))
@@ -338,7 +442,7 @@ fn read_v2_parts(dir: &Path, processes: bool) -> CgroupStats {
     CgroupStats {
         cpu_usage_ns: cpu,
         memory,
-        processes: processes.then(|| processes_in(&dir)).flatten(),
+        processes: processes.then(|| processes_in(dir)).flatten(),
     }
 }
 
@@ -702,6 +806,46 @@ mod tests {
         );
         assert_eq!(layout.oom_kills("/cubelet/abc"), Some(1));
         assert_eq!(layout.oom_kills("/cubelet/gone"), None);
+    }
+
+    #[test]
+    fn open_files_are_read_again_from_the_start_and_closed_when_unwanted() {
+        let root = tempfile::tempdir().unwrap();
+        let layout = CgroupLayout::V2 {
+            root: root.path().to_path_buf(),
+        };
+        let (a, b) = (root.path().join("pods/aaaa"), root.path().join("pods/bbbb"));
+        for d in [&a, &b] {
+            write(d, "cpu.stat", "usage_usec 1\n");
+            write(d, "memory.current", "100\n");
+            write(d, "memory.stat", "anon 10\ninactive_file 1\n");
+            write(d, "memory.max", "max\n");
+            write(d, "pids.current", "2\n");
+        }
+        let files = OpenFiles::default();
+        let first = layout.read_with("/pods/aaaa", true, &files);
+        assert_eq!(first, layout.read("/pods/aaaa"));
+        assert_eq!(files.len(), 5);
+        // The files stay open and are read again from their start.
+        write(&a, "memory.current", "200\n");
+        write(&a, "cpu.stat", "usage_usec 3\n");
+        let second = layout.read_with("/pods/aaaa", false, &files);
+        assert_eq!(second.memory.unwrap().usage_bytes, 200);
+        assert_eq!(second.cpu_usage_ns, Some(3000));
+        assert_eq!(second.processes, None);
+        assert_eq!(files.len(), 5);
+        layout.read_with("pods/bbbb", true, &files);
+        assert_eq!(files.len(), 10);
+        // Only the cgroups still wanted keep their files.
+        files.retain(|id| id == "bbbb");
+        assert_eq!(files.len(), 5);
+        // (A removed cgroup's open files fail to read, which closes them; a
+        // fixture's unlinked files still read, so only `retain` is shown.)
+        files.retain(|_| false);
+        assert!(files.is_empty());
+        // A cgroup that does not exist opens nothing.
+        assert!(layout.read_with("pods/gone", true, &files).is_empty());
+        assert!(files.is_empty());
     }
 
     #[test]
