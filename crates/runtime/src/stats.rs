@@ -596,32 +596,55 @@ impl ContainerRuntime {
     pub async fn refresh_snapshot_usage(&self) -> usize {
         let mut refreshed = 0;
         for id in self.usage_cache().ids() {
-            match self.snapshot_usage(&id).await {
-                Ok(usage) => {
-                    self.usage_cache().put(&id, usage, SystemTime::now());
-                    refreshed += 1;
-                }
-                Err(e) if e.is_not_found() => self.usage_cache().forget(&id),
-                Err(e) => {
-                    tracing::debug!(container_id = %id, error = %e, "refreshing writable layer usage")
-                }
-            }
+            refreshed += usize::from(self.refresh_usage_of(&id).await);
         }
         refreshed
     }
 
-    /// [`Self::refresh_snapshot_usage`] every `period` until `shutdown`.
+    /// Re-reads container `id`'s usage; whether it was read.
+    async fn refresh_usage_of(&self, id: &str) -> bool {
+        match self.snapshot_usage(id).await {
+            Ok(usage) => {
+                self.usage_cache().put(id, usage, SystemTime::now());
+                true
+            }
+            Err(e) if e.is_not_found() => {
+                self.usage_cache().forget(id);
+                false
+            }
+            Err(e) => {
+                tracing::debug!(container_id = %id, error = %e, "refreshing writable layer usage");
+                false
+            }
+        }
+    }
+
+    /// Re-reads every held container's usage once every `period` until
+    /// `shutdown`, the readings spread evenly over the period: each is a
+    /// walk of the writable layer in containerd, and a burst of a few
+    /// hundred made the stats calls that met it several times slower.
     pub async fn refresh_snapshot_usage_every(
         self: std::sync::Arc<Self>,
         period: Duration,
         shutdown: tokio_util::sync::CancellationToken,
     ) {
         loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(period) => {}
+            let ids = self.usage_cache().ids();
+            let n = u32::try_from(ids.len()).unwrap_or(u32::MAX).max(1);
+            let gap = period / n;
+            if ids.is_empty() {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(period) => {}
+                }
             }
-            self.refresh_snapshot_usage().await;
+            for id in ids {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(gap) => {}
+                }
+                self.refresh_usage_of(&id).await;
+            }
         }
     }
 
