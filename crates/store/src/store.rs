@@ -458,10 +458,10 @@ impl Store {
 
     /// [`Store::delete_container`] without waiting for the disk: the change
     /// is visible at once and reaches the disk with the next durable
-    /// commit of any kind. For the record of a container the runtime has
-    /// already removed: a crash before that commit brings the record back,
-    /// and the restart's reconciliation finds nothing of it in the runtime
-    /// and marks it `Unknown`, for the client's next RemoveContainer.
+    /// commit of any kind. For a container being removed: a crash before
+    /// that commit brings the record back, and the restart's reconciliation
+    /// reads its state from the runtime (`Unknown` if nothing of it is
+    /// left there), for the client's next RemoveContainer.
     pub fn delete_container_buffered(&self, id: &str) -> Result<bool, StoreError> {
         self.delete_key_with::<ContainerRecord>(CONTAINERS, id, Durability::None)
     }
