@@ -32,14 +32,8 @@ impl Cri {
     }
 
     pub(crate) async fn remove_container_impl(&self, id: &str) -> CriResult<()> {
-        let known = self
-            .pods()
-            .find_container("container_id", id)
-            .ok()
-            .flatten();
-        self.pods().remove_container(id).await?;
-        if let Some(c) = known {
-            self.inner.stats.forget(&[c.id]);
+        if let Some(id) = self.pods().remove_container(id).await? {
+            self.inner.stats.forget(&[id]);
         }
         Ok(())
     }

@@ -200,20 +200,7 @@ impl RuntimeService for Cri {
     ) -> Result<Response<cri::RemovePodSandboxResponse>, Status> {
         let r = r.into_inner();
         self.call("RemovePodSandbox", async {
-            let containers: Vec<String> = match self
-                .pods()
-                .find_sandbox("pod_sandbox_id", &r.pod_sandbox_id)
-            {
-                Ok(Some(sb)) => self
-                    .pods()
-                    .containers_of(&sb.id)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|c| c.id)
-                    .collect(),
-                _ => Vec::new(),
-            };
-            self.pods().remove_sandbox(&r.pod_sandbox_id).await?;
+            let containers = self.pods().remove_sandbox(&r.pod_sandbox_id).await?;
             self.inner.stats.forget(&containers);
             Ok(cri::RemovePodSandboxResponse {})
         })

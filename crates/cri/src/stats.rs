@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::io;
 use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::SystemTime;
 
 use cubelet_pod::{ContainerRecord, SandboxRecord, SandboxState};
@@ -36,19 +36,19 @@ pub trait NetnsCounters: Send + Sync + fmt::Debug + 'static {
     fn net_dev(&self, netns: PathBuf) -> BoxFuture<'static, io::Result<String>>;
 }
 
-/// Stats state of the shim: the cgroup layout (detected once) and the last
-/// CPU sample per container or pod.
+/// Stats state of the shim: the last CPU sample per container or pod, and
+/// the containers' cgroup files kept open.
 #[derive(Debug, Default)]
 pub(crate) struct StatsState {
-    layout: OnceLock<CgroupLayout>,
     cpu: Mutex<HashMap<String, CpuSample>>,
     /// The containers' cgroup files, kept open between List*Stats calls.
     files: std::sync::Arc<OpenFiles>,
 }
 
 impl StatsState {
-    pub(crate) fn layout(&self) -> &CgroupLayout {
-        self.layout.get_or_init(|| CgroupLayout::node().clone())
+    /// The node's cgroup layout (detected once, for the whole process).
+    pub(crate) fn layout(&self) -> &'static CgroupLayout {
+        CgroupLayout::node()
     }
 
     /// CPU usage of `key` at `now`, with the rate since its previous sample.
@@ -230,7 +230,7 @@ impl Cri {
         paths: Vec<String>,
         processes: bool,
     ) -> CriResult<Vec<CgroupStats>> {
-        let layout = self.inner.stats.layout().clone();
+        let layout = self.inner.stats.layout();
         let files = std::sync::Arc::clone(&self.inner.stats.files);
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         in_shares(paths, cores, move |p: &String| {

@@ -102,7 +102,7 @@ impl Gc {
             let mut backoff = self.backoff.lock().await;
             for (id, result) in results {
                 match result {
-                    Ok(()) => {
+                    Ok(_) => {
                         backoff.remove(&id);
                         *report.reclaimed.entry("sandbox").or_default() += 1;
                     }

@@ -371,18 +371,21 @@ impl PodService {
 
     /// RemoveContainer: forgets the container and answers; a running one is
     /// forced down and the runtime's objects are removed in the background
-    /// (see `removals`). Gone is Ok.
-    pub async fn remove_container(&self, id: &str) -> PodResult<()> {
+    /// (see `removals`). Returns the full id of the container `id` named;
+    /// gone is Ok (`None`).
+    pub async fn remove_container(&self, id: &str) -> PodResult<Option<String>> {
         let Some(rec) = self.find_container("container_id", id)? else {
-            return Ok(());
+            return Ok(None);
         };
         let this = self.clone();
         let span = info_span!("remove_container", container_id = %rec.id);
+        let id = rec.id.clone();
         self.detached(
             "RemoveContainer",
             async move { this.forget_container(&rec.id).await }.instrument(span),
         )
-        .await
+        .await?;
+        Ok(Some(id))
     }
 
     /// Deletes one container's record under its lock and hands the

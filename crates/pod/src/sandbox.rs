@@ -205,11 +205,12 @@ impl PodService {
     }
 
     /// RemovePodSandbox (and the GC): removes the pod's containers, runs
-    /// `cleanup` and forgets the sandbox. On failure the record stays as
-    /// `NeedsCleanup` for the GC. A sandbox that is gone is removed.
-    pub async fn remove_sandbox(&self, id: &str) -> PodResult<()> {
+    /// `cleanup` and forgets the sandbox; returns the ids of the containers
+    /// it removed. On failure the record stays as `NeedsCleanup` for the
+    /// GC. A sandbox that is gone is removed.
+    pub async fn remove_sandbox(&self, id: &str) -> PodResult<Vec<String>> {
         let Some(rec) = self.find_sandbox("pod_sandbox_id", id)? else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         let this = self.clone();
         let span = info_span!("remove_pod_sandbox", sandbox_id = %rec.id);
@@ -220,13 +221,15 @@ impl PodService {
         .await
     }
 
-    async fn remove_sandbox_locked(&self, rec: SandboxRecord) -> PodResult<()> {
+    async fn remove_sandbox_locked(&self, rec: SandboxRecord) -> PodResult<Vec<String>> {
         let _pod = self.lock_pod(&pod_key(&rec.spec)).await;
         let Some(rec) = self.store().get_sandbox(&rec.id)? else {
-            return Ok(());
+            return Ok(Vec::new());
         };
+        let mut removed = Vec::new();
         for c in self.store().list_containers_of(&rec.id)? {
             self.remove_container_in_pod(&c.id).await?;
+            removed.push(c.id);
         }
         // The removals RemoveContainer left running finish first: the pod
         // leaves nothing behind when this answers.
@@ -254,7 +257,7 @@ impl PodService {
                 source,
             }
         })?;
-        Ok(())
+        Ok(removed)
     }
 
     /// Sandboxes stopped longer than `ttl` that kubelet never removed, and

@@ -145,7 +145,9 @@ pub(crate) fn mount_root(path: &Path) -> Result<Option<bool>, StorageError> {
 /// tell mount roots apart (callers then read the mount table), `Some(None)`
 /// when there is none.
 pub(crate) fn first_mount(dir: &Path) -> Result<Option<Option<PathBuf>>, StorageError> {
-    if mount_root(Path::new("/"))?.is_none() {
+    // Whether this kernel's statx reports mount roots, asked of `/` once.
+    static KNOWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*KNOWN.get_or_init(|| matches!(mount_root(Path::new("/")), Ok(Some(_)))) {
         return Ok(None);
     }
     if mount_root(dir)? == Some(true) {
