@@ -599,7 +599,6 @@ fn port_of(msg: &LinkMessage, bridge: u32) -> Option<String> {
     (on_bridge && is_veth && name.starts_with(VETH_PREFIX)).then_some(name)
 }
 
-/// True when `msg` describes a bridge.
 /// Makes the bridge keep its hardware address. A bridge whose address was
 /// never set takes the lowest of its ports', so it changed whenever a pod's
 /// veth joined or left (a warm-pool shell made in the background, say), and
@@ -626,6 +625,7 @@ async fn fix_address(handle: &Handle, index: u32, name: &str) -> Result<(), Netw
         .map_err(|e| NetworkError::netlink("set the address of", name, e))
 }
 
+/// True when `msg` describes a bridge.
 fn is_bridge(msg: &LinkMessage) -> bool {
     msg.attributes.iter().any(|a| match a {
         LinkAttribute::LinkInfo(infos) => infos
