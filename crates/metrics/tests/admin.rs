@@ -665,8 +665,7 @@ async fn shutdown_finishes_request_in_flight_then_refuses_connections() {
     // Nothing answers any more. A connect is refused, or, in a few runs
     // out of a hundred beside the binary's other tests, completes and is
     // reset at once (cause not found; the listener is closed before the
-    // server task ends); either
-    // way no byte of a response comes back.
+    // server task ends): either way no byte of a response comes back.
     if let Ok(mut stream) = TcpStream::connect(server.addr).await {
         let _ = stream
             .write_all(b"GET /healthz HTTP/1.1\r\nhost: test\r\n\r\n")
