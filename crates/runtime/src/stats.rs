@@ -276,36 +276,59 @@ impl<'a> CgroupDir<'a> {
         Some(fd.into())
     }
 
-    fn read(&self, name: &str) -> Option<String> {
+    /// `parse` of the text of file `name`, read into this thread's buffer
+    /// (a List*Stats call reads a few files for every container, on
+    /// threads that share one malloc arena: nothing is allocated for one).
+    fn parse<R>(&self, name: &'static str, parse: impl FnOnce(&str) -> Option<R>) -> Option<R> {
         match self.files {
-            Some(files) => files.read(&self.path.join(name), || self.open(name)),
-            None => read_from_start(&self.open(name)?),
+            Some(files) => files.parse(self.path, name, || self.open(name), parse),
+            None => parse_from_start(&self.open(name)?, parse),
         }
     }
 
-    fn read_u64(&self, name: &str) -> Option<u64> {
-        self.read(name)?.trim().parse().ok()
+    fn read(&self, name: &'static str) -> Option<String> {
+        self.parse(name, |text| Some(text.to_owned()))
+    }
+
+    fn read_u64(&self, name: &'static str) -> Option<u64> {
+        self.parse(name, |text| text.trim().parse().ok())
     }
 }
 
-/// The whole text of `file` from offset 0, by `pread`: a cgroup file (a
-/// seq_file) generates its text afresh for a read at offset 0.
-fn read_from_start(file: &std::fs::File) -> Option<String> {
+/// `parse` of the whole text of `file` from offset 0, read by `pread` (a
+/// cgroup file, a seq_file, generates its text afresh for a read at offset
+/// 0) into a buffer this thread keeps; `None` if it cannot be read or is
+/// not UTF-8.
+fn parse_from_start<R>(file: &std::fs::File, parse: impl FnOnce(&str) -> Option<R>) -> Option<R> {
     use std::os::unix::fs::FileExt;
-    let mut buf = vec![0u8; 4096];
-    let mut n = 0;
-    loop {
-        if n == buf.len() {
-            buf.resize(n * 2, 0);
-        }
-        let read = file.read_at(&mut buf[n..], u64::try_from(n).ok()?).ok()?;
-        if read == 0 {
-            break;
-        }
-        n += read;
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    buf.truncate(n);
-    String::from_utf8(buf).ok()
+    BUF.with(|buf| {
+        // A parse never reads a file, so the buffer is never borrowed twice;
+        // should it be, a buffer of its own does.
+        let mut own = Vec::new();
+        let mut cell = buf.try_borrow_mut();
+        let buf = match cell.as_deref_mut() {
+            Ok(b) => b,
+            Err(_) => &mut own,
+        };
+        if buf.len() < 4096 {
+            buf.resize(4096, 0);
+        }
+        let mut n = 0;
+        loop {
+            if n == buf.len() {
+                buf.resize(n * 2, 0);
+            }
+            let read = file.read_at(&mut buf[n..], u64::try_from(n).ok()?).ok()?;
+            if read == 0 {
+                break;
+            }
+            n += read;
+        }
+        parse(std::str::from_utf8(&buf[..n]).ok()?)
+    })
 }
 
 /// Cgroup files kept open from one List*Stats call to the next, so that a
@@ -315,47 +338,66 @@ fn read_from_start(file: &std::fs::File) -> Option<String> {
 /// wanted, and a file whose read fails (its cgroup is gone) is closed then.
 #[derive(Debug, Default)]
 pub struct OpenFiles {
-    files: Mutex<HashMap<PathBuf, std::sync::Arc<std::fs::File>>>,
+    files: Mutex<HashMap<PathBuf, CgroupFiles>>,
 }
 
+/// The open files of one cgroup directory, by file name.
+type CgroupFiles = HashMap<&'static str, std::sync::Arc<std::fs::File>>;
+
 impl OpenFiles {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, std::sync::Arc<std::fs::File>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, CgroupFiles>> {
         // Every update is one insert or remove: a poisoned map is intact.
         self.files.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn read(&self, path: &Path, open: impl FnOnce() -> Option<std::fs::File>) -> Option<String> {
-        let cached = self.lock().get(path).cloned();
+    /// `parse` of file `name` of cgroup directory `dir`, opened by `open`
+    /// the first time.
+    fn parse<R>(
+        &self,
+        dir: &Path,
+        name: &'static str,
+        open: impl FnOnce() -> Option<std::fs::File>,
+        parse: impl FnOnce(&str) -> Option<R>,
+    ) -> Option<R> {
+        let cached = self.lock().get(dir).and_then(|f| f.get(name)).cloned();
         let file = match cached {
             Some(file) => file,
             None => {
                 let file = std::sync::Arc::new(open()?);
                 self.lock()
-                    .insert(path.to_path_buf(), std::sync::Arc::clone(&file));
+                    .entry(dir.to_path_buf())
+                    .or_default()
+                    .insert(name, std::sync::Arc::clone(&file));
                 file
             }
         };
-        let text = read_from_start(&file);
-        if text.is_none() {
-            self.lock().remove(path);
+        let mut readable = false;
+        let out = parse_from_start(&file, |text| {
+            readable = true;
+            parse(text)
+        });
+        if !readable {
+            let mut files = self.lock();
+            if let Some(open) = files.get_mut(dir) {
+                open.remove(name);
+                if open.is_empty() {
+                    files.remove(dir);
+                }
+            }
         }
-        text
+        out
     }
 
     /// Closes the files of every cgroup whose directory name `keep` (a
     /// container id) refuses.
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
-        self.lock().retain(|path, _| {
-            path.parent()
-                .and_then(Path::file_name)
-                .and_then(|n| n.to_str())
-                .is_some_and(&keep)
-        });
+        self.lock()
+            .retain(|dir, _| dir.file_name().and_then(|n| n.to_str()).is_some_and(&keep));
     }
 
     /// How many files are open.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().values().map(HashMap::len).sum()
     }
 
     /// True when no file is open.
@@ -385,20 +427,40 @@ pub fn read_v1_memory(dir: &Path) -> Option<MemoryStats> {
 
 fn v1_memory(dir: &CgroupDir<'_>) -> Option<MemoryStats> {
     let usage = dir.read_u64("memory.usage_in_bytes")?;
-    let stat = dir.read("memory.stat").unwrap_or_default();
-    let pick = |k: &str| flat_get(&stat, &format!("total_{k}")).or_else(|| flat_get(&stat, k));
-    let inactive_file = pick("inactive_file").unwrap_or(0);
+    let [inactive_file, rss, pgfault, pgmajfault] = dir
+        .parse("memory.stat", |stat| Some(v1_stat_values(stat)))
+        .unwrap_or_default();
     let limit = dir
         .read_u64("memory.limit_in_bytes")
         .filter(|l| *l < UNLIMITED);
     Some(MemoryStats {
         usage_bytes: usage,
         working_set_bytes: usage.saturating_sub(inactive_file),
-        rss_bytes: pick("rss").unwrap_or(0),
-        page_faults: pick("pgfault").unwrap_or(0),
-        major_page_faults: pick("pgmajfault").unwrap_or(0),
+        rss_bytes: rss,
+        page_faults: pgfault,
+        major_page_faults: pgmajfault,
         limit_bytes: limit,
     })
+}
+
+/// `inactive_file`, `rss`, `pgfault` and `pgmajfault` of a v1 `memory.stat`
+/// in one pass, each from its hierarchical `total_` line when there is one.
+fn v1_stat_values(stat: &str) -> [u64; 4] {
+    const KEYS: [&str; 4] = ["inactive_file", "rss", "pgfault", "pgmajfault"];
+    let (mut own, mut total) = ([None; 4], [None; 4]);
+    for line in stat.lines() {
+        let Some((key, value)) = line.split_once(' ') else {
+            continue;
+        };
+        let (key, into) = match key.strip_prefix("total_") {
+            Some(k) => (k, &mut total),
+            None => (key, &mut own),
+        };
+        if let Some(i) = KEYS.iter().position(|k| *k == key) {
+            into[i] = value.trim().parse().ok();
+        }
+    }
+    std::array::from_fn(|i| total[i].or(own[i]).unwrap_or(0))
 }
 
 /// Process count: `pids.current`, else the lines of `cgroup.procs`.
@@ -408,8 +470,9 @@ pub fn read_processes(dir: &Path) -> Option<u64> {
 
 fn processes_in(dir: &CgroupDir<'_>) -> Option<u64> {
     dir.read_u64("pids.current").or_else(|| {
-        let procs = dir.read("cgroup.procs")?;
-        u64::try_from(procs.lines().filter(|l| !l.trim().is_empty()).count()).ok()
+        dir.parse("cgroup.procs", |procs| {
+            u64::try_from(procs.lines().filter(|l| !l.trim().is_empty()).count()).ok()
+        })
     })
 }
 
@@ -422,20 +485,22 @@ pub fn read_v2(dir: &Path) -> CgroupStats {
 /// [`read_v2`], the process count only if `processes`.
 fn read_v2_parts(dir: &CgroupDir<'_>, processes: bool) -> CgroupStats {
     let cpu = dir
-        .read("cpu.stat")
-        .and_then(|s| flat_get(&s, "usage_usec"))
+        .parse("cpu.stat", |s| flat_get(s, "usage_usec"))
         .map(|us| us.saturating_mul(1000));
     let memory = dir.read_u64("memory.current").map(|usage| {
-        let stat = dir.read("memory.stat").unwrap_or_default();
-        let inactive_file = flat_get(&stat, "inactive_file").unwrap_or(0);
+        let [inactive_file, anon, pgfault, pgmajfault] = dir
+            .parse("memory.stat", |stat| {
+                Some(["inactive_file", "anon", "pgfault", "pgmajfault"].map(|k| flat_get(stat, k)))
+            })
+            .unwrap_or_default();
         // "max" does not parse: unlimited.
         let limit = dir.read_u64("memory.max").filter(|l| *l < UNLIMITED);
         MemoryStats {
             usage_bytes: usage,
-            working_set_bytes: usage.saturating_sub(inactive_file),
-            rss_bytes: flat_get(&stat, "anon").unwrap_or(0),
-            page_faults: flat_get(&stat, "pgfault").unwrap_or(0),
-            major_page_faults: flat_get(&stat, "pgmajfault").unwrap_or(0),
+            working_set_bytes: usage.saturating_sub(inactive_file.unwrap_or(0)),
+            rss_bytes: anon.unwrap_or(0),
+            page_faults: pgfault.unwrap_or(0),
+            major_page_faults: pgmajfault.unwrap_or(0),
             limit_bytes: limit,
         }
     });
@@ -671,6 +736,15 @@ impl ContainerRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn v1_stat_prefers_hierarchical_totals_and_falls_back_to_own_lines() {
+        let stat = "rss 10\npgfault 3\ninactive_file 7\ntotal_rss 25\ntotal_inactive_file 9\nhierarchical_memory_limit 5\nbad line\n";
+        // total_ wins where present; pgfault has only its own line; no
+        // pgmajfault at all is 0.
+        assert_eq!(v1_stat_values(stat), [9, 25, 3, 0]);
+        assert_eq!(v1_stat_values(""), [0; 4]);
+    }
 
     #[test]
     fn the_usage_cache_keeps_the_last_reading() {
