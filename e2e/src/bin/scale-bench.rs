@@ -52,6 +52,10 @@ struct Args {
     /// Pid of the agent whose memory and fds to report.
     #[arg(long)]
     pid: Option<u32>,
+    /// Seconds to keep the N pods up after the measurements, before the
+    /// teardown (to look at the agent at N, e.g. with a profiler).
+    #[arg(long, default_value_t = 0)]
+    hold: u64,
     /// Directory for pod log directories (removed afterwards).
     #[arg(long, default_value = "/tmp")]
     log_root: PathBuf,
@@ -335,6 +339,18 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
             percentile(&last, 50.0).as_secs_f64()
                 / percentile(&first, 50.0).as_secs_f64().max(1e-9)
         );
+        let blocks: Vec<String> = runs
+            .chunks(window)
+            .map(|c| {
+                let mut c = c.to_vec();
+                c.sort();
+                ms(percentile(&c, 50.0))
+            })
+            .collect();
+        println!(
+            "RunPodSandbox p50 per {window} pods (ms): {}",
+            blocks.join(" ")
+        );
         println!("{:<22} {:>9} {:>9}", "call at N (ms)", "p50", "p99");
         row("ListPodSandbox", &lp);
         row("ListContainers", &lc);
@@ -346,6 +362,16 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
             println!("agent pid {pid} at {} pods: {at}", pods.len());
             println!("agent pid {pid} at start: {start}");
         }
+    }
+
+    if args.hold > 0 {
+        eprintln!(
+            "scale-bench: holding {} pods for {} s at {}",
+            pods.len(),
+            args.hold,
+            endpoint.display()
+        );
+        tokio::time::sleep(Duration::from_secs(args.hold)).await;
     }
 
     // Teardown, timed, whatever happened before.
