@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-use cubelet_pod::{ContainerRecord, SandboxRecord, SandboxState};
+use cubelet_pod::{ContainerRecord, ContainerSummary, SandboxRecord, SandboxState};
 use cubelet_runtime::spec::cgroup_path;
 use cubelet_runtime::stats::{
     cpu_nano_cores, parse_net_dev, read_net_dev, CgroupLayout, CgroupStats, CpuSample,
@@ -155,9 +155,15 @@ where
     Ok(out)
 }
 
-/// The cgroup of container `c` of pod `sb`, as its OCI spec names it.
-fn container_cgroup_path(c: &ContainerRecord, sb: Option<&SandboxRecord>) -> String {
-    cgroup_path(sb.and_then(|s| s.spec.cgroup_parent.as_deref()), &c.id)
+/// The cgroup of container `id` of a pod with `cgroup_parent`, as its OCI
+/// spec names it.
+fn container_cgroup_path(id: &str, cgroup_parent: Option<&str>) -> String {
+    cgroup_path(cgroup_parent, id)
+}
+
+/// The cgroup parent of pod `sb`, if it is known.
+fn parent_of(sb: Option<&SandboxRecord>) -> Option<&str> {
+    sb.and_then(|s| s.spec.cgroup_parent.as_deref())
 }
 
 fn u64v(value: u64) -> cri::UInt64Value {
@@ -216,7 +222,7 @@ impl Cri {
         self.inner
             .stats
             .layout()
-            .read(&container_cgroup_path(c, sb))
+            .read(&container_cgroup_path(&c.id, parent_of(sb)))
     }
 
     /// Reads the cgroups at `paths`, in order, a share of them per core on
@@ -296,7 +302,7 @@ impl Cri {
     /// A container's stats from its cgroup reading `cg`.
     async fn container_stats_of(
         &self,
-        c: &ContainerRecord,
+        c: &ContainerSummary,
         cg: CgroupStats,
     ) -> cri::ContainerStats {
         let now = nanos(SystemTime::now());
@@ -335,7 +341,7 @@ impl Cri {
     async fn pod_stats_of(
         &self,
         sb: &SandboxRecord,
-        containers: &[(&ContainerRecord, CgroupStats)],
+        containers: &[(&ContainerSummary, CgroupStats)],
     ) -> cri::PodSandboxStats {
         let mut stats = Vec::with_capacity(containers.len());
         for (c, cg) in containers {
@@ -371,13 +377,9 @@ impl Cri {
     }
 
     /// Drops the CPU samples of every container and pod not in the full
-    /// lists a List*Stats call read.
-    fn prune_samples(&self, sandboxes: &[SandboxRecord], containers: &[ContainerRecord]) {
-        let live: HashSet<String> = containers
-            .iter()
-            .map(|c| c.id.clone())
-            .chain(sandboxes.iter().map(|s| s.id.to_string()))
-            .collect();
+    /// lists a List*Stats call read (their ids).
+    fn prune_samples<'a>(&self, ids: impl Iterator<Item = &'a str>) {
+        let live: HashSet<String> = ids.map(str::to_owned).collect();
         self.inner.stats.retain(&live);
     }
 
@@ -394,8 +396,10 @@ impl Cri {
             .inner
             .stats
             .layout()
-            .read_usage(&container_cgroup_path(&c, sb.as_ref()));
-        let stats = self.container_stats_of(&c, cg).await;
+            .read_usage(&container_cgroup_path(&c.id, parent_of(sb.as_ref())));
+        let stats = self
+            .container_stats_of(&ContainerSummary::from(&c), cg)
+            .await;
         Ok(cri::ContainerStatsResponse { stats: Some(stats) })
     }
 
@@ -404,10 +408,14 @@ impl Cri {
         r: cri::ListContainerStatsRequest,
     ) -> CriResult<cri::ListContainerStatsResponse> {
         let f = r.filter.unwrap_or_default();
-        let all_sandboxes = self.pods().list_sandboxes()?;
-        let all_containers = self.pods().list_containers()?;
-        let sandboxes: HashMap<&str, &SandboxRecord> =
-            all_sandboxes.iter().map(|s| (s.id.as_str(), s)).collect();
+        // Of the sandboxes only their cgroup parents, of the containers not
+        // their configs: decoding whole records was a third of the call.
+        let all_sandboxes = self.pods().list_sandbox_cgroups()?;
+        let all_containers = self.pods().list_container_summaries()?;
+        let parents: HashMap<&str, Option<&str>> = all_sandboxes
+            .iter()
+            .map(|s| (s.id.as_str(), s.cgroup_parent.as_deref()))
+            .collect();
         let containers = all_containers
             .iter()
             .filter(|c| f.id.is_empty() || c.id.starts_with(&f.id))
@@ -418,7 +426,10 @@ impl Cri {
             .collect::<Vec<_>>();
         let paths = containers
             .iter()
-            .map(|c| container_cgroup_path(c, sandboxes.get(c.sandbox_id.as_str()).copied()))
+            .map(|c| {
+                let parent = parents.get(c.sandbox_id.as_str()).copied().flatten();
+                container_cgroup_path(&c.id, parent)
+            })
             .collect();
         let cgroups = self.read_cgroups(paths, false).await?;
         // A container's writable-layer usage may be a containerd round trip
@@ -432,7 +443,12 @@ impl Cri {
             .buffered(STATS_CONCURRENCY)
             .collect::<Vec<_>>()
             .await;
-        self.prune_samples(&all_sandboxes, &all_containers);
+        self.prune_samples(
+            all_containers
+                .iter()
+                .map(|c| c.id.as_str())
+                .chain(all_sandboxes.iter().map(|s| s.id.as_str())),
+        );
         Ok(cri::ListContainerStatsResponse { stats })
     }
 
@@ -447,11 +463,19 @@ impl Cri {
             .pods()
             .find_sandbox("pod_sandbox_id", &r.pod_sandbox_id)?
             .ok_or_else(|| CriError::not_found("pod sandbox", r.pod_sandbox_id.clone()))?;
-        let containers = self.pods().containers_of(&sb.id)?;
+        let containers: Vec<ContainerSummary> = self
+            .pods()
+            .containers_of(&sb.id)?
+            .iter()
+            .map(ContainerSummary::from)
+            .collect();
         let layout = self.inner.stats.layout();
         let containers: Vec<_> = containers
             .iter()
-            .map(|c| (c, layout.read(&container_cgroup_path(c, Some(&sb)))))
+            .map(|c| {
+                let path = container_cgroup_path(&c.id, parent_of(Some(&sb)));
+                (c, layout.read(&path))
+            })
             .collect();
         Ok(cri::PodSandboxStatsResponse {
             stats: Some(self.pod_stats_of(&sb, &containers).await),
@@ -465,7 +489,7 @@ impl Cri {
         let f = r.filter.unwrap_or_default();
         // Two reads of the store for the whole node, not one per pod.
         let all_sandboxes = self.pods().list_sandboxes()?;
-        let all_containers = self.pods().list_containers()?;
+        let all_containers = self.pods().list_container_summaries()?;
         let pods: Vec<&SandboxRecord> = all_sandboxes
             .iter()
             .filter(|s| s.state == SandboxState::Ready)
@@ -474,16 +498,16 @@ impl Cri {
             .collect();
         let wanted: HashMap<&str, &SandboxRecord> =
             pods.iter().map(|s| (s.id.as_str(), *s)).collect();
-        let containers: Vec<(&ContainerRecord, &SandboxRecord)> = all_containers
+        let containers: Vec<(&ContainerSummary, &SandboxRecord)> = all_containers
             .iter()
             .filter_map(|c| Some((c, *wanted.get(c.sandbox_id.as_str())?)))
             .collect();
         let paths = containers
             .iter()
-            .map(|(c, sb)| container_cgroup_path(c, Some(sb)))
+            .map(|(c, sb)| container_cgroup_path(&c.id, parent_of(Some(sb))))
             .collect();
         let cgroups = self.read_cgroups(paths, true).await?;
-        let mut by_pod: HashMap<&str, Vec<(&ContainerRecord, CgroupStats)>> = HashMap::new();
+        let mut by_pod: HashMap<&str, Vec<(&ContainerSummary, CgroupStats)>> = HashMap::new();
         for ((c, _), cg) in containers.into_iter().zip(cgroups) {
             by_pod
                 .entry(c.sandbox_id.as_str())
@@ -501,7 +525,12 @@ impl Cri {
             .buffered(STATS_CONCURRENCY)
             .collect::<Vec<_>>()
             .await;
-        self.prune_samples(&all_sandboxes, &all_containers);
+        self.prune_samples(
+            all_containers
+                .iter()
+                .map(|c| c.id.as_str())
+                .chain(all_sandboxes.iter().map(|s| s.id.as_str())),
+        );
         Ok(cri::ListPodSandboxStatsResponse { stats })
     }
 }

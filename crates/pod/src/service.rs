@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use cubelet_engine::{Engine, KeyedGuard, KeyedLocks, SandboxId};
-use cubelet_store::{ContainerRecord, SandboxRecord, Store};
+use cubelet_store::{ContainerRecord, ContainerSummary, SandboxCgroup, SandboxRecord, Store};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn, Instrument};
@@ -306,6 +306,16 @@ impl PodService {
     /// Every container record.
     pub fn list_containers(&self) -> PodResult<Vec<ContainerRecord>> {
         Ok(self.store().list_containers()?)
+    }
+
+    /// Every container, without its config (see [`ContainerSummary`]).
+    pub fn list_container_summaries(&self) -> PodResult<Vec<ContainerSummary>> {
+        Ok(self.store().list_container_summaries()?)
+    }
+
+    /// The cgroup parent of every sandbox.
+    pub fn list_sandbox_cgroups(&self) -> PodResult<Vec<SandboxCgroup>> {
+        Ok(self.store().list_sandbox_cgroups()?)
     }
 
     /// The containers of one sandbox.

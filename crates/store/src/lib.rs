@@ -18,6 +18,7 @@ mod store;
 
 pub use error::StoreError;
 pub use records::{
-    ContainerRecord, ContainerState, IpLease, SandboxRecord, SandboxState, ShellRecord,
+    ContainerRecord, ContainerState, ContainerSummary, IpLease, SandboxCgroup, SandboxRecord,
+    SandboxState, ShellRecord,
 };
 pub use store::{Store, VerifyReport, SCHEMA_VERSION};

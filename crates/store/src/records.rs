@@ -176,6 +176,61 @@ pub struct ContainerRecord {
     pub config: serde_json::Value,
 }
 
+/// A container record read without its config, times and exit status:
+/// what the stats calls need of every container on the node, decoded
+/// without building the config's JSON tree, which is most of the cost of
+/// reading a whole [`ContainerRecord`].
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ContainerSummary {
+    /// Container id.
+    pub id: String,
+    /// Sandbox it belongs to.
+    pub sandbox_id: SandboxId,
+    /// Container name (metadata).
+    pub name: String,
+    /// Attempt number (metadata).
+    pub attempt: u32,
+    /// Labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations.
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl From<&ContainerRecord> for ContainerSummary {
+    fn from(c: &ContainerRecord) -> Self {
+        ContainerSummary {
+            id: c.id.clone(),
+            sandbox_id: c.sandbox_id.clone(),
+            name: c.name.clone(),
+            attempt: c.attempt,
+            labels: c.labels.clone(),
+            annotations: c.annotations.clone(),
+        }
+    }
+}
+
+/// A sandbox record read for its cgroup parent alone (where its
+/// containers' cgroups are), the rest of the record skipped unbuilt.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct SandboxCgroup {
+    /// Sandbox id.
+    pub id: SandboxId,
+    /// `spec.cgroup_parent` of the record.
+    #[serde(rename = "spec", deserialize_with = "spec_cgroup_parent")]
+    pub cgroup_parent: Option<String>,
+}
+
+fn spec_cgroup_parent<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    struct Spec {
+        #[serde(default)]
+        cgroup_parent: Option<String>,
+    }
+    Ok(Spec::deserialize(d)?.cgroup_parent)
+}
+
 impl ContainerRecord {
     /// A new record in state [`ContainerState::Created`], created now, with
     /// every optional field empty.

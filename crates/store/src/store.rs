@@ -13,7 +13,9 @@ use tracing::{debug, info};
 
 use crate::error::StoreError;
 use crate::index::{self, Indexed};
-use crate::records::{ContainerRecord, IpLease, SandboxRecord, ShellRecord};
+use crate::records::{
+    ContainerRecord, ContainerSummary, IpLease, SandboxCgroup, SandboxRecord, ShellRecord,
+};
 
 /// Schema version this build reads and writes. Bump it only for changes that
 /// old builds cannot read; adding a field with `#[serde(default)]` is not one.
@@ -438,6 +440,16 @@ impl Store {
         self.scan(CONTAINERS, |_| true)
     }
 
+    /// Every container, ordered by id, as [`ContainerSummary`]s.
+    pub fn list_container_summaries(&self) -> Result<Vec<ContainerSummary>, StoreError> {
+        self.scan(CONTAINERS, |_| true)
+    }
+
+    /// The cgroup parent of every sandbox, ordered by id.
+    pub fn list_sandbox_cgroups(&self) -> Result<Vec<SandboxCgroup>, StoreError> {
+        self.scan(SANDBOXES, |_| true)
+    }
+
     /// The containers of one sandbox, ordered by id.
     pub fn list_containers_of(
         &self,
@@ -829,6 +841,38 @@ mod tests {
         assert!(store.delete_shell(&sid("s2")).unwrap());
         assert!(!store.delete_shell(&sid("s2")).unwrap());
         assert!(store.list_shells().unwrap().is_empty());
+    }
+
+    #[test]
+    fn summaries_read_what_the_whole_records_hold() {
+        let (_dir, store) = open_tmp();
+        let mut a = SandboxRecord::new(sid("sb1"), spec("default", "web", "u1", 0));
+        a.spec.cgroup_parent = Some("/kubepods/pod-u1".into());
+        let b = SandboxRecord::new(sid("sb2"), spec("default", "db", "u2", 0));
+        store.put_sandbox(&a).unwrap();
+        store.put_sandbox(&b).unwrap();
+        let mut c = ContainerRecord::new("c1", sid("sb1"), "app", 2, "busybox");
+        c.labels.insert("k".into(), "v".into());
+        c.annotations.insert("a".into(), "b".into());
+        c.config = serde_json::json!({"command": ["sleep", "1"], "nested": {"x": [1, 2]}});
+        store.put_container(&c).unwrap();
+        assert_eq!(
+            store.list_sandbox_cgroups().unwrap(),
+            [
+                SandboxCgroup {
+                    id: sid("sb1"),
+                    cgroup_parent: Some("/kubepods/pod-u1".into())
+                },
+                SandboxCgroup {
+                    id: sid("sb2"),
+                    cgroup_parent: None
+                },
+            ]
+        );
+        assert_eq!(
+            store.list_container_summaries().unwrap(),
+            [ContainerSummary::from(&c)]
+        );
     }
 
     #[test]
