@@ -409,7 +409,7 @@ impl Cri {
     ) -> CriResult<cri::ListContainerStatsResponse> {
         let f = r.filter.unwrap_or_default();
         // Of the sandboxes only their cgroup parents, of the containers not
-        // their configs: decoding whole records was a third of the call.
+        // their configs: whole records built every config as a JSON tree.
         let all_sandboxes = self.pods().list_sandbox_cgroups()?;
         let all_containers = self.pods().list_container_summaries()?;
         let parents: HashMap<&str, Option<&str>> = all_sandboxes
