@@ -1158,17 +1158,21 @@ async fn scenario(t: &Target, k: &Kubelet) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 
-    // /metrics/cadvisor: network series for the pods with an infra
-    // container only (cAdvisor's source, whatever the stats provider).
+    // /metrics/cadvisor: network series where kubelet's stats have the
+    // pod's network. cAdvisor reads it only from an infra container; with
+    // the CRI stats provider kubelet serves this endpoint from the
+    // runtime's ListPodSandboxMetrics, which has it for every pod.
     let cadvisor = k.get("/metrics/cadvisor").await?;
     let net = samples(&cadvisor, "container_network_receive_bytes_total");
     for (name, _) in &want {
         let pod = format!("pod=\"{name}-{NODE}\"");
         let has = net.iter().any(|l| l.contains(&pod));
         ensure!(
-            has == t.has_infra(name),
-            "{name}: cAdvisor network series {has}, infra container {}",
-            t.has_infra(name)
+            has == t.pod_network(name),
+            "{name}: cAdvisor network series {has}, expected {} (infra container {}, CRI stats {})",
+            t.pod_network(name),
+            t.has_infra(name),
+            cri_stats()
         );
     }
 
