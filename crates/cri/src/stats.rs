@@ -155,12 +155,6 @@ where
     Ok(out)
 }
 
-/// The cgroup of container `id` of a pod with `cgroup_parent`, as its OCI
-/// spec names it.
-fn container_cgroup_path(id: &str, cgroup_parent: Option<&str>) -> String {
-    cgroup_path(cgroup_parent, id)
-}
-
 /// The cgroup parent of pod `sb`, if it is known.
 fn parent_of(sb: Option<&SandboxRecord>) -> Option<&str> {
     sb.and_then(|s| s.spec.cgroup_parent.as_deref())
@@ -222,7 +216,7 @@ impl Cri {
         self.inner
             .stats
             .layout()
-            .read(&container_cgroup_path(&c.id, parent_of(sb)))
+            .read(&cgroup_path(parent_of(sb), &c.id))
     }
 
     /// Reads the cgroups at `paths`, in order, a share of them per core on
@@ -396,7 +390,7 @@ impl Cri {
             .inner
             .stats
             .layout()
-            .read_usage(&container_cgroup_path(&c.id, parent_of(sb.as_ref())));
+            .read_usage(&cgroup_path(parent_of(sb.as_ref()), &c.id));
         let stats = self
             .container_stats_of(&ContainerSummary::from(&c), cg)
             .await;
@@ -428,7 +422,7 @@ impl Cri {
             .iter()
             .map(|c| {
                 let parent = parents.get(c.sandbox_id.as_str()).copied().flatten();
-                container_cgroup_path(&c.id, parent)
+                cgroup_path(parent, &c.id)
             })
             .collect();
         let cgroups = self.read_cgroups(paths, false).await?;
@@ -473,7 +467,7 @@ impl Cri {
         let containers: Vec<_> = containers
             .iter()
             .map(|c| {
-                let path = container_cgroup_path(&c.id, parent_of(Some(&sb)));
+                let path = cgroup_path(parent_of(Some(&sb)), &c.id);
                 (c, layout.read(&path))
             })
             .collect();
@@ -504,7 +498,7 @@ impl Cri {
             .collect();
         let paths = containers
             .iter()
-            .map(|(c, sb)| container_cgroup_path(&c.id, parent_of(Some(sb))))
+            .map(|(c, sb)| cgroup_path(parent_of(Some(sb)), &c.id))
             .collect();
         let cgroups = self.read_cgroups(paths, true).await?;
         let mut by_pod: HashMap<&str, Vec<(&ContainerSummary, CgroupStats)>> = HashMap::new();

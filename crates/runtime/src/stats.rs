@@ -334,8 +334,9 @@ fn parse_from_start<R>(file: &std::fs::File, parse: impl FnOnce(&str) -> Option<
 /// Cgroup files kept open from one List*Stats call to the next, so that a
 /// reading is one `pread` per file: opening a cgroup file (a path walk, the
 /// kernfs open, the seq_file set-up) costs more than reading it. Keyed by
-/// path; [`OpenFiles::retain`] closes the files of cgroups no longer
-/// wanted, and a file whose read fails (its cgroup is gone) is closed then.
+/// cgroup directory and file name; [`OpenFiles::retain`] closes the files
+/// of cgroups no longer wanted, and a file whose read fails (its cgroup is
+/// gone) is closed then.
 #[derive(Debug, Default)]
 pub struct OpenFiles {
     files: Mutex<HashMap<PathBuf, CgroupFiles>>,
