@@ -85,6 +85,46 @@ const KNOWN_E_LINES: &[&str] = &[
     "OOM events will not be reported",
 ];
 
+/// The error lines of kubelet log `log` that neither [`KNOWN_E_LINES`] nor
+/// kubelet's own double removal explains.
+///
+/// When a pod goes, kubelet v1.28 can queue the removal of one exited
+/// container twice (the PLEG's `ContainerDied` clean-up and the pod worker's
+/// both log `"RemoveContainer" containerID="<id>"`). The second one asks
+/// `ContainerStatus` for a container the first has already removed, gets
+/// `NotFound` (the right answer) and logs it as an error; containerd's CRI
+/// draws the same line (containerd/containerd#8303). Such a line is
+/// explained only when it names an id kubelet had asked to remove twice
+/// before it.
+fn unexplained_errors(log: &str) -> Vec<String> {
+    let mut removals: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut errors = Vec::new();
+    for line in log.lines() {
+        if line.contains("\"RemoveContainer\"") {
+            if let Some(id) = quoted_field(line, "containerID=") {
+                *removals.entry(id).or_default() += 1;
+            }
+        }
+        if !line.starts_with('E') || KNOWN_E_LINES.iter().any(|k| line.contains(k)) {
+            continue;
+        }
+        let double_removal = line.contains("\"ContainerStatus from runtime service failed\"")
+            && line.contains("code = NotFound")
+            && quoted_field(line, "containerID=").is_some_and(|id| removals.get(id) >= Some(&2));
+        if !double_removal {
+            errors.push(line.to_owned());
+        }
+    }
+    errors
+}
+
+/// The value of `key"..."` in a klog line.
+fn quoted_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let start = line.find(&format!("{key}\""))? + key.len() + 1;
+    let len = line[start..].find('"')?;
+    Some(&line[start..start + len])
+}
+
 /// Kernel tunables kubelet sets at start; restored when it stops.
 const KUBELET_SYSCTLS: &[&str] = &[
     "vm/overcommit_memory",
@@ -566,14 +606,10 @@ impl Kubelet {
     }
 
     fn error_lines(&self) -> Vec<String> {
-        std::fs::read(&self.log)
+        let log = std::fs::read(&self.log)
             .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with('E'))
-            .filter(|l| !KNOWN_E_LINES.iter().any(|k| l.contains(k)))
-            .map(str::to_owned)
-            .collect()
+            .unwrap_or_default();
+        unexplained_errors(&log)
     }
 
     /// Stops kubelet (SIGTERM, then SIGKILL), restores the tunables it
@@ -1313,4 +1349,28 @@ async fn kubelet_runs_static_pods() {
         })
     })
     .await;
+}
+
+#[test]
+fn a_double_removal_explains_only_its_own_not_found() {
+    // From a CI run: kubelet removes one container twice as its pod goes.
+    let id = "c0fc9d049e22de058440d5f7b1c8e9450dd2758f0b8b0db65fa39fecf919c2a2";
+    let removal = format!(
+        r#"I1201 23:52:11.217727    6798 scope.go:117] "RemoveContainer" containerID="{id}""#
+    );
+    let not_found = format!(
+        r#"E1201 23:52:11.227212    6798 remote_runtime.go:432] "ContainerStatus from runtime service failed" err="rpc error: code = NotFound desc = container \"{id}\" not found" containerID="{id}""#
+    );
+    let twice = [removal.as_str(), &removal, &not_found].join("\n");
+    assert!(unexplained_errors(&twice).is_empty());
+    // Removed once only, or never: the NotFound is the runtime's to explain.
+    let once = [removal.as_str(), &not_found].join("\n");
+    assert_eq!(unexplained_errors(&once), vec![not_found.clone()]);
+    assert_eq!(unexplained_errors(&not_found), vec![not_found.clone()]);
+    // Another error about the same container is never explained.
+    let other = not_found.replace("code = NotFound", "code = Internal");
+    let internal = [removal.as_str(), &removal, &other].join("\n");
+    assert_eq!(unexplained_errors(&internal), vec![other]);
+    // The known lines still are.
+    assert!(unexplained_errors(r#"E1201 x.go:1] "Skipping pod synchronization""#).is_empty());
 }

@@ -408,6 +408,12 @@ mod tests {
         );
     }
 
+    /// Held by each test that starts a stand-in shim, for all of it. A
+    /// child forked by a test on another thread holds a copy of every fd of
+    /// this process until it execs, so a listener one test drops could still
+    /// take connections for that moment and its socket would not look stale.
+    static STAND_INS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     /// A stand-in shim: `sleep` running in `bundle`, reaped by a thread so
     /// that it does not stay a zombie.
     fn stand_in(bundle: &Path) -> (i32, std::thread::JoinHandle<()>) {
@@ -425,6 +431,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_shim_that_answers_is_stopped_by_its_own_shutdown() {
+        let _serial = STAND_INS.lock().await;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let bundle = tempfile::tempdir().unwrap();
         let socket = bundle.path().join("s.sock");
@@ -476,6 +483,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_shim_without_a_socket_is_stopped_by_its_pid() {
+        let _serial = STAND_INS.lock().await;
         let bundle = tempfile::tempdir().unwrap();
         let (pid, waiter) = stand_in(bundle.path());
         let shim = Shim {
@@ -491,6 +499,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_shim_whose_socket_does_not_answer_is_stopped_by_its_pid() {
+        let _serial = STAND_INS.lock().await;
         let bundle = tempfile::tempdir().unwrap();
         let socket = bundle.path().join("s.sock");
         // A socket file nobody listens on: the shim's server is gone.
