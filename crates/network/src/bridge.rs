@@ -14,7 +14,8 @@ use futures::TryStreamExt;
 use ipnet::Ipv4Net;
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::{
-    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkExtentMask, LinkInfo, LinkMessage,
+    AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoKind, InfoVeth, LinkAttribute,
+    LinkExtentMask, LinkInfo, LinkMessage,
 };
 use netlink_packet_route::route::RouteAttribute;
 use netlink_packet_route::AddressFamily;
@@ -370,6 +371,23 @@ impl BridgeNetwork {
             Err(e) => return Err(NetworkError::netlink("add veth", host_if.as_str(), e)),
         }
         drop(ns);
+        // The host end is a bridge port and needs no IPv6 address. Without
+        // this it would make a link-local one once the pod end comes up, and
+        // its duplicate-address probes and listener reports would be
+        // flooded by the bridge to every other pod. (The kernel takes the
+        // mode only once the link exists, so it cannot go with the add.)
+        handle
+            .link()
+            .set(
+                LinkUnspec::new_with_name(&host_if)
+                    .append_extra_attribute(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(
+                        vec![AfSpecInet6::AddrGenMode(In6AddrGenMode::None)],
+                    )]))
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(|e| NetworkError::netlink("set addrgenmode none", host_if.as_str(), e))?;
         checkpoint(SubStep::VethCreated)?;
 
         let ip = self.ipam.allocate(sandbox)?;

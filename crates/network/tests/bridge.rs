@@ -105,6 +105,17 @@ fn create_and_destroy_fifty_sandboxes_leaves_nothing() {
         assert!(lo.contains("UP"), "{lo}");
         let port = run(&["ip", "-o", "link", "show", &veth_name(&ids[0])])?;
         assert!(port.contains(&format!("master {BRIDGE}")), "{port}");
+        // The host end, a bridge port, has no IPv6 address (whose probes the
+        // bridge would flood to every pod); the pod's end keeps its
+        // link-local one.
+        let port = run(&["ip", "-d", "-o", "link", "show", &veth_name(&ids[0])])?;
+        assert!(port.contains("addrgenmode none"), "{port}");
+        let port6 = run(&["ip", "-6", "-o", "addr", "show", "dev", &veth_name(&ids[0])])?;
+        assert!(port6.trim().is_empty(), "{port6}");
+        let eth0_6 = run(&[
+            "nsenter", &nsarg, "ip", "-6", "-o", "addr", "show", "dev", "eth0",
+        ])?;
+        assert!(eth0_6.contains("inet6 fe80::"), "{eth0_6}");
 
         for id in &ids {
             net.destroy(&ctx(id, SandboxSpec::default())).await?;
