@@ -197,6 +197,15 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
+/// The text of the config drop-in at `path`, for [`DaemonOpts::extra_config`]
+/// (the benchmarks' and critest runner's `--drop-in`); `None` without one.
+pub fn read_drop_in(path: Option<&Path>) -> anyhow::Result<Option<String>> {
+    path.map(|p| {
+        std::fs::read_to_string(p).with_context(|| format!("read drop-in {}", p.display()))
+    })
+    .transpose()
+}
+
 /// Picks a bridge index `n` whose `cbe2e<n>` does not exist yet.
 fn pick_net(index: u8) -> u8 {
     let start = (std::process::id() % 200) as u8;

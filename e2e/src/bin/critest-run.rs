@@ -130,13 +130,7 @@ async fn main_async(args: Args) -> anyhow::Result<bool> {
     if let Some(why) = cubelet_e2e::skip_reason() {
         bail!("cannot run: {why}");
     }
-    let extra_config = match &args.drop_in {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .with_context(|| format!("reading the drop-in {}", path.display()))?,
-        ),
-        None => None,
-    };
+    let extra_config = cubelet_e2e::read_drop_in(args.drop_in.as_deref())?;
     let d = Daemon::start(DaemonOpts {
         index: args.index,
         extra_config,

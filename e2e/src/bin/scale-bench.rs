@@ -213,12 +213,7 @@ async fn start_cubelet(drop_in: Option<&Path>) -> anyhow::Result<Daemon> {
     if let Some(reason) = cubelet_e2e::skip_reason() {
         anyhow::bail!("cannot start a Cubelet: {reason}");
     }
-    let extra_config = match drop_in {
-        Some(f) => Some(
-            std::fs::read_to_string(f).with_context(|| format!("read drop-in {}", f.display()))?,
-        ),
-        None => None,
-    };
+    let extra_config = cubelet_e2e::read_drop_in(drop_in)?;
     let d = Daemon::start(DaemonOpts {
         extra_config,
         default_gc: true,

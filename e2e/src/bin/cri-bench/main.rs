@@ -241,13 +241,7 @@ async fn open_endpoints(args: &Args, eps: &mut Vec<Endpoint>) -> anyhow::Result<
     }
     for (index, s) in args.cubelets.iter().enumerate() {
         let (label, file) = parse_cubelet(s)?;
-        let extra_config = match &file {
-            Some(f) => Some(
-                std::fs::read_to_string(f)
-                    .with_context(|| format!("read drop-in {}", f.display()))?,
-            ),
-            None => None,
-        };
+        let extra_config = cubelet_e2e::read_drop_in(file.as_deref())?;
         let d = Daemon::start(DaemonOpts {
             index: u8::try_from(index).context("too many --cubelet")?,
             extra_config,
