@@ -110,7 +110,8 @@ fn unexplained_errors(log: &str) -> Vec<String> {
         }
         let double_removal = line.contains("\"ContainerStatus from runtime service failed\"")
             && line.contains("code = NotFound")
-            && quoted_field(line, "containerID=").is_some_and(|id| removals.get(id) >= Some(&2));
+            && quoted_field(line, "containerID=")
+                .is_some_and(|id| removals.get(id).is_some_and(|n| *n >= 2));
         if !double_removal {
             errors.push(line.to_owned());
         }

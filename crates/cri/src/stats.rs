@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::SystemTime;
 
+use cubelet_engine::SandboxId;
 use cubelet_pod::{ContainerRecord, ContainerSummary, SandboxRecord, SandboxState};
 use cubelet_runtime::spec::cgroup_path;
 use cubelet_runtime::stats::{
@@ -371,9 +372,17 @@ impl Cri {
     }
 
     /// Drops the CPU samples of every container and pod not in the full
-    /// lists a List*Stats call read (their ids).
-    fn prune_samples<'a>(&self, ids: impl Iterator<Item = &'a str>) {
-        let live: HashSet<String> = ids.map(str::to_owned).collect();
+    /// lists a List*Stats call read (the containers, the sandboxes' ids).
+    fn prune_samples<'a>(
+        &self,
+        containers: &[ContainerSummary],
+        sandboxes: impl Iterator<Item = &'a SandboxId>,
+    ) {
+        let live: HashSet<String> = containers
+            .iter()
+            .map(|c| c.id.clone())
+            .chain(sandboxes.map(SandboxId::to_string))
+            .collect();
         self.inner.stats.retain(&live);
     }
 
@@ -437,12 +446,7 @@ impl Cri {
             .buffered(STATS_CONCURRENCY)
             .collect::<Vec<_>>()
             .await;
-        self.prune_samples(
-            all_containers
-                .iter()
-                .map(|c| c.id.as_str())
-                .chain(all_sandboxes.iter().map(|s| s.id.as_str())),
-        );
+        self.prune_samples(&all_containers, all_sandboxes.iter().map(|s| &s.id));
         Ok(cri::ListContainerStatsResponse { stats })
     }
 
@@ -457,12 +461,7 @@ impl Cri {
             .pods()
             .find_sandbox("pod_sandbox_id", &r.pod_sandbox_id)?
             .ok_or_else(|| CriError::not_found("pod sandbox", r.pod_sandbox_id.clone()))?;
-        let containers: Vec<ContainerSummary> = self
-            .pods()
-            .containers_of(&sb.id)?
-            .iter()
-            .map(ContainerSummary::from)
-            .collect();
+        let containers = self.pods().container_summaries_of(&sb.id)?;
         let layout = self.inner.stats.layout();
         let containers: Vec<_> = containers
             .iter()
@@ -519,12 +518,7 @@ impl Cri {
             .buffered(STATS_CONCURRENCY)
             .collect::<Vec<_>>()
             .await;
-        self.prune_samples(
-            all_containers
-                .iter()
-                .map(|c| c.id.as_str())
-                .chain(all_sandboxes.iter().map(|s| s.id.as_str())),
-        );
+        self.prune_samples(&all_containers, all_sandboxes.iter().map(|s| &s.id));
         Ok(cri::ListPodSandboxStatsResponse { stats })
     }
 }

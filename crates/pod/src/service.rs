@@ -313,6 +313,14 @@ impl PodService {
         Ok(self.store().list_container_summaries()?)
     }
 
+    /// The containers of one sandbox, without their configs.
+    pub fn container_summaries_of(
+        &self,
+        sandbox_id: &SandboxId,
+    ) -> PodResult<Vec<ContainerSummary>> {
+        Ok(self.store().list_container_summaries_of(sandbox_id)?)
+    }
+
     /// The cgroup parent of every sandbox.
     pub fn list_sandbox_cgroups(&self) -> PodResult<Vec<SandboxCgroup>> {
         Ok(self.store().list_sandbox_cgroups()?)

@@ -463,6 +463,19 @@ impl Store {
         )
     }
 
+    /// The containers of one sandbox, ordered by id, as [`ContainerSummary`]s.
+    pub fn list_container_summaries_of(
+        &self,
+        sandbox_id: &SandboxId,
+    ) -> Result<Vec<ContainerSummary>, StoreError> {
+        self.find(
+            CONTAINERS,
+            index::CONTAINERS_BY_SANDBOX,
+            sandbox_id.as_str(),
+            |r: &ContainerSummary| &r.sandbox_id == sandbox_id,
+        )
+    }
+
     /// Deletes a container record. Idempotent: returns whether it existed.
     pub fn delete_container(&self, id: &str) -> Result<bool, StoreError> {
         self.delete_key::<ContainerRecord>(CONTAINERS, id)
@@ -873,6 +886,14 @@ mod tests {
             store.list_container_summaries().unwrap(),
             [ContainerSummary::from(&c)]
         );
+        assert_eq!(
+            store.list_container_summaries_of(&sid("sb1")).unwrap(),
+            [ContainerSummary::from(&c)]
+        );
+        assert!(store
+            .list_container_summaries_of(&sid("sb2"))
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
