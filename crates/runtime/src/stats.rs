@@ -16,6 +16,7 @@
 //! live.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
@@ -282,7 +283,7 @@ impl<'a> CgroupDir<'a> {
     fn parse<R>(&self, name: &'static str, parse: impl FnOnce(&str) -> Option<R>) -> Option<R> {
         match self.files {
             Some(files) => files.parse(self.path, name, || self.open(name), parse),
-            None => parse_from_start(&self.open(name)?, parse),
+            None => parse_from_start(&self.open(name)?, one_record(name), parse),
         }
     }
 
@@ -299,7 +300,19 @@ impl<'a> CgroupDir<'a> {
 /// cgroup file, a seq_file, generates its text afresh for a read at offset
 /// 0) into a buffer this thread keeps; `None` if it cannot be read or is
 /// not UTF-8.
-fn parse_from_start<R>(file: &std::fs::File, parse: impl FnOnce(&str) -> Option<R>) -> Option<R> {
+///
+/// With `one_record`, a read that leaves room in the buffer is the whole
+/// file and no read at the end confirms it: a cgroup file other than
+/// `cgroup.procs` is one seq_file record, which the kernel generates whole
+/// (growing its own buffer as needed) and copies out as far as the reader's
+/// buffer goes. That halves the system calls of a List*Stats call. A file of
+/// many records (`cgroup.procs`) may stop short of its end where the kernel's
+/// buffer filled, so it is read until a read returns nothing.
+fn parse_from_start<R>(
+    file: &std::fs::File,
+    one_record: bool,
+    parse: impl FnOnce(&str) -> Option<R>,
+) -> Option<R> {
     use std::os::unix::fs::FileExt;
     thread_local! {
         static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -321,14 +334,21 @@ fn parse_from_start<R>(file: &std::fs::File, parse: impl FnOnce(&str) -> Option<
             if n == buf.len() {
                 buf.resize(n * 2, 0);
             }
+            let room = buf.len() - n;
             let read = file.read_at(&mut buf[n..], u64::try_from(n).ok()?).ok()?;
-            if read == 0 {
+            n += read;
+            if read == 0 || (one_record && read < room) {
                 break;
             }
-            n += read;
         }
         parse(std::str::from_utf8(&buf[..n]).ok()?)
     })
+}
+
+/// Whether cgroup file `name` is one seq_file record (see
+/// [`parse_from_start`]): every file read here but `cgroup.procs`.
+fn one_record(name: &str) -> bool {
+    name != "cgroup.procs"
 }
 
 /// Cgroup files kept open from one List*Stats call to the next, so that a
@@ -336,17 +356,19 @@ fn parse_from_start<R>(file: &std::fs::File, parse: impl FnOnce(&str) -> Option<
 /// kernfs open, the seq_file set-up) costs more than reading it. Keyed by
 /// cgroup directory and file name; [`OpenFiles::retain`] closes the files
 /// of cgroups no longer wanted, and a file whose read fails (its cgroup is
-/// gone) is closed then.
+/// gone) is closed then. The directories are keyed by their bytes: hashing
+/// a `Path` walks its components, and every file of every container is
+/// looked up on each call.
 #[derive(Debug, Default)]
 pub struct OpenFiles {
-    files: Mutex<HashMap<PathBuf, CgroupFiles>>,
+    files: Mutex<HashMap<OsString, CgroupFiles>>,
 }
 
 /// The open files of one cgroup directory, by file name.
 type CgroupFiles = HashMap<&'static str, std::sync::Arc<std::fs::File>>;
 
 impl OpenFiles {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, CgroupFiles>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<OsString, CgroupFiles>> {
         // Every update is one insert or remove: a poisoned map is intact.
         self.files.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -360,29 +382,33 @@ impl OpenFiles {
         open: impl FnOnce() -> Option<std::fs::File>,
         parse: impl FnOnce(&str) -> Option<R>,
     ) -> Option<R> {
-        let cached = self.lock().get(dir).and_then(|f| f.get(name)).cloned();
+        let cached = self
+            .lock()
+            .get(dir.as_os_str())
+            .and_then(|f| f.get(name))
+            .cloned();
         let file = match cached {
             Some(file) => file,
             None => {
                 let file = std::sync::Arc::new(open()?);
                 self.lock()
-                    .entry(dir.to_path_buf())
+                    .entry(dir.as_os_str().to_owned())
                     .or_default()
                     .insert(name, std::sync::Arc::clone(&file));
                 file
             }
         };
         let mut readable = false;
-        let out = parse_from_start(&file, |text| {
+        let out = parse_from_start(&file, one_record(name), |text| {
             readable = true;
             parse(text)
         });
         if !readable {
             let mut files = self.lock();
-            if let Some(open) = files.get_mut(dir) {
+            if let Some(open) = files.get_mut(dir.as_os_str()) {
                 open.remove(name);
                 if open.is_empty() {
-                    files.remove(dir);
+                    files.remove(dir.as_os_str());
                 }
             }
         }
@@ -392,8 +418,12 @@ impl OpenFiles {
     /// Closes the files of every cgroup whose directory name `keep` (a
     /// container id) refuses.
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
-        self.lock()
-            .retain(|dir, _| dir.file_name().and_then(|n| n.to_str()).is_some_and(&keep));
+        self.lock().retain(|dir, _| {
+            Path::new(dir)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(&keep)
+        });
     }
 
     /// How many files are open.
