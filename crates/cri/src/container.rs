@@ -48,7 +48,7 @@ impl Cri {
             .list_containers()?
             .iter()
             .filter(|c| convert::container_matches(&f, c))
-            .map(convert::container)
+            .map(|c| convert::container(c))
             .collect();
         Ok(cri::ListContainersResponse { containers })
     }

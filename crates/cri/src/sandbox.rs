@@ -80,7 +80,7 @@ impl Cri {
             .list_sandboxes()?
             .iter()
             .filter(|rec| convert::sandbox_matches(&filter, rec))
-            .map(convert::pod_sandbox)
+            .map(|rec| convert::pod_sandbox(rec))
             .collect();
         Ok(cri::ListPodSandboxResponse { items })
     }

@@ -485,6 +485,7 @@ impl Cri {
         let all_containers = self.pods().list_container_summaries()?;
         let pods: Vec<&SandboxRecord> = all_sandboxes
             .iter()
+            .map(|s| &**s)
             .filter(|s| s.state == SandboxState::Ready)
             .filter(|s| f.id.is_empty() || s.id.as_str().starts_with(&f.id))
             .filter(|s| convert::labels_match(&f.label_selector, &s.spec.labels))

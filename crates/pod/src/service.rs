@@ -299,13 +299,13 @@ impl PodService {
     }
 
     /// Every sandbox record.
-    pub fn list_sandboxes(&self) -> PodResult<Vec<SandboxRecord>> {
-        Ok(self.store().list_sandboxes()?)
+    pub fn list_sandboxes(&self) -> PodResult<Vec<Arc<SandboxRecord>>> {
+        Ok(self.store().list_sandboxes_shared()?)
     }
 
     /// Every container record.
-    pub fn list_containers(&self) -> PodResult<Vec<ContainerRecord>> {
-        Ok(self.store().list_containers()?)
+    pub fn list_containers(&self) -> PodResult<Vec<Arc<ContainerRecord>>> {
+        Ok(self.store().list_containers_shared()?)
     }
 
     /// Every container, without its config (see [`ContainerSummary`]).

@@ -10,6 +10,7 @@
 //! no containerd, no netlink. It decides nothing about lifecycles; callers
 //! set states, and the store only keeps them durably and atomically.
 
+mod cache;
 mod error;
 mod index;
 mod journal;

@@ -2,6 +2,7 @@
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use cubelet_engine::{FlowRecord, SandboxId};
 use redb::{
@@ -9,8 +10,9 @@ use redb::{
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
+use crate::cache::{Change, RecordCache, Records};
 use crate::error::StoreError;
 use crate::index::{self, Indexed};
 use crate::records::{
@@ -70,6 +72,16 @@ const CACHE_BYTES: usize = 64 * 1024 * 1024;
 pub struct Store {
     pub(crate) db: Database,
     path: PathBuf,
+    /// The sandbox and container records as of the last commit, for the
+    /// scans of both tables (see `cache`).
+    cache: RecordCache,
+}
+
+/// The table of a cached record.
+#[derive(Debug, Clone, Copy)]
+enum Cached {
+    Sandbox,
+    Container,
 }
 
 /// Counts of what [`Store::verify`] read and decoded.
@@ -105,11 +117,13 @@ impl Store {
                 path: path.to_owned(),
                 source: Box::new(e),
             })?;
-        let store = Store {
+        let mut store = Store {
             db,
             path: path.to_owned(),
+            cache: RecordCache::new(None),
         };
         store.init_schema()?;
+        store.cache = RecordCache::new(store.load_records());
         info!(path = %path.display(), schema = SCHEMA_VERSION, "store opened");
         Ok(store)
     }
@@ -160,6 +174,74 @@ impl Store {
         let rebuilt = index::rebuild(&txn)?;
         debug!(path = %self.path.display(), ?rebuilt, "indexes rebuilt");
         txn.commit().map_err(StoreError::db("open"))
+    }
+
+    /// Every sandbox and container record of the file, decoded; `None`
+    /// (the cache off) if one does not decode.
+    fn load_records(&self) -> Option<Records> {
+        let load = || -> Result<Records, StoreError> {
+            let sandboxes = self.scan::<SandboxRecord>(SANDBOXES, |_| true)?;
+            let containers = self.scan::<ContainerRecord>(CONTAINERS, |_| true)?;
+            Ok(Records {
+                sandboxes: sandboxes
+                    .into_iter()
+                    .map(|s| (s.id.as_str().to_owned(), Arc::new(s)))
+                    .collect(),
+                containers: containers
+                    .into_iter()
+                    .map(|c| (c.id.clone(), Arc::new(c)))
+                    .collect(),
+            })
+        };
+        load()
+            .map_err(|e| {
+                warn!(error = %cubelet_engine::chain(&e), "record cache off; lists read the store file");
+            })
+            .ok()
+    }
+
+    /// Runs `write`, a write of record `key` of `table`, under the cache's
+    /// writer lock, then gives the cache `change` of its result; if the
+    /// write fails, the cache takes the record as the file now has it.
+    fn cached<R>(
+        &self,
+        table: Cached,
+        key: &str,
+        write: impl FnOnce() -> Result<R, StoreError>,
+        change: impl FnOnce(&R) -> Change,
+    ) -> Result<R, StoreError> {
+        let _writer = self.cache.writer();
+        match write() {
+            Ok(out) => {
+                self.cache.apply(change(&out));
+                Ok(out)
+            }
+            Err(e) => {
+                let now = match table {
+                    Cached::Sandbox => self.get_json::<SandboxRecord>(SANDBOXES, key).map(|r| {
+                        r.map_or_else(
+                            || Change::NoSandbox(key.to_owned()),
+                            |r| Change::Sandbox(Arc::new(r)),
+                        )
+                    }),
+                    Cached::Container => {
+                        self.get_json::<ContainerRecord>(CONTAINERS, key).map(|r| {
+                            r.map_or_else(
+                                || Change::NoContainer(key.to_owned()),
+                                |r| Change::Container(Arc::new(r)),
+                            )
+                        })
+                    }
+                };
+                match now {
+                    Ok(change) => self.cache.apply(change),
+                    Err(_) => self
+                        .cache
+                        .drop_all("a record could not be read back after a failed write"),
+                }
+                Err(e)
+            }
+        }
     }
 
     pub(crate) fn write(&self, op: &'static str) -> Result<WriteTransaction, StoreError> {
@@ -328,7 +410,21 @@ impl Store {
 
     /// Inserts or replaces a sandbox record.
     pub fn put_sandbox(&self, rec: &SandboxRecord) -> Result<(), StoreError> {
-        self.put_json(SANDBOXES, rec.id.as_str(), rec, Durability::Immediate)
+        self.put_sandbox_with(rec, Durability::Immediate)
+    }
+
+    fn put_sandbox_with(
+        &self,
+        rec: &SandboxRecord,
+        durability: Durability,
+    ) -> Result<(), StoreError> {
+        let key = rec.id.as_str();
+        self.cached(
+            Cached::Sandbox,
+            key,
+            || self.put_json(SANDBOXES, key, rec, durability),
+            |()| Change::Sandbox(Arc::new(rec.clone())),
+        )
     }
 
     /// Inserts or replaces a sandbox record with a buffered commit: every
@@ -341,7 +437,7 @@ impl Store {
     /// and returns before any step acts. A crash in between loses both and
     /// nothing was built.
     pub fn put_sandbox_buffered(&self, rec: &SandboxRecord) -> Result<(), StoreError> {
-        self.put_json(SANDBOXES, rec.id.as_str(), rec, Durability::None)
+        self.put_sandbox_with(rec, Durability::None)
     }
 
     /// The sandbox record with this id, if any.
@@ -354,9 +450,25 @@ impl Store {
         self.scan(SANDBOXES, |_| true)
     }
 
+    /// Every sandbox record, ordered by id, shared with the store's cache:
+    /// for the calls that read every record of the node (a copy of a
+    /// record costs as much as decoding it).
+    pub fn list_sandboxes_shared(&self) -> Result<Vec<Arc<SandboxRecord>>, StoreError> {
+        match self.cache.sandboxes() {
+            Some(all) => Ok(all),
+            None => Ok(self.list_sandboxes()?.into_iter().map(Arc::new).collect()),
+        }
+    }
+
     /// Deletes a sandbox record. Idempotent: returns whether it existed.
     pub fn delete_sandbox(&self, id: &SandboxId) -> Result<bool, StoreError> {
-        self.delete_key::<SandboxRecord>(SANDBOXES, id.as_str())
+        let key = id.as_str();
+        self.cached(
+            Cached::Sandbox,
+            key,
+            || self.delete_key::<SandboxRecord>(SANDBOXES, key),
+            |_| Change::NoSandbox(key.to_owned()),
+        )
     }
 
     /// Changes a sandbox record atomically: read, `f`, write back in one
@@ -370,12 +482,19 @@ impl Store {
         id: &SandboxId,
         f: impl FnOnce(&mut SandboxRecord),
     ) -> Result<SandboxRecord, StoreError> {
-        self.update_json(
-            SANDBOXES,
+        self.cached(
+            Cached::Sandbox,
             id.as_str(),
-            || StoreError::SandboxNotFound(id.clone()),
-            |r: &SandboxRecord| r.id.as_str(),
-            f,
+            || {
+                self.update_json(
+                    SANDBOXES,
+                    id.as_str(),
+                    || StoreError::SandboxNotFound(id.clone()),
+                    |r: &SandboxRecord| r.id.as_str(),
+                    f,
+                )
+            },
+            |rec| Change::Sandbox(Arc::new(rec.clone())),
         )
     }
 
@@ -427,7 +546,12 @@ impl Store {
 
     /// Inserts or replaces a container record.
     pub fn put_container(&self, rec: &ContainerRecord) -> Result<(), StoreError> {
-        self.put_json(CONTAINERS, &rec.id, rec, Durability::Immediate)
+        self.cached(
+            Cached::Container,
+            &rec.id,
+            || self.put_json(CONTAINERS, &rec.id, rec, Durability::Immediate),
+            |()| Change::Container(Arc::new(rec.clone())),
+        )
     }
 
     /// The container record with this id, if any.
@@ -440,14 +564,29 @@ impl Store {
         self.scan(CONTAINERS, |_| true)
     }
 
+    /// Every container record, ordered by id, shared with the store's
+    /// cache, as [`Store::list_sandboxes_shared`].
+    pub fn list_containers_shared(&self) -> Result<Vec<Arc<ContainerRecord>>, StoreError> {
+        match self.cache.containers() {
+            Some(all) => Ok(all),
+            None => Ok(self.list_containers()?.into_iter().map(Arc::new).collect()),
+        }
+    }
+
     /// Every container, ordered by id, as [`ContainerSummary`]s.
     pub fn list_container_summaries(&self) -> Result<Vec<ContainerSummary>, StoreError> {
-        self.scan(CONTAINERS, |_| true)
+        match self.cache.container_summaries() {
+            Some(all) => Ok(all),
+            None => self.scan(CONTAINERS, |_| true),
+        }
     }
 
     /// The cgroup parent of every sandbox, ordered by id.
     pub fn list_sandbox_cgroups(&self) -> Result<Vec<SandboxCgroup>, StoreError> {
-        self.scan(SANDBOXES, |_| true)
+        match self.cache.sandbox_cgroups() {
+            Some(all) => Ok(all),
+            None => self.scan(SANDBOXES, |_| true),
+        }
     }
 
     /// The containers of one sandbox, ordered by id.
@@ -478,7 +617,16 @@ impl Store {
 
     /// Deletes a container record. Idempotent: returns whether it existed.
     pub fn delete_container(&self, id: &str) -> Result<bool, StoreError> {
-        self.delete_key::<ContainerRecord>(CONTAINERS, id)
+        self.delete_container_with(id, Durability::Immediate)
+    }
+
+    fn delete_container_with(&self, id: &str, durability: Durability) -> Result<bool, StoreError> {
+        self.cached(
+            Cached::Container,
+            id,
+            || self.delete_key_with::<ContainerRecord>(CONTAINERS, id, durability),
+            |_| Change::NoContainer(id.to_owned()),
+        )
     }
 
     /// [`Store::delete_container`] without waiting for the disk: the change
@@ -488,7 +636,7 @@ impl Store {
     /// reads its state from the runtime (`Unknown` if nothing of it is
     /// left there), for the client's next RemoveContainer.
     pub fn delete_container_buffered(&self, id: &str) -> Result<bool, StoreError> {
-        self.delete_key_with::<ContainerRecord>(CONTAINERS, id, Durability::None)
+        self.delete_container_with(id, Durability::None)
     }
 
     /// Changes a container record atomically, like [`Store::update_sandbox`].
@@ -497,12 +645,19 @@ impl Store {
         id: &str,
         f: impl FnOnce(&mut ContainerRecord),
     ) -> Result<ContainerRecord, StoreError> {
-        self.update_json(
-            CONTAINERS,
+        self.cached(
+            Cached::Container,
             id,
-            || StoreError::ContainerNotFound(id.to_owned()),
-            |r: &ContainerRecord| r.id.as_str(),
-            f,
+            || {
+                self.update_json(
+                    CONTAINERS,
+                    id,
+                    || StoreError::ContainerNotFound(id.to_owned()),
+                    |r: &ContainerRecord| r.id.as_str(),
+                    f,
+                )
+            },
+            |rec| Change::Container(Arc::new(rec.clone())),
         )
     }
 
@@ -529,15 +684,20 @@ impl Store {
         let op = "claim shell";
         let key = rec.id.as_str();
         let bytes = encode(SANDBOXES.name, key, rec)?;
-        let mut txn = self.write(op)?;
-        txn.set_durability(Durability::None)
-            .map_err(StoreError::db(op))?;
-        txn.open_table(SHELLS.def())
-            .map_err(StoreError::db(op))?
-            .remove(key)
-            .map_err(StoreError::db(op))?;
-        put_in(&txn, op, SANDBOXES, key, rec, &bytes)?;
-        txn.commit().map_err(StoreError::db(op))
+        let claim = || {
+            let mut txn = self.write(op)?;
+            txn.set_durability(Durability::None)
+                .map_err(StoreError::db(op))?;
+            txn.open_table(SHELLS.def())
+                .map_err(StoreError::db(op))?
+                .remove(key)
+                .map_err(StoreError::db(op))?;
+            put_in(&txn, op, SANDBOXES, key, rec, &bytes)?;
+            txn.commit().map_err(StoreError::db(op))
+        };
+        self.cached(Cached::Sandbox, key, claim, |()| {
+            Change::Sandbox(Arc::new(rec.clone()))
+        })
     }
 
     /// The ids of every sandbox and every shell, read in one transaction:
@@ -1505,6 +1665,117 @@ mod tests {
             matches!(err, StoreError::Decode { table: "sandboxes", ref key, .. } if key == "bad"),
             "{err}"
         );
+    }
+
+    /// The cached lists against the file's own scans.
+    fn assert_cache_is_the_file(store: &Store) {
+        let sandboxes: Vec<SandboxRecord> = store.scan(SANDBOXES, |_| true).unwrap();
+        let containers: Vec<ContainerRecord> = store.scan(CONTAINERS, |_| true).unwrap();
+        let shared =
+            |v: Vec<Arc<SandboxRecord>>| v.into_iter().map(|r| (*r).clone()).collect::<Vec<_>>();
+        assert_eq!(shared(store.list_sandboxes_shared().unwrap()), sandboxes);
+        let shared =
+            |v: Vec<Arc<ContainerRecord>>| v.into_iter().map(|r| (*r).clone()).collect::<Vec<_>>();
+        assert_eq!(shared(store.list_containers_shared().unwrap()), containers);
+        let summaries: Vec<ContainerSummary> = store.scan(CONTAINERS, |_| true).unwrap();
+        assert_eq!(store.list_container_summaries().unwrap(), summaries);
+        let cgroups: Vec<SandboxCgroup> = store.scan(SANDBOXES, |_| true).unwrap();
+        assert_eq!(store.list_sandbox_cgroups().unwrap(), cgroups);
+    }
+
+    #[test]
+    fn the_lists_read_the_records_as_the_file_has_them() {
+        let (dir, store) = open_tmp();
+        let mut a = SandboxRecord::new(sid("a"), spec("ns", "web", "u1", 0));
+        a.spec.cgroup_parent = Some("/kubepods/pod-a".into());
+        store.put_sandbox(&a).unwrap();
+        store
+            .put_sandbox_buffered(&SandboxRecord::new(sid("b"), spec("ns", "db", "u2", 0)))
+            .unwrap();
+        assert_cache_is_the_file(&store);
+        store
+            .update_sandbox(&sid("a"), |r| r.state = SandboxState::Ready)
+            .unwrap();
+        // Failed updates change nothing.
+        assert!(store.update_sandbox(&sid("zz"), |_| {}).is_err());
+        assert!(store
+            .update_sandbox(&sid("a"), |r| r.id = sid("moved"))
+            .is_err());
+        assert_cache_is_the_file(&store);
+
+        let mut c = ContainerRecord::new("c1", sid("a"), "app", 0, "busybox");
+        c.labels.insert("l".into(), "v".into());
+        store.put_container(&c).unwrap();
+        store
+            .put_container(&ContainerRecord::new("c2", sid("b"), "db", 0, "busybox"))
+            .unwrap();
+        store
+            .update_container("c1", |c| c.state = ContainerState::Running)
+            .unwrap();
+        assert!(store.update_container("nope", |_| {}).is_err());
+        assert_cache_is_the_file(&store);
+
+        store.put_shell(&ShellRecord::new(sid("s"))).unwrap();
+        store
+            .claim_shell(&SandboxRecord::new(sid("s"), spec("ns", "api", "u3", 0)))
+            .unwrap();
+        assert!(store.delete_container_buffered("c2").unwrap());
+        assert!(store.delete_container("c1").unwrap());
+        assert!(!store.delete_container("c1").unwrap());
+        assert!(store.delete_sandbox(&sid("b")).unwrap());
+        assert_cache_is_the_file(&store);
+        assert_eq!(store.list_sandboxes().unwrap().len(), 2);
+
+        // A reopened store loads what the file has.
+        let path = store.path().to_owned();
+        let before = store.list_sandboxes().unwrap();
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.list_sandboxes().unwrap(), before);
+        assert_cache_is_the_file(&store);
+        drop(dir);
+    }
+
+    #[test]
+    fn concurrent_writers_leave_the_cache_as_the_file() {
+        let (_dir, store) = open_tmp();
+        let store = Arc::new(store);
+        for i in 0..4 {
+            store
+                .put_container(&ContainerRecord::new(
+                    format!("c{i}"),
+                    sid("a"),
+                    "app",
+                    0,
+                    "i",
+                ))
+                .unwrap();
+        }
+        let writers: Vec<_> = (0..4)
+            .map(|t| {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || {
+                    for n in 0..40u32 {
+                        // Every thread changes every record: the last
+                        // commit of each must be what the cache keeps.
+                        let id = format!("c{}", (t + n) % 4);
+                        let _ = store.update_container(&id, |c| c.attempt = t * 100 + n);
+                        if n % 10 == 0 {
+                            let extra = format!("x{t}-{n}");
+                            store
+                                .put_container(&ContainerRecord::new(&extra, sid("b"), "x", 0, "i"))
+                                .unwrap();
+                            store.delete_container_buffered(&extra).unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        assert_cache_is_the_file(&store);
+        assert_eq!(store.list_containers().unwrap().len(), 4);
     }
 
     #[test]
