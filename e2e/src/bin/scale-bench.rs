@@ -128,7 +128,7 @@ async fn up(
     args: &Args,
     log_root: &std::path::Path,
     i: usize,
-) -> anyhow::Result<(String, Duration)> {
+) -> anyhow::Result<(String, Duration, Duration)> {
     let name = format!("scale-{}-{i}", std::process::id());
     // The namespaces kubelet asks for a pod that does not share its
     // process namespace (the CRI zero value would be one PID namespace per
@@ -162,7 +162,23 @@ async fn up(
     rt.start_container(StartContainerRequest { container_id: cid })
         .await
         .context("StartContainer")?;
-    Ok((pod, run))
+    Ok((pod, run, t.elapsed()))
+}
+
+/// Prints the p50 of the first and the last `window` of `times`.
+fn first_last(what: &str, times: &[Duration], window: usize) {
+    let p50 = |part: &[Duration]| {
+        let mut part = part.to_vec();
+        part.sort();
+        percentile(&part, 50.0)
+    };
+    let (first, last) = (p50(&times[..window]), p50(&times[times.len() - window..]));
+    println!(
+        "{what} p50: first {window} {} ms, last {window} {} ms (ratio {:.2})",
+        ms(first),
+        ms(last),
+        last.as_secs_f64() / first.as_secs_f64().max(1e-9)
+    );
 }
 
 fn row(name: &str, v: &Result<Vec<Duration>, tonic::Code>) {
@@ -246,12 +262,14 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
 
     let mut pods = Vec::with_capacity(args.n);
     let mut runs = Vec::with_capacity(args.n);
+    let mut starts = Vec::with_capacity(args.n);
     let mut failure = None;
     for i in 0..args.n {
         match up(&mut rt, args, log_root.path(), i).await {
-            Ok((pod, run)) => {
+            Ok((pod, run, start)) => {
                 pods.push(pod);
                 runs.push(run);
+                starts.push(start);
             }
             Err(e) => {
                 failure = Some(e.context(format!("pod {i}")));
@@ -263,10 +281,6 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
     if failure.is_none() {
         let at = pid.and_then(footprint);
         let window = 25.min(runs.len() / 2).max(1);
-        let mut first = runs[..window].to_vec();
-        first.sort();
-        let mut last = runs[runs.len() - window..].to_vec();
-        last.sort();
         let q = args.queries;
         let [lp, lc, lcs, lps, ps] = async {
             let lp = measure(q, |_| {
@@ -327,12 +341,11 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
             args.image,
             pods.len()
         );
-        println!(
-            "RunPodSandbox p50: first {window} {} ms, last {window} {} ms (ratio {:.2})",
-            ms(percentile(&first, 50.0)),
-            ms(percentile(&last, 50.0)),
-            percentile(&last, 50.0).as_secs_f64()
-                / percentile(&first, 50.0).as_secs_f64().max(1e-9)
+        first_last("RunPodSandbox", &runs, window);
+        first_last(
+            "pod start (RunPodSandbox, CreateContainer, StartContainer)",
+            &starts,
+            window,
         );
         let blocks: Vec<String> = runs
             .chunks(window)
