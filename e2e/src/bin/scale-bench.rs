@@ -104,23 +104,64 @@ fn footprint(pid: u32) -> Option<Footprint> {
     })
 }
 
+/// The node's CPU time (`/proc/stat`, all CPUs, in ticks) and of it the
+/// part the hypervisor gave to other guests (`steal`).
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    Some((fields.iter().sum(), *fields.get(7)?))
+}
+
+/// Timed calls of one query, and the share of the node's CPU time stolen
+/// by the hypervisor meanwhile: a tail that comes with a high steal is the
+/// host's, not the agent's.
+struct Measured {
+    /// The sorted times, or the gRPC code of the first failure.
+    times: Result<Vec<Duration>, tonic::Code>,
+    /// Steal, percent of the CPU time that passed.
+    steal: Option<f64>,
+}
+
 /// Times `queries` calls of `call`; the gRPC code of the first failure
 /// instead (containerd 1.6 does not serve every stats call).
-async fn measure<F, Fut>(queries: usize, mut call: F) -> Result<Vec<Duration>, tonic::Code>
+async fn measure<F, Fut>(queries: usize, mut call: F) -> Measured
 where
     F: FnMut(usize) -> Fut,
     Fut: std::future::Future<Output = Result<(), tonic::Status>>,
 {
+    let before = cpu_ticks();
     let mut v = Vec::with_capacity(queries);
     for i in 0..queries {
         let t = Instant::now();
         match call(i).await {
             Ok(()) => v.push(t.elapsed()),
-            Err(s) => return Err(s.code()),
+            Err(s) => {
+                return Measured {
+                    times: Err(s.code()),
+                    steal: None,
+                }
+            }
         }
     }
     v.sort();
-    Ok(v)
+    Measured {
+        times: Ok(v),
+        steal: steal_since(before),
+    }
+}
+
+/// Percent of the CPU time since `before` ([`cpu_ticks`]) that was stolen.
+fn steal_since(before: Option<(u64, u64)>) -> Option<f64> {
+    let ((t0, s0), (t1, s1)) = before.zip(cpu_ticks())?;
+    let total = t1.checked_sub(t0).filter(|t| *t > 0)?;
+    Some(100.0 * s1.saturating_sub(s0) as f64 / total as f64)
 }
 
 async fn up(
@@ -181,13 +222,17 @@ fn first_last(what: &str, times: &[Duration], window: usize) {
     );
 }
 
-fn row(name: &str, v: &Result<Vec<Duration>, tonic::Code>) {
-    match v {
+fn row(name: &str, m: &Measured) {
+    let steal = m
+        .steal
+        .map_or_else(|| "-".to_owned(), |s| format!("{s:.1}"));
+    match &m.times {
         Ok(v) => println!(
-            "{:<22} {:>9} {:>9}",
+            "{:<22} {:>9} {:>9} {:>9}",
             name,
             ms(percentile(v, 50.0)),
-            ms(percentile(v, 99.0))
+            ms(percentile(v, 99.0)),
+            steal
         ),
         Err(code) => println!("{name:<22} fails: {code:?}"),
     }
@@ -264,6 +309,7 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
     let mut runs = Vec::with_capacity(args.n);
     let mut starts = Vec::with_capacity(args.n);
     let mut failure = None;
+    let ticks_before_up = cpu_ticks();
     for i in 0..args.n {
         match up(&mut rt, args, log_root.path(), i).await {
             Ok((pod, run, start)) => {
@@ -278,6 +324,7 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
         }
     }
 
+    let up_steal = steal_since(ticks_before_up);
     if failure.is_none() {
         let at = pid.and_then(footprint);
         let window = 25.min(runs.len() / 2).max(1);
@@ -341,6 +388,9 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
             args.image,
             pods.len()
         );
+        if let Some(steal) = up_steal {
+            println!("CPU time stolen by the hypervisor during the bring-up: {steal:.1} %");
+        }
         first_last("RunPodSandbox", &runs, window);
         first_last(
             "pod start (RunPodSandbox, CreateContainer, StartContainer)",
@@ -359,7 +409,10 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
             "RunPodSandbox p50 per {window} pods (ms): {}",
             blocks.join(" ")
         );
-        println!("{:<22} {:>9} {:>9}", "call at N (ms)", "p50", "p99");
+        println!(
+            "{:<22} {:>9} {:>9} {:>9}",
+            "call at N (ms)", "p50", "p99", "steal %"
+        );
         row("ListPodSandbox", &lp);
         row("ListContainers", &lc);
         row("ListContainerStats", &lcs);
