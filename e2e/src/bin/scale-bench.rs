@@ -56,6 +56,11 @@ struct Args {
     /// teardown (to look at the agent at N, e.g. with a profiler).
     #[arg(long, default_value_t = 0)]
     hold: u64,
+    /// Seconds to wait between the last pod's start and the first query
+    /// (the node settling: the new pods' network start-up, the pool's
+    /// refill).
+    #[arg(long, default_value_t = 0)]
+    settle: u64,
     /// Directory for pod log directories (removed afterwards).
     #[arg(long, default_value = "/tmp")]
     log_root: PathBuf,
@@ -326,6 +331,7 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
 
     let up_steal = steal_since(ticks_before_up);
     if failure.is_none() {
+        tokio::time::sleep(Duration::from_secs(args.settle)).await;
         let at = pid.and_then(footprint);
         let window = 25.min(runs.len() / 2).max(1);
         let q = args.queries;
