@@ -25,14 +25,16 @@ use tracing::warn;
 use crate::records::{ContainerRecord, ContainerSummary, SandboxCgroup, SandboxRecord};
 
 /// The decoded records of the two tables, by primary key.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Records {
+    /// Sandbox records by id.
     pub(crate) sandboxes: BTreeMap<String, Arc<SandboxRecord>>,
+    /// Container records by id.
     pub(crate) containers: BTreeMap<String, Arc<ContainerRecord>>,
 }
 
 /// [`Records`] with the lock that orders its changes like the commits.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct RecordCache {
     records: RwLock<Option<Records>>,
     writer: Mutex<()>,
