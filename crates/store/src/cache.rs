@@ -3,10 +3,11 @@
 //! The List calls read every record of both tables: at 250 pods, decoding
 //! them from the file on each call was most of ListPodSandbox and
 //! ListContainers and a fifth of ListContainerStats (containerd's CRI plugin
-//! likewise serves its lists from in-memory stores). The cache is loaded
-//! when the store opens and changed by every write of either table after
-//! its commit, under a lock held from before the write transaction begins
-//! until the cache has the result, so it changes in commit order. It holds
+//! likewise serves its lists from in-memory stores). The cache starts from
+//! the records the index rebuild decodes when the store opens, and every
+//! write of either table changes it after its commit, under a lock held
+//! from before the write transaction begins until the cache has the
+//! result, so it changes in commit order. It holds
 //! nothing the file does not: a restart loads it again. The lists are
 //! handed out as shared records ([`Arc`]): a copy of a record, its spec or
 //! config, costs as much as decoding it. Point lookups, index lookups and
@@ -24,13 +25,21 @@ use tracing::warn;
 
 use crate::records::{ContainerRecord, ContainerSummary, SandboxCgroup, SandboxRecord};
 
+/// Reports the cache off for `why`.
+fn off(why: &str) {
+    warn!(reason = why, "record cache off; lists read the store file");
+}
+
+/// The decoded records of one table, by primary key.
+pub(crate) type Decoded<T> = BTreeMap<String, Arc<T>>;
+
 /// The decoded records of the two tables, by primary key.
 #[derive(Debug)]
 pub(crate) struct Records {
     /// Sandbox records by id.
-    pub(crate) sandboxes: BTreeMap<String, Arc<SandboxRecord>>,
+    pub(crate) sandboxes: Decoded<SandboxRecord>,
     /// Container records by id.
-    pub(crate) containers: BTreeMap<String, Arc<ContainerRecord>>,
+    pub(crate) containers: Decoded<ContainerRecord>,
 }
 
 /// [`Records`] with the lock that orders its changes like the commits.
@@ -55,6 +64,9 @@ pub(crate) enum Change {
 impl RecordCache {
     /// A cache of `records`, or a cache that is off (`None`).
     pub(crate) fn new(records: Option<Records>) -> Self {
+        if records.is_none() {
+            off("a record of the file does not decode");
+        }
         Self {
             records: RwLock::new(records),
             writer: Mutex::new(()),
@@ -94,7 +106,7 @@ impl RecordCache {
     pub(crate) fn drop_all(&self, why: &str) {
         let mut records = self.records.write().unwrap_or_else(|p| p.into_inner());
         if records.take().is_some() {
-            warn!(reason = why, "record cache off; lists read the store file");
+            off(why);
         }
     }
 

@@ -17,12 +17,15 @@
 //! record they load against the query, so an entry can never return a record
 //! that does not match.
 
+use std::sync::Arc;
+
 use redb::{
     MultimapTableDefinition, ReadTransaction, ReadableMultimapTable, ReadableTable,
     WriteTransaction,
 };
 use tracing::warn;
 
+use crate::cache::{Decoded, Records};
 use crate::error::StoreError;
 use crate::records::{ContainerRecord, IpLease, SandboxRecord, ShellRecord};
 use crate::store::{decode, JsonTable, CONTAINERS, FLOWS, FLOWS_NAME, LEASES, SANDBOXES};
@@ -222,8 +225,9 @@ pub(crate) struct Rebuilt {
 
 /// Drops every index table and builds it again from the records, in `txn`.
 /// A record that does not decode is left out of the indexes (and reported
-/// by whoever reads it).
-pub(crate) fn rebuild(txn: &WriteTransaction) -> Result<Rebuilt, StoreError> {
+/// by whoever reads it). Returns the counts and the decoded sandbox and
+/// container records for the store's cache (`None` if one did not decode).
+pub(crate) fn rebuild(txn: &WriteTransaction) -> Result<(Rebuilt, Option<Records>), StoreError> {
     let op = "rebuild indexes";
     for index in JSON_INDEXES {
         txn.delete_multimap_table(index.def())
@@ -236,12 +240,20 @@ pub(crate) fn rebuild(txn: &WriteTransaction) -> Result<Rebuilt, StoreError> {
     let mut flows_by_sandbox = txn
         .open_multimap_table(FLOWS_BY_SANDBOX)
         .map_err(StoreError::db(op))?;
+    let (sandboxes, sandbox_records) = reindex::<SandboxRecord>(txn, SANDBOXES)?;
+    let (containers, container_records) = reindex::<ContainerRecord>(txn, CONTAINERS)?;
     let mut counts = Rebuilt {
-        sandboxes: reindex::<SandboxRecord>(txn, SANDBOXES)?,
-        containers: reindex::<ContainerRecord>(txn, CONTAINERS)?,
-        leases: reindex::<IpLease>(txn, LEASES)?,
+        sandboxes,
+        containers,
+        leases: reindex::<IpLease>(txn, LEASES)?.0,
         flows: 0,
     };
+    let records = sandbox_records
+        .zip(container_records)
+        .map(|(sandboxes, containers)| Records {
+            sandboxes,
+            containers,
+        });
     let flows = txn.open_table(FLOWS).map_err(StoreError::db(op))?;
     for entry in flows.iter().map_err(StoreError::db(op))? {
         let (k, v) = entry.map_err(StoreError::db(op))?;
@@ -256,15 +268,18 @@ pub(crate) fn rebuild(txn: &WriteTransaction) -> Result<Rebuilt, StoreError> {
             Err(e) => warn!(error = %cubelet_engine::chain(&e), "flow left out of the index"),
         }
     }
-    Ok(counts)
+    Ok((counts, records))
 }
 
+/// Indexes every record of `table`; how many, and the records by key
+/// (`None` if one did not decode).
 fn reindex<T: Indexed + serde::de::DeserializeOwned>(
     txn: &WriteTransaction,
     table: JsonTable,
-) -> Result<usize, StoreError> {
+) -> Result<(usize, Option<Decoded<T>>), StoreError> {
     let op = "rebuild indexes";
     let t = txn.open_table(table.def()).map_err(StoreError::db(op))?;
+    let mut records = Some(Decoded::new());
     let mut n = 0;
     for entry in t.iter().map_err(StoreError::db(op))? {
         let (k, v) = entry.map_err(StoreError::db(op))?;
@@ -272,11 +287,17 @@ fn reindex<T: Indexed + serde::de::DeserializeOwned>(
             Ok(rec) => {
                 add(txn, &rec, k.value())?;
                 n += 1;
+                if let Some(records) = records.as_mut() {
+                    records.insert(k.value().to_owned(), Arc::new(rec));
+                }
             }
-            Err(e) => warn!(error = %cubelet_engine::chain(&e), "record left out of the index"),
+            Err(e) => {
+                warn!(error = %cubelet_engine::chain(&e), "record left out of the index");
+                records = None;
+            }
         }
     }
-    Ok(n)
+    Ok((n, records))
 }
 
 #[cfg(test)]

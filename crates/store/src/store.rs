@@ -10,7 +10,7 @@ use redb::{
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::cache::{Change, RecordCache, Records};
 use crate::error::StoreError;
@@ -117,13 +117,13 @@ impl Store {
                 path: path.to_owned(),
                 source: Box::new(e),
             })?;
-        let mut store = Store {
+        // The index rebuild decodes every record: the cache starts from it.
+        let records = Store::init_schema(&db, path)?;
+        let store = Store {
             db,
             path: path.to_owned(),
-            cache: RecordCache::new(None),
+            cache: RecordCache::new(records),
         };
-        store.init_schema()?;
-        store.cache = RecordCache::new(store.load_records());
         info!(path = %path.display(), schema = SCHEMA_VERSION, "store opened");
         Ok(store)
     }
@@ -133,8 +133,10 @@ impl Store {
         &self.path
     }
 
-    fn init_schema(&self) -> Result<(), StoreError> {
-        let txn = self.write("open")?;
+    /// Checks the schema version, creates missing tables and rebuilds the
+    /// indexes; returns the decoded records for the cache.
+    fn init_schema(db: &Database, path: &Path) -> Result<Option<Records>, StoreError> {
+        let txn = db.begin_write().map_err(StoreError::db("open"))?;
         {
             let mut meta = txn.open_table(META).map_err(StoreError::db("open"))?;
             let found = meta
@@ -146,12 +148,12 @@ impl Store {
                     let v = SCHEMA_VERSION.to_string();
                     meta.insert(META_SCHEMA, v.as_str())
                         .map_err(StoreError::db("open"))?;
-                    debug!(path = %self.path.display(), "new store initialised");
+                    debug!(path = %path.display(), "new store initialised");
                 }
                 Some(v) if v == SCHEMA_VERSION.to_string() => {}
                 Some(found) => {
                     return Err(StoreError::SchemaMismatch {
-                        path: self.path.clone(),
+                        path: path.to_owned(),
                         found,
                         expected: SCHEMA_VERSION,
                     })
@@ -171,33 +173,10 @@ impl Store {
         // Derived from the records on every open (see `index`), so a file of
         // a build without indexes, or one an older build wrote to, is
         // indexed as well as one this build wrote.
-        let rebuilt = index::rebuild(&txn)?;
-        debug!(path = %self.path.display(), ?rebuilt, "indexes rebuilt");
-        txn.commit().map_err(StoreError::db("open"))
-    }
-
-    /// Every sandbox and container record of the file, decoded; `None`
-    /// (the cache off) if one does not decode.
-    fn load_records(&self) -> Option<Records> {
-        let load = || -> Result<Records, StoreError> {
-            let sandboxes = self.scan::<SandboxRecord>(SANDBOXES, |_| true)?;
-            let containers = self.scan::<ContainerRecord>(CONTAINERS, |_| true)?;
-            Ok(Records {
-                sandboxes: sandboxes
-                    .into_iter()
-                    .map(|s| (s.id.as_str().to_owned(), Arc::new(s)))
-                    .collect(),
-                containers: containers
-                    .into_iter()
-                    .map(|c| (c.id.clone(), Arc::new(c)))
-                    .collect(),
-            })
-        };
-        load()
-            .map_err(|e| {
-                warn!(error = %cubelet_engine::chain(&e), "record cache off; lists read the store file");
-            })
-            .ok()
+        let (rebuilt, records) = index::rebuild(&txn)?;
+        debug!(path = %path.display(), ?rebuilt, "indexes rebuilt");
+        txn.commit().map_err(StoreError::db("open"))?;
+        Ok(records)
     }
 
     /// Runs `write`, a write of record `key` of `table`, under the cache's
@@ -1660,6 +1639,12 @@ mod tests {
             txn.commit().unwrap();
         }
         let store = Store::open(&path).unwrap();
+        assert!(store.cache.sandboxes().is_none(), "the cache is off");
+        let err = store.list_sandboxes_shared().unwrap_err();
+        assert!(
+            matches!(err, StoreError::Decode { table: "sandboxes", ref key, .. } if key == "bad"),
+            "{err}"
+        );
         let err = store.list_sandboxes().unwrap_err();
         assert!(
             matches!(err, StoreError::Decode { table: "sandboxes", ref key, .. } if key == "bad"),
@@ -1731,6 +1716,7 @@ mod tests {
         let before = store.list_sandboxes().unwrap();
         drop(store);
         let store = Store::open(&path).unwrap();
+        assert!(store.cache.sandboxes().is_some(), "the cache is on");
         assert_eq!(store.list_sandboxes().unwrap(), before);
         assert_cache_is_the_file(&store);
         drop(dir);
