@@ -211,13 +211,15 @@ async fn up(
     Ok((pod, run, t.elapsed()))
 }
 
+/// The median of unsorted `times`.
+fn p50(times: &[Duration]) -> Duration {
+    let mut sorted = times.to_vec();
+    sorted.sort();
+    percentile(&sorted, 50.0)
+}
+
 /// Prints the p50 of the first and the last `window` of `times`.
 fn first_last(what: &str, times: &[Duration], window: usize) {
-    let p50 = |part: &[Duration]| {
-        let mut part = part.to_vec();
-        part.sort();
-        percentile(&part, 50.0)
-    };
     let (first, last) = (p50(&times[..window]), p50(&times[times.len() - window..]));
     println!(
         "{what} p50: first {window} {} ms, last {window} {} ms (ratio {:.2})",
@@ -403,14 +405,7 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
             &starts,
             window,
         );
-        let blocks: Vec<String> = runs
-            .chunks(window)
-            .map(|c| {
-                let mut c = c.to_vec();
-                c.sort();
-                ms(percentile(&c, 50.0))
-            })
-            .collect();
+        let blocks: Vec<String> = runs.chunks(window).map(|c| ms(p50(c))).collect();
         println!(
             "RunPodSandbox p50 per {window} pods (ms): {}",
             blocks.join(" ")
