@@ -292,6 +292,14 @@ async fn images(d: &Daemon) -> anyhow::Result<()> {
         first.used_bytes.as_ref().map(|u| u.value).unwrap_or(0) > 0,
         "image fs used {first:?}"
     );
+    // A measurement answers the next call (the same timestamp) until a call
+    // that changes the image filesystem; the removal below measures again.
+    let measured_at = |fs: &ImageFsInfoResponse| fs.image_filesystems.first().map(|f| f.timestamp);
+    let again = im.image_fs_info(ImageFsInfoRequest {}).await?.into_inner();
+    ensure!(
+        measured_at(&again) == measured_at(&fs),
+        "a second ImageFsInfo measured again: {fs:?} then {again:?}"
+    );
 
     for _ in 0..2 {
         im.remove_image(RemoveImageRequest {
@@ -303,6 +311,11 @@ async fn images(d: &Daemon) -> anyhow::Result<()> {
     ensure!(
         status(BUSYBOX_OCI).await?.is_none(),
         "busybox-oci still present after RemoveImage"
+    );
+    let after = im.image_fs_info(ImageFsInfoRequest {}).await?.into_inner();
+    ensure!(
+        measured_at(&after) > measured_at(&fs),
+        "ImageFsInfo after RemoveImage answered from before it: {fs:?} then {after:?}"
     );
     im.remove_image(RemoveImageRequest {
         image: Some(image_spec("127.0.0.1:5000/never:pulled")),

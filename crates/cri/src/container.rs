@@ -32,7 +32,9 @@ impl Cri {
     }
 
     pub(crate) async fn remove_container_impl(&self, id: &str) -> CriResult<()> {
-        if let Some(id) = self.pods().remove_container(id).await? {
+        let removed = self.pods().remove_container(id).await;
+        self.inner.fs_info.invalidate();
+        if let Some(id) = removed? {
             self.inner.stats.forget(&[id]);
         }
         Ok(())

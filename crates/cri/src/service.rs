@@ -83,6 +83,8 @@ pub(crate) struct Inner {
     pub(crate) deps: CriDeps,
     /// Cgroup layout and previous CPU samples for stats.
     pub(crate) stats: crate::stats::StatsState,
+    /// The last `ImageFsInfo` measurement.
+    pub(crate) fs_info: crate::image::FsInfoCache,
     /// Cancelled at shutdown: ends every `GetContainerEvents` stream.
     pub(crate) events_closed: tokio_util::sync::CancellationToken,
 }
@@ -106,6 +108,7 @@ impl Cri {
             inner: Arc::new(Inner {
                 deps,
                 stats: crate::stats::StatsState::default(),
+                fs_info: crate::image::FsInfoCache::default(),
                 events_closed: tokio_util::sync::CancellationToken::new(),
             }),
         }
@@ -200,7 +203,10 @@ impl RuntimeService for Cri {
     ) -> Result<Response<cri::RemovePodSandboxResponse>, Status> {
         let r = r.into_inner();
         self.call("RemovePodSandbox", async {
-            let containers = self.pods().remove_sandbox(&r.pod_sandbox_id).await?;
+            let removed = self.pods().remove_sandbox(&r.pod_sandbox_id).await;
+            // A failed removal may have removed some of the pod's containers.
+            self.inner.fs_info.invalidate();
+            let containers = removed?;
             self.inner.stats.forget(&containers);
             Ok(cri::RemovePodSandboxResponse {})
         })
