@@ -27,7 +27,7 @@ pub(crate) const FS_INFO_MAX_AGE: Duration = SNAPSHOT_USAGE_PERIOD;
 /// The last `ImageFsInfo` measurement. kubelet asks for it several times in
 /// ten seconds (eviction manager, summary API, image GC), and measuring walks
 /// the snapshotter root and the content store, whose trees grow with every
-/// container and image (about 40 ms at 250 pods). A measurement answers for
+/// container and image (about 30 ms at 250 pods). A measurement answers for
 /// [`FS_INFO_MAX_AGE`] unless a call that changes those trees (a pull, a
 /// removal of an image, a container or a pod) has come since: kubelet reads
 /// the usage again right after its image and container GC, to see what they
