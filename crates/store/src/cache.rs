@@ -141,10 +141,7 @@ impl RecordCache {
         self.read(|r| {
             r.sandboxes
                 .values()
-                .map(|s| SandboxCgroup {
-                    id: s.id.clone(),
-                    cgroup_parent: s.spec.cgroup_parent.clone(),
-                })
+                .map(|s| SandboxCgroup::from(&**s))
                 .collect()
         })
     }

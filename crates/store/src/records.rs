@@ -222,6 +222,15 @@ pub struct SandboxCgroup {
     pub cgroup_parent: Option<String>,
 }
 
+impl From<&SandboxRecord> for SandboxCgroup {
+    fn from(s: &SandboxRecord) -> Self {
+        SandboxCgroup {
+            id: s.id.clone(),
+            cgroup_parent: s.spec.cgroup_parent.clone(),
+        }
+    }
+}
+
 fn spec_cgroup_parent<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     #[derive(Deserialize)]
     struct Spec {

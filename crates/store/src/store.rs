@@ -197,19 +197,11 @@ impl Store {
             }
             Err(e) => {
                 let now = match table {
-                    Cached::Sandbox => self.get_json::<SandboxRecord>(SANDBOXES, key).map(|r| {
-                        r.map_or_else(
-                            || Change::NoSandbox(key.to_owned()),
-                            |r| Change::Sandbox(Arc::new(r)),
-                        )
-                    }),
+                    Cached::Sandbox => {
+                        self.reread(SANDBOXES, key, Change::Sandbox, Change::NoSandbox)
+                    }
                     Cached::Container => {
-                        self.get_json::<ContainerRecord>(CONTAINERS, key).map(|r| {
-                            r.map_or_else(
-                                || Change::NoContainer(key.to_owned()),
-                                |r| Change::Container(Arc::new(r)),
-                            )
-                        })
+                        self.reread(CONTAINERS, key, Change::Container, Change::NoContainer)
                     }
                 };
                 match now {
@@ -221,6 +213,20 @@ impl Store {
                 Err(e)
             }
         }
+    }
+
+    /// Record `key` of `table` as the file has it now, as a cache change.
+    fn reread<T: DeserializeOwned>(
+        &self,
+        table: JsonTable,
+        key: &str,
+        present: fn(Arc<T>) -> Change,
+        absent: fn(String) -> Change,
+    ) -> Result<Change, StoreError> {
+        Ok(match self.get_json::<T>(table, key)? {
+            Some(rec) => present(Arc::new(rec)),
+            None => absent(key.to_owned()),
+        })
     }
 
     pub(crate) fn write(&self, op: &'static str) -> Result<WriteTransaction, StoreError> {
