@@ -11,6 +11,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, error, info_span, warn, Instrument, Span};
 
 use crate::collect::blocking;
@@ -350,7 +351,7 @@ impl Inner {
     async fn run_admitted(
         self: &Arc<Self>,
         kind: FlowKind,
-        ctx: &FlowContext,
+        ctx: &Arc<FlowContext>,
     ) -> Result<(), EngineError> {
         self.deferred.settle(ctx.sandbox_id()).await;
         let started = Instant::now();
@@ -369,7 +370,7 @@ impl Inner {
     async fn run_journaled(
         self: &Arc<Self>,
         kind: FlowKind,
-        ctx: &FlowContext,
+        ctx: &Arc<FlowContext>,
     ) -> Result<(), EngineError> {
         let sandbox_id = ctx.sandbox_id();
         if !kind.is_teardown() && ctx.cancel_token().is_cancelled() {
@@ -451,7 +452,9 @@ impl Inner {
             _ => None,
         };
         let rollback = if let Some(undo) = undo {
-            let result = self.compensate(undo, Some(id), &ctx.for_rollback()).await;
+            let result = self
+                .compensate(undo, Some(id), &Arc::new(ctx.for_rollback()))
+                .await;
             let outcome = match &result {
                 Ok(()) => Outcome::Ok,
                 Err(_) => Outcome::Error,
@@ -615,10 +618,10 @@ impl Inner {
     /// a rollback slot (never rejected), ignores the caller's cancellation,
     /// and gives up after the rollback timeout.
     pub(crate) async fn compensate(
-        &self,
+        self: &Arc<Self>,
         teardown: FlowKind,
         compensates: Option<FlowId>,
-        ctx: &FlowContext,
+        ctx: &Arc<FlowContext>,
     ) -> Result<(), RollbackError> {
         // The semaphore is never closed, so acquire cannot fail; if it ever
         // did, running without a slot is safer than skipping compensation.
@@ -686,11 +689,11 @@ impl Inner {
     /// `Finished` events, just before it runs. The `Finished` events of the
     /// stage run last are left in `finished` for the settling write.
     async fn run_stages(
-        &self,
+        self: &Arc<Self>,
         kind: FlowKind,
         id: FlowId,
         stages: &[Vec<Step>],
-        ctx: &FlowContext,
+        ctx: &Arc<FlowContext>,
         cancel: &CancellationToken,
         finished: &mut Vec<Finished>,
     ) -> Result<(), StagesError> {
@@ -729,9 +732,22 @@ impl Inner {
                 } else {
                     cancel.child_token()
                 };
+                // Each step on a task of its own, so that one doing
+                // synchronous work (a mount, a durable write) does not hold
+                // up its siblings: in one task they would only take turns.
                 let mut running: FuturesUnordered<_> = stage
                     .iter()
-                    .map(|step| self.run_step(kind, index, step, ctx, &stage_cancel))
+                    .map(|step| {
+                        let (inner, step, ctx) = (Arc::clone(self), step.clone(), Arc::clone(ctx));
+                        let cancel = stage_cancel.clone();
+                        let name = Arc::clone(&step.name);
+                        let task = tokio::spawn(
+                            async move { inner.run_step(kind, index, &step, &ctx, &cancel).await }
+                                .instrument(Span::current()),
+                        );
+                        AbortOnDropHandle::new(task)
+                            .map(move |joined| joined.unwrap_or_else(|e| lost_step(&name, &e)))
+                    })
                     .collect();
                 while let Some((result, record)) = running.next().await {
                     finished.push(record);
@@ -879,6 +895,22 @@ async fn run_deferred(deferred: Vec<Task>) -> Vec<StepFailure> {
             })
         })
         .collect()
+}
+
+/// The result of a step whose task ended without one: it was cancelled
+/// (the runtime shutting down); a panic is caught inside the task.
+fn lost_step(name: &Arc<str>, e: &tokio::task::JoinError) -> (Result<(), StepFailure>, Finished) {
+    let error = StepError::internal(Message(format!("step task ended: {e}")));
+    let record = Finished {
+        step: Arc::clone(name),
+        duration: Duration::ZERO,
+        error: Some(chain(&error)),
+    };
+    let failure = StepFailure {
+        step: name.to_string(),
+        error,
+    };
+    (Err(failure), record)
 }
 
 /// A step's `Finished` event, held until its flow's next journal write.

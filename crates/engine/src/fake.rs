@@ -3,11 +3,11 @@
 //! A [`FakeFlow`] "holds a resource" per sandbox from the moment its `create`
 //! acts until `destroy` or `cleanup` releases it, so tests can assert that
 //! nothing is left after any failure. Each flow kind can be told to fail,
-//! panic, sleep, wait on a barrier or hang.
+//! panic, sleep, wait on a barrier (with its thread free or blocked) or hang.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio::sync::Barrier;
@@ -36,10 +36,56 @@ pub enum Behavior {
     Delay(Duration),
     /// Wait on the barrier, then succeed.
     Barrier(Arc<Barrier>),
+    /// Wait on the rendezvous with the thread blocked (as a step's
+    /// synchronous work blocks it), then succeed; fail if the other
+    /// parties do not come within its patience.
+    Rendezvous(Arc<Rendezvous>),
     /// Acquire, then never return (until dropped by cancellation).
     Hang,
     /// Fail the first `n` calls, then succeed.
     FailTimes(Arc<Mutex<u32>>),
+}
+
+/// A barrier whose parties block their threads while they wait, and give
+/// up after a while instead of waiting for ever.
+#[derive(Debug)]
+pub struct Rendezvous {
+    parties: usize,
+    arrived: Mutex<usize>,
+    all_here: Condvar,
+    patience: Duration,
+}
+
+impl Rendezvous {
+    /// A rendezvous of `parties`, each waiting at most `patience`.
+    pub fn new(parties: usize, patience: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            parties,
+            arrived: Mutex::new(0),
+            all_here: Condvar::new(),
+            patience,
+        })
+    }
+
+    /// Blocks until every party has arrived (true) or the patience ran out
+    /// (false).
+    pub fn wait(&self) -> bool {
+        let deadline = Instant::now() + self.patience;
+        let mut arrived = lock(&self.arrived);
+        *arrived += 1;
+        self.all_here.notify_all();
+        while *arrived < self.parties {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            arrived = self
+                .all_here
+                .wait_timeout(arrived, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
 }
 
 /// A provider that counts what it holds.
@@ -130,6 +176,12 @@ impl FakeFlow {
             Behavior::Delay(d) => tokio::time::sleep(d).await,
             Behavior::Barrier(b) => {
                 b.wait().await;
+            }
+            Behavior::Rendezvous(r) => {
+                if !crate::collect::blocking(|| r.wait()) {
+                    self.note(kind, "alone");
+                    return Err(fail());
+                }
             }
             Behavior::Hang => {
                 if forward {

@@ -63,7 +63,7 @@ impl Engine {
                 let ctx = FlowContext::new(id.clone(), Arc::new(spec));
                 let span = info_span!("recover", sandbox_id = %id, flow = %teardown);
                 let result = inner
-                    .compensate(teardown, recs.last().map(|r| r.id), &ctx)
+                    .compensate(teardown, recs.last().map(|r| r.id), &Arc::new(ctx))
                     .instrument(span)
                     .await;
                 (id, teardown, recs, result)

@@ -264,6 +264,25 @@ async fn steps_of_a_stage_run_in_parallel() {
     assert_eq!(r.held(), 3);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_blocking_its_thread_does_not_hold_up_its_siblings() {
+    let r = rig(DEFAULT, 16);
+    // Each step blocks its thread until the other has come too: steps that
+    // only took turns on one task would find themselves alone.
+    let meet = crate::fake::Rendezvous::new(2, Duration::from_secs(5));
+    for step in ["storage", "network"] {
+        r.fake(step)
+            .set(FlowKind::Create, Behavior::Rendezvous(meet.clone()));
+    }
+    r.engine.run(FlowKind::Create, ctx("a")).await.unwrap();
+    assert_eq!(r.held(), 3);
+    assert!(
+        !r.log().iter().any(|l| l.ends_with(":alone")),
+        "{:?}",
+        r.log()
+    );
+}
+
 #[tokio::test]
 async fn each_stage_boundary_is_one_journal_write() {
     let r = rig(DEFAULT, 16);
