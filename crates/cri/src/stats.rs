@@ -7,11 +7,11 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::io;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use cubelet_engine::SandboxId;
-use cubelet_pod::{ContainerRecord, ContainerSummary, SandboxRecord, SandboxState};
+use cubelet_pod::{ContainerRecord, SandboxRecord, SandboxState};
 use cubelet_runtime::spec::cgroup_path;
 use cubelet_runtime::stats::{
     cpu_nano_cores, parse_net_dev, read_net_dev, CgroupLayout, CgroupStats, CpuSample,
@@ -43,13 +43,22 @@ pub trait NetnsCounters: Send + Sync + fmt::Debug + 'static {
 pub(crate) struct StatsState {
     cpu: Mutex<HashMap<String, CpuSample>>,
     /// The containers' cgroup files, kept open between List*Stats calls.
-    files: std::sync::Arc<OpenFiles>,
+    files: Arc<OpenFiles>,
+    /// The image filesystem's mount point as the writable-layer usage of
+    /// every container names it.
+    mountpoint: std::sync::OnceLock<String>,
 }
 
 impl StatsState {
     /// The node's cgroup layout (detected once, for the whole process).
     pub(crate) fn layout(&self) -> &'static CgroupLayout {
         CgroupLayout::node()
+    }
+
+    /// `path` as a [`cri::FilesystemIdentifier`] names it (the image
+    /// filesystem: the same for the life of the process).
+    fn mountpoint(&self, path: &std::path::Path) -> &str {
+        self.mountpoint.get_or_init(|| path.display().to_string())
     }
 
     /// CPU usage of `key` at `now`, with the rate since its previous sample.
@@ -91,9 +100,9 @@ impl StatsState {
 
     /// Forgets the samples of containers and pods that no longer exist,
     /// and closes their cgroup files.
-    fn retain(&self, live: &HashSet<String>) {
+    fn retain(&self, live: &HashSet<&str>) {
         let mut samples = self.cpu.lock().unwrap_or_else(|p| p.into_inner());
-        samples.retain(|k, _| live.contains(k));
+        samples.retain(|k, _| live.contains(k.as_str()));
         drop(samples);
         self.files.retain(|id| live.contains(id));
     }
@@ -117,6 +126,13 @@ const STATS_CONCURRENCY: usize = 16;
 /// Cgroups a List*Stats call reads on one thread; from this many on they
 /// are shared out among the cores.
 const PARALLEL_READS_FROM: usize = 32;
+
+/// The cores the List*Stats calls share their cgroup reads among, asked
+/// once (`available_parallelism` reads the process's cgroup files).
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get))
+}
 
 /// `read` of every item, in order, the items shared out among `cores`:
 /// the last share is read on this thread, the others on blocking threads.
@@ -232,9 +248,8 @@ impl Cri {
         processes: bool,
     ) -> CriResult<Vec<CgroupStats>> {
         let layout = self.inner.stats.layout();
-        let files = std::sync::Arc::clone(&self.inner.stats.files);
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-        in_shares(paths, cores, move |p: &String| {
+        let files = Arc::clone(&self.inner.stats.files);
+        in_shares(paths, cores(), move |p: &String| {
             layout.read_with(p, processes, &files)
         })
         .await
@@ -297,7 +312,7 @@ impl Cri {
     /// A container's stats from its cgroup reading `cg`.
     async fn container_stats_of(
         &self,
-        c: &ContainerSummary,
+        c: &ContainerRecord,
         cg: CgroupStats,
     ) -> cri::ContainerStats {
         let now = nanos(SystemTime::now());
@@ -305,7 +320,11 @@ impl Cri {
             Ok((u, at)) => Some(cri::FilesystemUsage {
                 timestamp: nanos(at),
                 fs_id: Some(cri::FilesystemIdentifier {
-                    mountpoint: self.deps().image_fs.0.display().to_string(),
+                    mountpoint: self
+                        .inner
+                        .stats
+                        .mountpoint(&self.deps().image_fs.0)
+                        .to_owned(),
                 }),
                 used_bytes: Some(u64v(u.bytes)),
                 inodes_used: Some(u64v(u.inodes)),
@@ -336,7 +355,7 @@ impl Cri {
     async fn pod_stats_of(
         &self,
         sb: &SandboxRecord,
-        containers: &[(&ContainerSummary, CgroupStats)],
+        containers: &[(&ContainerRecord, CgroupStats)],
     ) -> cri::PodSandboxStats {
         let mut stats = Vec::with_capacity(containers.len());
         for (c, cg) in containers {
@@ -375,13 +394,13 @@ impl Cri {
     /// lists a List*Stats call read (the containers, the sandboxes' ids).
     fn prune_samples<'a>(
         &self,
-        containers: &[ContainerSummary],
+        containers: &'a [Arc<ContainerRecord>],
         sandboxes: impl Iterator<Item = &'a SandboxId>,
     ) {
-        let live: HashSet<String> = containers
+        let live: HashSet<&str> = containers
             .iter()
-            .map(|c| c.id.clone())
-            .chain(sandboxes.map(SandboxId::to_string))
+            .map(|c| c.id.as_str())
+            .chain(sandboxes.map(SandboxId::as_str))
             .collect();
         self.inner.stats.retain(&live);
     }
@@ -400,9 +419,7 @@ impl Cri {
             .stats
             .layout()
             .read_usage(&cgroup_path(parent_of(sb.as_ref()), &c.id));
-        let stats = self
-            .container_stats_of(&ContainerSummary::from(&c), cg)
-            .await;
+        let stats = self.container_stats_of(&c, cg).await;
         Ok(cri::ContainerStatsResponse { stats: Some(stats) })
     }
 
@@ -411,13 +428,13 @@ impl Cri {
         r: cri::ListContainerStatsRequest,
     ) -> CriResult<cri::ListContainerStatsResponse> {
         let f = r.filter.unwrap_or_default();
-        // Of the sandboxes only their cgroup parents, of the containers not
-        // their configs: whole records built every config as a JSON tree.
-        let all_sandboxes = self.pods().list_sandbox_cgroups()?;
-        let all_containers = self.pods().list_container_summaries()?;
+        // The records as the store's in-memory copy shares them: nothing
+        // of a record is copied but what the response carries.
+        let all_sandboxes = self.pods().list_sandboxes()?;
+        let all_containers = self.pods().list_containers()?;
         let parents: HashMap<&str, Option<&str>> = all_sandboxes
             .iter()
-            .map(|s| (s.id.as_str(), s.cgroup_parent.as_deref()))
+            .map(|s| (s.id.as_str(), parent_of(Some(s))))
             .collect();
         let containers = all_containers
             .iter()
@@ -461,7 +478,7 @@ impl Cri {
             .pods()
             .find_sandbox("pod_sandbox_id", &r.pod_sandbox_id)?
             .ok_or_else(|| CriError::not_found("pod sandbox", r.pod_sandbox_id.clone()))?;
-        let containers = self.pods().container_summaries_of(&sb.id)?;
+        let containers = self.pods().containers_of(&sb.id)?;
         let layout = self.inner.stats.layout();
         let containers: Vec<_> = containers
             .iter()
@@ -482,7 +499,7 @@ impl Cri {
         let f = r.filter.unwrap_or_default();
         // Two reads of the store for the whole node, not one per pod.
         let all_sandboxes = self.pods().list_sandboxes()?;
-        let all_containers = self.pods().list_container_summaries()?;
+        let all_containers = self.pods().list_containers()?;
         let pods: Vec<&SandboxRecord> = all_sandboxes
             .iter()
             .map(|s| &**s)
@@ -492,16 +509,16 @@ impl Cri {
             .collect();
         let wanted: HashMap<&str, &SandboxRecord> =
             pods.iter().map(|s| (s.id.as_str(), *s)).collect();
-        let containers: Vec<(&ContainerSummary, &SandboxRecord)> = all_containers
+        let containers: Vec<(&ContainerRecord, &SandboxRecord)> = all_containers
             .iter()
-            .filter_map(|c| Some((c, *wanted.get(c.sandbox_id.as_str())?)))
+            .filter_map(|c| Some((&**c, *wanted.get(c.sandbox_id.as_str())?)))
             .collect();
         let paths = containers
             .iter()
             .map(|(c, sb)| cgroup_path(parent_of(Some(sb)), &c.id))
             .collect();
         let cgroups = self.read_cgroups(paths, true).await?;
-        let mut by_pod: HashMap<&str, Vec<(&ContainerSummary, CgroupStats)>> = HashMap::new();
+        let mut by_pod: HashMap<&str, Vec<(&ContainerRecord, CgroupStats)>> = HashMap::new();
         for ((c, _), cg) in containers.into_iter().zip(cgroups) {
             by_pod
                 .entry(c.sandbox_id.as_str())
@@ -526,8 +543,6 @@ impl Cri {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
 
     #[test]
@@ -555,7 +570,7 @@ mod tests {
         );
         // No cgroup: no CPU entry.
         assert!(s.cpu("e", None, 1).is_none());
-        s.retain(&["d".to_owned()].into_iter().collect());
+        s.retain(&["d"].into_iter().collect());
         assert_eq!(
             s.cpu("c", Some(3_000_000_000), 13_000_000_000)
                 .unwrap()

@@ -37,7 +37,4 @@ pub use runtime::{Containerd, Runtime};
 pub use service::{PodDeps, PodEvent, PodEventKind, PodService, EVENT_BUFFER};
 
 /// The records the service keeps, as callers read them.
-pub use cubelet_store::{
-    ContainerRecord, ContainerState, ContainerSummary, SandboxCgroup, SandboxRecord, SandboxState,
-    StoreError,
-};
+pub use cubelet_store::{ContainerRecord, ContainerState, SandboxRecord, SandboxState, StoreError};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use cubelet_engine::{Engine, KeyedGuard, KeyedLocks, SandboxId};
-use cubelet_store::{ContainerRecord, ContainerSummary, SandboxCgroup, SandboxRecord, Store};
+use cubelet_store::{ContainerRecord, SandboxRecord, Store};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn, Instrument};
@@ -306,24 +306,6 @@ impl PodService {
     /// Every container record.
     pub fn list_containers(&self) -> PodResult<Vec<Arc<ContainerRecord>>> {
         Ok(self.store().list_containers_shared()?)
-    }
-
-    /// Every container, without its config (see [`ContainerSummary`]).
-    pub fn list_container_summaries(&self) -> PodResult<Vec<ContainerSummary>> {
-        Ok(self.store().list_container_summaries()?)
-    }
-
-    /// The containers of one sandbox, without their configs.
-    pub fn container_summaries_of(
-        &self,
-        sandbox_id: &SandboxId,
-    ) -> PodResult<Vec<ContainerSummary>> {
-        Ok(self.store().list_container_summaries_of(sandbox_id)?)
-    }
-
-    /// The cgroup parent of every sandbox.
-    pub fn list_sandbox_cgroups(&self) -> PodResult<Vec<SandboxCgroup>> {
-        Ok(self.store().list_sandbox_cgroups()?)
     }
 
     /// The containers of one sandbox.

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use tracing::warn;
 
-use crate::records::{ContainerRecord, ContainerSummary, SandboxCgroup, SandboxRecord};
+use crate::records::{ContainerRecord, SandboxRecord};
 
 /// Reports the cache off for `why`.
 fn off(why: &str) {
@@ -124,25 +124,5 @@ impl RecordCache {
     /// Every container record, ordered by id.
     pub(crate) fn containers(&self) -> Option<Vec<Arc<ContainerRecord>>> {
         self.read(|r| r.containers.values().cloned().collect())
-    }
-
-    /// Every container's summary, ordered by id (no config is copied).
-    pub(crate) fn container_summaries(&self) -> Option<Vec<ContainerSummary>> {
-        self.read(|r| {
-            r.containers
-                .values()
-                .map(|c| ContainerSummary::from(&**c))
-                .collect()
-        })
-    }
-
-    /// Every sandbox's cgroup parent, ordered by id.
-    pub(crate) fn sandbox_cgroups(&self) -> Option<Vec<SandboxCgroup>> {
-        self.read(|r| {
-            r.sandboxes
-                .values()
-                .map(|s| SandboxCgroup::from(&**s))
-                .collect()
-        })
     }
 }

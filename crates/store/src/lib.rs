@@ -19,7 +19,6 @@ mod store;
 
 pub use error::StoreError;
 pub use records::{
-    ContainerRecord, ContainerState, ContainerSummary, IpLease, SandboxCgroup, SandboxRecord,
-    SandboxState, ShellRecord,
+    ContainerRecord, ContainerState, IpLease, SandboxRecord, SandboxState, ShellRecord,
 };
 pub use store::{Store, VerifyReport, SCHEMA_VERSION};

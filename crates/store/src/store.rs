@@ -15,9 +15,7 @@ use tracing::{debug, info};
 use crate::cache::{Change, RecordCache, Records};
 use crate::error::StoreError;
 use crate::index::{self, Indexed};
-use crate::records::{
-    ContainerRecord, ContainerSummary, IpLease, SandboxCgroup, SandboxRecord, ShellRecord,
-};
+use crate::records::{ContainerRecord, IpLease, SandboxRecord, ShellRecord};
 
 /// Schema version this build reads and writes. Bump it only for changes that
 /// old builds cannot read; adding a field with `#[serde(default)]` is not one.
@@ -558,22 +556,6 @@ impl Store {
         }
     }
 
-    /// Every container, ordered by id, as [`ContainerSummary`]s.
-    pub fn list_container_summaries(&self) -> Result<Vec<ContainerSummary>, StoreError> {
-        match self.cache.container_summaries() {
-            Some(all) => Ok(all),
-            None => self.scan(CONTAINERS, |_| true),
-        }
-    }
-
-    /// The cgroup parent of every sandbox, ordered by id.
-    pub fn list_sandbox_cgroups(&self) -> Result<Vec<SandboxCgroup>, StoreError> {
-        match self.cache.sandbox_cgroups() {
-            Some(all) => Ok(all),
-            None => self.scan(SANDBOXES, |_| true),
-        }
-    }
-
     /// The containers of one sandbox, ordered by id.
     pub fn list_containers_of(
         &self,
@@ -584,19 +566,6 @@ impl Store {
             index::CONTAINERS_BY_SANDBOX,
             sandbox_id.as_str(),
             |r: &ContainerRecord| &r.sandbox_id == sandbox_id,
-        )
-    }
-
-    /// The containers of one sandbox, ordered by id, as [`ContainerSummary`]s.
-    pub fn list_container_summaries_of(
-        &self,
-        sandbox_id: &SandboxId,
-    ) -> Result<Vec<ContainerSummary>, StoreError> {
-        self.find(
-            CONTAINERS,
-            index::CONTAINERS_BY_SANDBOX,
-            sandbox_id.as_str(),
-            |r: &ContainerSummary| &r.sandbox_id == sandbox_id,
         )
     }
 
@@ -999,46 +968,6 @@ mod tests {
         assert!(store.delete_shell(&sid("s2")).unwrap());
         assert!(!store.delete_shell(&sid("s2")).unwrap());
         assert!(store.list_shells().unwrap().is_empty());
-    }
-
-    #[test]
-    fn summaries_read_what_the_whole_records_hold() {
-        let (_dir, store) = open_tmp();
-        let mut a = SandboxRecord::new(sid("sb1"), spec("default", "web", "u1", 0));
-        a.spec.cgroup_parent = Some("/kubepods/pod-u1".into());
-        let b = SandboxRecord::new(sid("sb2"), spec("default", "db", "u2", 0));
-        store.put_sandbox(&a).unwrap();
-        store.put_sandbox(&b).unwrap();
-        let mut c = ContainerRecord::new("c1", sid("sb1"), "app", 2, "busybox");
-        c.labels.insert("k".into(), "v".into());
-        c.annotations.insert("a".into(), "b".into());
-        c.config = serde_json::json!({"command": ["sleep", "1"], "nested": {"x": [1, 2]}});
-        store.put_container(&c).unwrap();
-        assert_eq!(
-            store.list_sandbox_cgroups().unwrap(),
-            [
-                SandboxCgroup {
-                    id: sid("sb1"),
-                    cgroup_parent: Some("/kubepods/pod-u1".into())
-                },
-                SandboxCgroup {
-                    id: sid("sb2"),
-                    cgroup_parent: None
-                },
-            ]
-        );
-        assert_eq!(
-            store.list_container_summaries().unwrap(),
-            [ContainerSummary::from(&c)]
-        );
-        assert_eq!(
-            store.list_container_summaries_of(&sid("sb1")).unwrap(),
-            [ContainerSummary::from(&c)]
-        );
-        assert!(store
-            .list_container_summaries_of(&sid("sb2"))
-            .unwrap()
-            .is_empty());
     }
 
     #[test]
@@ -1668,10 +1597,6 @@ mod tests {
         let shared =
             |v: Vec<Arc<ContainerRecord>>| v.into_iter().map(|r| (*r).clone()).collect::<Vec<_>>();
         assert_eq!(shared(store.list_containers_shared().unwrap()), containers);
-        let summaries: Vec<ContainerSummary> = store.scan(CONTAINERS, |_| true).unwrap();
-        assert_eq!(store.list_container_summaries().unwrap(), summaries);
-        let cgroups: Vec<SandboxCgroup> = store.scan(SANDBOXES, |_| true).unwrap();
-        assert_eq!(store.list_sandbox_cgroups().unwrap(), cgroups);
     }
 
     #[test]
