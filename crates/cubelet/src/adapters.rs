@@ -38,7 +38,8 @@ impl LeaseStore for StoreLeases {
             pool: pool.to_owned(),
             allocated_at: SystemTime::now(),
         };
-        match self.0.add_lease(&lease) {
+        // Buffered: the flow that takes it is journaled (see the method).
+        match self.0.add_lease_buffered(&lease) {
             Ok(()) => Ok(true),
             Err(StoreError::AlreadyLeased { .. }) => Ok(false),
             Err(e) => Err(Box::new(e)),

@@ -10,7 +10,12 @@ use cubelet_engine::{BoxError, SandboxId};
 /// Durable record of which sandbox holds which address of a pool.
 ///
 /// Calls are synchronous and short; the provider calls them while holding its
-/// allocation lock, never across an `.await`.
+/// allocation lock, never across an `.await`. The provider adds leases only
+/// inside the journaled `create` and `prewarm` flows, so [`LeaseStore::add`]
+/// may return before the lease is on disk, as long as it is there by the
+/// store's next durable write: the flow's last journal write is one, and a
+/// crash before it leaves the flow open for recovery, which tears the
+/// sandbox's network down and would free the address anyway.
 pub trait LeaseStore: Send + Sync + 'static {
     /// Records `ip` in `pool` for `sandbox`. Returns `false` if another sandbox
     /// already holds it; re-adding a lease the same sandbox holds returns `true`.

@@ -684,10 +684,27 @@ impl Store {
     /// lease already held by the same sandbox is kept as it is (a retried
     /// allocation succeeds).
     pub fn add_lease(&self, lease: &IpLease) -> Result<(), StoreError> {
+        self.add_lease_with(lease, Durability::Immediate)
+    }
+
+    /// [`Store::add_lease`] without waiting for the disk: the lease is
+    /// seen at once and reaches the disk with the next durable commit of
+    /// any kind. For the bridge provider, which takes a lease only inside a
+    /// `create` or `prewarm` flow: the flow's first journal write is
+    /// durable before the lease is taken, and its last one is durable
+    /// before the caller hears of the sandbox. A crash in between loses
+    /// the lease with nothing depending on it, and leaves the flow open,
+    /// so recovery tears the sandbox's network down (its address with it).
+    pub fn add_lease_buffered(&self, lease: &IpLease) -> Result<(), StoreError> {
+        self.add_lease_with(lease, Durability::None)
+    }
+
+    fn add_lease_with(&self, lease: &IpLease, durability: Durability) -> Result<(), StoreError> {
         let op = "add lease";
         let key = IpLease::key(&lease.pool, lease.ip);
         let bytes = encode(LEASES.name, &key, lease)?;
-        let txn = self.write(op)?;
+        let mut txn = self.write(op)?;
+        txn.set_durability(durability).map_err(StoreError::db(op))?;
         {
             let mut t = txn.open_table(LEASES.def()).map_err(StoreError::db(op))?;
             let existing: Option<IpLease> = t
@@ -1043,6 +1060,26 @@ mod tests {
         let store = Store::open(&path).unwrap();
         assert_eq!(store.get_container("c1").unwrap(), None);
         assert!(store.list_containers_of(&sid("sb1")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_buffered_lease_is_seen_at_once_and_kept_by_the_next_durable_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cubelet.redb");
+        let l = lease("10.88.0.2", "sb1", "p");
+        {
+            let store = Store::open(&path).unwrap();
+            store.add_lease_buffered(&l).unwrap();
+            assert_eq!(store.list_leases("p").unwrap(), vec![l.clone()]);
+            // Taken is taken, buffered or not.
+            assert!(matches!(
+                store.add_lease_buffered(&lease("10.88.0.2", "sb2", "p")),
+                Err(StoreError::AlreadyLeased { .. })
+            ));
+            store.set_meta("k", "v").unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.list_leases("p").unwrap(), vec![l]);
     }
 
     #[test]
