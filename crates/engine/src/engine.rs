@@ -422,8 +422,15 @@ impl Inner {
             outcome => with_deferred(outcome, deferred).await,
         };
         let finish_error = match &outcome {
+            // Buffered when the caller's own durable write follows.
             Ok(()) => self
-                .settle(id, &mut finished, FlowState::Succeeded, None)
+                .settle(
+                    id,
+                    &mut finished,
+                    FlowState::Succeeded,
+                    None,
+                    !ctx.caller_commits(),
+                )
                 .err(),
             Err(_) => None,
         };
@@ -483,7 +490,7 @@ impl Inner {
             }
         };
         let summary = chain(&err);
-        if let Err(e) = self.settle(id, &mut finished, state, Some(&summary)) {
+        if let Err(e) = self.settle(id, &mut finished, state, Some(&summary), true) {
             error!(error = %chain(&e), "journal finish failed");
         }
         Err(err)
@@ -517,7 +524,7 @@ impl Inner {
                 warn!(error = %chain(&err), "deferred work failed; the flow is left for recovery");
                 (FlowState::Failed, Some(chain(&err)))
             };
-            if let Err(e) = inner.settle(id, &mut finished, state, summary.as_deref()) {
+            if let Err(e) = inner.settle(id, &mut finished, state, summary.as_deref(), true) {
                 error!(error = %chain(&e), "journal finish failed after deferred work");
             }
         };
@@ -581,12 +588,15 @@ impl Inner {
         finished: &mut Vec<Finished>,
         state: FlowState,
         error: Option<&str>,
+        durable: bool,
     ) -> Result<(), JournalError> {
         let events: Vec<StepEntry<'_>> = finished.iter().map(Finished::entry).collect();
-        let result = blocking(|| {
-            self.journal
-                .record(id, &events, Some(Settle { state, error }))
-        });
+        let settle = Settle {
+            state,
+            error,
+            durable,
+        };
+        let result = blocking(|| self.journal.record(id, &events, Some(settle)));
         drop(events);
         finished.clear();
         result
@@ -674,7 +684,7 @@ impl Inner {
         self.observer
             .flow_finished(teardown, outcome, started.elapsed());
         let msg = result.as_ref().err().map(ToString::to_string);
-        if let Err(e) = self.settle(id, &mut finished, state, msg.as_deref()) {
+        if let Err(e) = self.settle(id, &mut finished, state, msg.as_deref(), true) {
             warn!(error = %chain(&e), "journal finish failed for rollback");
         }
         result

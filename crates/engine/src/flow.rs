@@ -158,6 +158,7 @@ pub struct FlowContext {
     cancel: CancellationToken,
     failover: bool,
     claimed: bool,
+    caller_commits: bool,
     outputs: Arc<Mutex<SandboxOutputs>>,
     /// Set by the engine for the teardown flows it runs for a caller.
     deferrable: AtomicBool,
@@ -183,6 +184,7 @@ impl FlowContext {
             cancel: CancellationToken::new(),
             failover: false,
             claimed: false,
+            caller_commits: false,
             outputs: Arc::default(),
             deferrable: AtomicBool::new(false),
             deferred: Mutex::default(),
@@ -193,6 +195,24 @@ impl FlowContext {
     pub fn with_failover(mut self, failover: bool) -> Self {
         self.failover = failover;
         self
+    }
+
+    /// Tells the engine that the caller makes a durable store write of its
+    /// own as soon as this flow succeeds (the pod service's `Ready` record
+    /// of a new sandbox), so the journal write that settles a success is
+    /// buffered and that write makes it durable: one disk flush less on
+    /// the caller's path. A crash between the two leaves the flow open,
+    /// and recovery undoes what nobody was told exists. A flow that fails
+    /// is settled durably all the same.
+    pub fn with_caller_commit(mut self, caller_commits: bool) -> Self {
+        self.caller_commits = caller_commits;
+        self
+    }
+
+    /// Whether the caller makes a durable write after a success
+    /// ([`FlowContext::with_caller_commit`]).
+    pub fn caller_commits(&self) -> bool {
+        self.caller_commits
     }
 
     /// Marks a `create` that finishes a warm-pool shell made under this id
@@ -273,6 +293,7 @@ impl FlowContext {
             cancel: CancellationToken::new(),
             failover: false,
             claimed: self.claimed,
+            caller_commits: false,
             outputs: Arc::clone(&self.outputs),
             deferrable: AtomicBool::new(false),
             deferred: Mutex::default(),

@@ -139,6 +139,12 @@ pub struct Settle<'a> {
     pub state: FlowState,
     /// Error summary, if the flow failed.
     pub error: Option<&'a str>,
+    /// Whether the write is durable on return. `false` lets it be
+    /// buffered until the next durable write of any kind, which whoever
+    /// settles so must make (see [`FlowContext::with_caller_commit`]).
+    ///
+    /// [`FlowContext::with_caller_commit`]: crate::FlowContext::with_caller_commit
+    pub durable: bool,
 }
 
 /// Durable flow records. Implemented by `cubelet-store` on redb; the engine
@@ -170,7 +176,8 @@ pub trait Journal: Send + Sync + 'static {
 
     /// Records `events` in order and then, with `settle`, settles the flow,
     /// as one write. A write that settles is durable on return (as
-    /// [`Journal::finish`]); one that does not may be buffered (as
+    /// [`Journal::finish`]) unless [`Settle::durable`] is false; one that
+    /// does not settle, or settles so, may be buffered (as
     /// [`Journal::step`]). The default calls [`Journal::step`] for each
     /// event, then [`Journal::finish`].
     fn record(

@@ -65,12 +65,14 @@ impl FlowObserver for CountingObserver {
 }
 
 /// One journal write the engine made: its flow, whether it was the flow's
-/// first (`begin_stage`) and whether it settled the flow.
+/// first (`begin_stage`), whether it settled the flow and whether it had to
+/// be durable on return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Write {
     flow: FlowId,
     first: bool,
     settles: bool,
+    durable: bool,
 }
 
 /// A [`MemJournal`] that also lists the batched writes made to it.
@@ -110,6 +112,7 @@ impl Journal for CountingJournal {
             flow: id,
             first: true,
             settles: false,
+            durable: true,
         });
         Ok(id)
     }
@@ -123,6 +126,7 @@ impl Journal for CountingJournal {
             flow: id,
             first: false,
             settles: settle.is_some(),
+            durable: settle.is_some_and(|s| s.durable),
         });
         self.inner.record(id, events, settle)
     }
@@ -284,6 +288,55 @@ async fn a_step_blocking_its_thread_does_not_hold_up_its_siblings() {
 }
 
 #[tokio::test]
+async fn a_success_the_caller_commits_is_settled_buffered_a_failure_durably() {
+    let r = rig(DEFAULT, 16);
+    let committed = |id: &str| {
+        Arc::new(
+            FlowContext::new(SandboxId::new_unchecked(id), Arc::default())
+                .with_failover(true)
+                .with_caller_commit(true),
+        )
+    };
+    let settling = |sandbox: &str| -> Vec<Write> {
+        let rec = r
+            .journal
+            .records()
+            .into_iter()
+            .find(|rec| rec.sandbox_id.as_str() == sandbox && rec.kind == FlowKind::Create)
+            .unwrap();
+        r.journal
+            .writes_of(rec.id)
+            .into_iter()
+            .filter(|w| w.settles)
+            .collect()
+    };
+    r.engine
+        .run(FlowKind::Create, committed("a"))
+        .await
+        .unwrap();
+    let a = settling("a");
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert!(!a[0].durable, "the caller's write makes it durable: {a:?}");
+
+    r.engine.run(FlowKind::Create, ctx("b")).await.unwrap();
+    let b = settling("b");
+    assert!(b.len() == 1 && b[0].durable, "{b:?}");
+
+    r.fake("sandbox").set(
+        FlowKind::Create,
+        Behavior::Fail {
+            after_acquire: true,
+        },
+    );
+    r.engine
+        .run(FlowKind::Create, committed("c"))
+        .await
+        .unwrap_err();
+    let c = settling("c");
+    assert!(c.len() == 1 && c[0].durable, "a failure is durable: {c:?}");
+}
+
+#[tokio::test]
 async fn each_stage_boundary_is_one_journal_write() {
     let r = rig(DEFAULT, 16);
     r.engine.run(FlowKind::Create, ctx("a")).await.unwrap();
@@ -299,6 +352,7 @@ async fn each_stage_boundary_is_one_journal_write() {
         flow: 0,
         first,
         settles,
+        durable: first || settles,
     };
     for (rec, stages) in recs.iter().zip([2, 2, 1]) {
         assert_one_write_per_stage(&r.journal, rec, stages);

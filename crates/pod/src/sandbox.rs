@@ -96,8 +96,11 @@ impl PodService {
             }
             return Err(e.into());
         }
+        // The `Ready` write below is durable and makes the flow's settling
+        // write durable with it.
         let mut ctx = FlowContext::new(id.clone(), Arc::clone(&spec))
             .with_failover(true)
+            .with_caller_commit(true)
             .with_cancel(self.deps().shutdown.child_token());
         if let Some(shell) = shell {
             ctx = ctx.with_shell(shell.outputs);

@@ -282,7 +282,8 @@ impl Journal for Store {
         finish: Option<Settle<'_>>,
     ) -> Result<(), JournalError> {
         let (op, what, durability) = match finish {
-            Some(_) => ("journal finish", "finish", Durability::Immediate),
+            Some(s) if s.durable => ("journal finish", "finish", Durability::Immediate),
+            Some(_) => ("journal finish", "finish", Durability::None),
             None => ("journal step", "step", Durability::None),
         };
         self.update_flow(op, id, durability, |rec| {
@@ -495,6 +496,7 @@ mod tests {
         let settle = Settle {
             state: FlowState::Failed,
             error: Some("sandbox: no"),
+            durable: true,
         };
         j.record(f6, &[entry("sandbox", done(Some("no")))], Some(settle))
             .unwrap();
@@ -679,6 +681,7 @@ mod tests {
             let settle = Settle {
                 state: FlowState::Succeeded,
                 error: None,
+                durable: true,
             };
             store
                 .record(id, &[entry("sandbox", done)], Some(settle))

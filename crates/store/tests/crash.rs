@@ -4,7 +4,9 @@
 //! committed is there, that every record decodes, that flow ids only grow,
 //! and that new writes work. Repeated a few times on the same file. Every
 //! other flow is written as the engine writes it (`begin_stage`, buffered
-//! `record`, settling `record`), the rest one record at a time.
+//! `record`, settling `record`: durable, or buffered and followed by the
+//! durable `Ready` write as the pod service has it), the rest one record at
+//! a time.
 //!
 //! The child is this same test binary, re-executed with `--exact` and an
 //! environment variable; it reports each commit on stdout *after* the call
@@ -137,19 +139,32 @@ fn child() {
             .unwrap();
 
         if i % 3 != 2 {
-            if batched {
+            let ready = |r: &mut SandboxRecord| r.state = SandboxState::Ready;
+            if batched && i % 4 == 1 {
+                // As the pod service settles a create: buffered, made
+                // durable by the `Ready` record's write right after.
                 let settle = Settle {
                     state: FlowState::Succeeded,
                     error: None,
+                    durable: false,
                 };
                 store.record(fid, &[], Some(settle)).unwrap();
+                store.update_sandbox(&sb, ready).unwrap();
+                println!("FINISHED {fid}");
             } else {
-                store.finish(fid, FlowState::Succeeded, None).unwrap();
+                if batched {
+                    let settle = Settle {
+                        state: FlowState::Succeeded,
+                        error: None,
+                        durable: true,
+                    };
+                    store.record(fid, &[], Some(settle)).unwrap();
+                } else {
+                    store.finish(fid, FlowState::Succeeded, None).unwrap();
+                }
+                println!("FINISHED {fid}");
+                store.update_sandbox(&sb, ready).unwrap();
             }
-            println!("FINISHED {fid}");
-            store
-                .update_sandbox(&sb, |r| r.state = SandboxState::Ready)
-                .unwrap();
         }
         if i % 5 == 4 {
             // Announced before acting: a kill in the middle leaves either.
@@ -359,6 +374,23 @@ fn check(store: &Store, seen: &Reported, round: u32) {
                 "round {round}: flow {fid} is {:?}",
                 flow.state
             );
+        }
+    }
+    // A sandbox the store has as ready never comes with an open flow: the
+    // `Ready` write is durable and makes a buffered settling write before
+    // it durable too.
+    for rec in store.list_sandboxes().unwrap() {
+        if rec.state == SandboxState::Ready {
+            for flow in flows.values().filter(|f| f.sandbox_id == rec.id) {
+                assert_eq!(
+                    flow.state,
+                    FlowState::Succeeded,
+                    "round {round}: ready sandbox {} has flow {} {:?}",
+                    rec.id,
+                    flow.id,
+                    flow.state
+                );
+            }
         }
     }
     // Open flows are exactly the unfinished ones, and every one is recoverable.
