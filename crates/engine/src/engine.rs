@@ -559,7 +559,12 @@ impl Inner {
     //
     // The settling write must be durable before the caller is told the
     // outcome: a create reported as succeeded whose `finish` were lost would
-    // be torn down by recovery. It is folded with the last stage's events
+    // be torn down by recovery. A caller that makes a durable write of its
+    // own after a success, before it tells anyone
+    // (`FlowContext::with_caller_commit`: the pod service's `Ready` record),
+    // has a successful settle buffered instead, and its write makes both
+    // durable; a crash between the two leaves the flow open, and recovery
+    // undoes a create nobody was told of. Failures settle durably. It is folded with the last stage's events
     // because nothing acts between the two. `begin` cannot be folded with
     // anything earlier (nothing is written before a flow is admitted), and
     // the first write cannot be buffered: a flow whose steps acted but whose
@@ -581,7 +586,8 @@ impl Inner {
     }
 
     /// The flow's last journal write: the `Finished` events not yet written
-    /// and the final state, durable on return.
+    /// and the final state; durable on return if `durable`, else buffered
+    /// until the store's next durable commit.
     fn settle(
         &self,
         id: FlowId,

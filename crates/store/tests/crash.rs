@@ -139,31 +139,28 @@ fn child() {
             .unwrap();
 
         if i % 3 != 2 {
-            let ready = |r: &mut SandboxRecord| r.state = SandboxState::Ready;
-            if batched && i % 4 == 1 {
-                // As the pod service settles a create: buffered, made
-                // durable by the `Ready` record's write right after.
+            // Every other batched flow is settled as the pod service settles
+            // a create: buffered, made durable by the `Ready` write after it,
+            // so it is reported only once that write returned.
+            let durable = !(batched && i % 4 == 1);
+            if batched {
                 let settle = Settle {
                     state: FlowState::Succeeded,
                     error: None,
-                    durable: false,
+                    durable,
                 };
                 store.record(fid, &[], Some(settle)).unwrap();
-                store.update_sandbox(&sb, ready).unwrap();
-                println!("FINISHED {fid}");
             } else {
-                if batched {
-                    let settle = Settle {
-                        state: FlowState::Succeeded,
-                        error: None,
-                        durable: true,
-                    };
-                    store.record(fid, &[], Some(settle)).unwrap();
-                } else {
-                    store.finish(fid, FlowState::Succeeded, None).unwrap();
-                }
+                store.finish(fid, FlowState::Succeeded, None).unwrap();
+            }
+            if durable {
                 println!("FINISHED {fid}");
-                store.update_sandbox(&sb, ready).unwrap();
+            }
+            store
+                .update_sandbox(&sb, |r| r.state = SandboxState::Ready)
+                .unwrap();
+            if !durable {
+                println!("FINISHED {fid}");
             }
         }
         if i % 5 == 4 {
@@ -453,4 +450,90 @@ fn check(store: &Store, seen: &Reported, round: u32) {
             c.id
         );
     }
+}
+
+const SETTLE_TEST: &str = "a_buffered_settle_survives_a_kill_only_behind_a_durable_write";
+const SETTLE_CHILD_ENV: &str = "CUBELET_STORE_TEST_SETTLE_CHILD";
+
+/// What RunPodSandbox's journal relies on, with a kill -9 at a known point:
+/// a create settled by a buffered write is open again after a crash that
+/// comes before the next durable commit (recovery undoes it), and settled
+/// for good once the durable `Ready` write that follows has returned.
+#[test]
+fn a_buffered_settle_survives_a_kill_only_behind_a_durable_write() {
+    if let Some(ready) = std::env::var_os(SETTLE_CHILD_ENV) {
+        settle_child(ready == "ready");
+        return;
+    }
+    for ready in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cubelet.redb");
+        let mut child = KillOnDrop(
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", SETTLE_TEST, "--nocapture", "--test-threads=1"])
+                .env(SETTLE_CHILD_ENV, if ready { "ready" } else { "settled" })
+                .env(PATH_ENV, &path)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap(),
+        );
+        let stdout = BufReader::new(child.0.stdout.take().unwrap());
+        // libtest's "test <name> ... " may stand before it on its line.
+        let done = stdout
+            .lines()
+            .map_while(Result::ok)
+            .any(|l| l.ends_with("WRITTEN"));
+        assert!(done, "the child wrote its records (ready: {ready})");
+        child.0.kill().unwrap();
+        let status = child.0.wait().unwrap();
+        assert_eq!(status.signal(), Some(9), "{status}");
+
+        let store = Store::open(&path).unwrap();
+        let flows = store.list_flows().unwrap();
+        let sandbox = store.get_sandbox(&sid("s1")).unwrap().unwrap();
+        assert_eq!(flows.len(), 1, "{flows:?}");
+        if ready {
+            assert_eq!(flows[0].state, FlowState::Succeeded);
+            assert_eq!(sandbox.state, SandboxState::Ready);
+        } else {
+            assert_eq!(flows[0].state, FlowState::Running, "the settle was lost");
+            assert_ne!(sandbox.state, SandboxState::Ready);
+            assert_eq!(store.open_flows().unwrap().len(), 1, "recovery sees it");
+        }
+    }
+}
+
+/// The child of [`a_buffered_settle_survives_a_kill_only_behind_a_durable_write`]:
+/// records a sandbox and its create as the pod service does, settles the
+/// flow with a buffered write, writes the durable `Ready` record if
+/// `ready`, says so and waits to be killed.
+fn settle_child(ready: bool) {
+    let path = std::env::var_os(PATH_ENV).expect("parent sets the store path");
+    let store = Store::open(Path::new(&path)).unwrap();
+    let sb = sid("s1");
+    let spec = spec_for("s1");
+    store
+        .put_sandbox_buffered(&SandboxRecord::new(sb.clone(), spec.clone()))
+        .unwrap();
+    let start = FlowStart {
+        kind: FlowKind::Create,
+        sandbox_id: &sb,
+        spec: &spec,
+        compensates: None,
+    };
+    let fid = store.begin_stage(start, &[]).unwrap();
+    let settle = Settle {
+        state: FlowState::Succeeded,
+        error: None,
+        durable: false,
+    };
+    store.record(fid, &[], Some(settle)).unwrap();
+    if ready {
+        store
+            .update_sandbox(&sb, |r| r.state = SandboxState::Ready)
+            .unwrap();
+    }
+    println!("WRITTEN");
+    std::thread::sleep(Duration::from_secs(60));
 }
