@@ -72,11 +72,20 @@ fn init_is_idempotent_and_sets_up_the_node() {
     });
 }
 
+/// The host eth0's `accept_dad` and `router_solicitations`, where it has
+/// an eth0 and IPv6.
+fn host_eth0_v6() -> Vec<Option<String>> {
+    ["accept_dad", "router_solicitations"]
+        .map(|key| std::fs::read_to_string(format!("/proc/sys/net/ipv6/conf/eth0/{key}")).ok())
+        .into()
+}
+
 #[test]
 fn create_and_destroy_fifty_sandboxes_leaves_nothing() {
     isolated(|env| async move {
         let (net, leases) = provider(&env, "10.78.0.0/24");
         net.init().await?;
+        let host_before = host_eth0_v6();
         let ids: Vec<_> = (0..50).map(sid).collect();
         let mut ips = std::collections::HashSet::new();
         for id in &ids {
@@ -116,6 +125,24 @@ fn create_and_destroy_fifty_sandboxes_leaves_nothing() {
             "nsenter", &nsarg, "ip", "-6", "-o", "addr", "show", "dev", "eth0",
         ])?;
         assert!(eth0_6.contains("inet6 fe80::"), "{eth0_6}");
+        // ... made without a duplicate-address probe, so not tentative
+        // even in the sandbox made last, moments ago; and the pod sends no
+        // router solicitations. Both would be multicast frames the bridge
+        // floods to every other pod.
+        let newest = format!("--net={}", net.netns_path(&ids[49]).display());
+        let newest6 = run(&[
+            "nsenter", &newest, "ip", "-6", "-o", "addr", "show", "dev", "eth0",
+        ])?;
+        assert!(newest6.contains("inet6 fe80::"), "{newest6}");
+        assert!(!newest6.contains("tentative"), "{newest6}");
+        for (key, want) in [("accept_dad", "0"), ("router_solicitations", "0")] {
+            let path = format!("/proc/sys/net/ipv6/conf/eth0/{key}");
+            let got = run(&["nsenter", &nsarg, "cat", &path])?;
+            assert_eq!(got.trim(), want, "{key}");
+        }
+        // They were set inside the pod's namespace: the host's own eth0
+        // (where it has one) keeps its settings.
+        assert_eq!(host_eth0_v6(), host_before);
 
         for id in &ids {
             net.destroy(&ctx(id, SandboxSpec::default())).await?;
