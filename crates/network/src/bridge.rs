@@ -702,14 +702,13 @@ async fn configure_pod(
 /// on a thread inside the pod's namespace, before the link is up. A kernel
 /// without IPv6 has no such settings, which is fine.
 fn quiet_ipv6_start(interface: &str) -> Result<(), NetworkError> {
+    let conf = Path::new("/proc/sys/net/ipv6/conf");
+    if !conf.is_dir() {
+        return Ok(());
+    }
     for (key, value) in [("accept_dad", "0"), ("router_solicitations", "0")] {
-        let path = PathBuf::from(format!("/proc/sys/net/ipv6/conf/{interface}/{key}"));
-        match std::fs::write(&path, value) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(NetworkError::io("set", &path, e));
-            }
-            _ => {}
-        }
+        let path = conf.join(interface).join(key);
+        std::fs::write(&path, value).map_err(|e| NetworkError::io("set", &path, e))?;
     }
     Ok(())
 }

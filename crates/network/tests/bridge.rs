@@ -72,12 +72,16 @@ fn init_is_idempotent_and_sets_up_the_node() {
     });
 }
 
-/// The host eth0's `accept_dad` and `router_solicitations`, where it has
-/// an eth0 and IPv6.
-fn host_eth0_v6() -> Vec<Option<String>> {
+/// `accept_dad` and `router_solicitations` of the test's own `eth0`.
+fn host_eth0_v6() -> Result<Vec<String>> {
     ["accept_dad", "router_solicitations"]
-        .map(|key| std::fs::read_to_string(format!("/proc/sys/net/ipv6/conf/eth0/{key}")).ok())
-        .into()
+        .iter()
+        .map(|key| {
+            Ok(std::fs::read_to_string(format!(
+                "/proc/sys/net/ipv6/conf/eth0/{key}"
+            ))?)
+        })
+        .collect()
 }
 
 #[test]
@@ -85,7 +89,10 @@ fn create_and_destroy_fifty_sandboxes_leaves_nothing() {
     isolated(|env| async move {
         let (net, leases) = provider(&env, "10.78.0.0/24");
         net.init().await?;
-        let host_before = host_eth0_v6();
+        // An eth0 of the test's own (its "host" namespace has none) whose
+        // IPv6 settings a write meant for a pod's namespace would change.
+        run(&["ip", "link", "add", "eth0", "type", "bridge"])?;
+        let host_before = host_eth0_v6()?;
         let ids: Vec<_> = (0..50).map(sid).collect();
         let mut ips = std::collections::HashSet::new();
         for id in &ids {
@@ -140,9 +147,10 @@ fn create_and_destroy_fifty_sandboxes_leaves_nothing() {
             let got = run(&["nsenter", &nsarg, "cat", &path])?;
             assert_eq!(got.trim(), want, "{key}");
         }
-        // They were set inside the pod's namespace: the host's own eth0
-        // (where it has one) keeps its settings.
-        assert_eq!(host_eth0_v6(), host_before);
+        // They were set inside the pod's namespace: the host's eth0 keeps
+        // its settings.
+        assert_eq!(host_eth0_v6()?, host_before);
+        assert_eq!(host_before[0].trim(), "1", "accept_dad of a new link");
 
         for id in &ids {
             net.destroy(&ctx(id, SandboxSpec::default())).await?;
