@@ -124,6 +124,23 @@ fn cpu_ticks() -> Option<(u64, u64)> {
     Some((fields.iter().sum(), *fields.get(7)?))
 }
 
+/// How many cgroups the memory controller holds (`/proc/cgroups`), removed
+/// ones it still keeps included: a container's memory cgroup lingers after
+/// its removal while page cache is charged to it, every bring-up leaves
+/// more, and the node's pod start is slower the more there are (see the
+/// README's "At 250 pods"). `None` without a memory controller.
+fn memory_cgroups() -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/cgroups").ok()?;
+    table.lines().find_map(|line| {
+        let mut f = line.split_whitespace();
+        if f.next()? != "memory" {
+            return None;
+        }
+        // hierarchy, then num_cgroups
+        f.nth(1)?.parse().ok()
+    })
+}
+
 /// Timed calls of one query, and the share of the node's CPU time stolen
 /// by the hypervisor meanwhile: a tail that comes with a high steal is the
 /// host's, not the agent's.
@@ -317,6 +334,7 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
     let mut starts = Vec::with_capacity(args.n);
     let mut failure = None;
     let ticks_before_up = cpu_ticks();
+    let memcgs_before_up = memory_cgroups();
     for i in 0..args.n {
         match up(&mut rt, args, log_root.path(), i).await {
             Ok((pod, run, start)) => {
@@ -398,6 +416,9 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
         );
         if let Some(steal) = up_steal {
             println!("CPU time stolen by the hypervisor during the bring-up: {steal:.1} %");
+        }
+        if let Some(n) = memcgs_before_up {
+            println!("memory cgroups on the node before the bring-up: {n} (/proc/cgroups)");
         }
         first_last("RunPodSandbox", &runs, window);
         first_last(
