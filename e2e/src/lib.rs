@@ -218,6 +218,21 @@ fn pick_net(index: u8) -> u8 {
 impl Daemon {
     /// Writes a config, spawns the daemon, waits for `/readyz` and connects.
     pub async fn start(opts: DaemonOpts) -> anyhow::Result<Daemon> {
+        // Checked before anything is made: a start that fails here leaves
+        // no directories behind.
+        let pause = std::env::var_os("CUBELET_PAUSE_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| target_dir().join("cubelet-pause"));
+        let bin = cubelet_bin();
+        if !bin.is_file() {
+            bail!(
+                "{} missing: run `cargo build -p cubelet` first",
+                bin.display()
+            );
+        }
+        if !pause.is_file() {
+            bail!("{} missing: run hack/build-pause.sh first", pause.display());
+        }
         let pid = std::process::id();
         let tag = format!("{pid}-{}", opts.index);
         let run_base = PathBuf::from(format!("/run/cubelet-e2e-{tag}"));
@@ -236,19 +251,6 @@ impl Daemon {
         let namespace = format!("cubelet-e2e-{tag}");
         let metrics: SocketAddr = (Ipv4Addr::LOCALHOST, free_port()?).into();
         let containerd = containerd_socket();
-        let pause = std::env::var_os("CUBELET_PAUSE_BIN")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| target_dir().join("cubelet-pause"));
-        let bin = cubelet_bin();
-        if !bin.is_file() {
-            bail!(
-                "{} missing: run `cargo build -p cubelet` first",
-                bin.display()
-            );
-        }
-        if !pause.is_file() {
-            bail!("{} missing: run hack/build-pause.sh first", pause.display());
-        }
 
         let config_dir = tempfile::Builder::new()
             .prefix("cubelet-e2e-config")
