@@ -218,8 +218,8 @@ fn pick_net(index: u8) -> u8 {
 impl Daemon {
     /// Writes a config, spawns the daemon, waits for `/readyz` and connects.
     pub async fn start(opts: DaemonOpts) -> anyhow::Result<Daemon> {
-        // Checked before anything is made: a start that fails here leaves
-        // no directories behind.
+        // Everything that can fail without touching the host comes first;
+        // from the directories on, a failed start cleans up after itself.
         let pause = std::env::var_os("CUBELET_PAUSE_BIN")
             .map(PathBuf::from)
             .unwrap_or_else(|| target_dir().join("cubelet-pause"));
@@ -241,9 +241,6 @@ impl Daemon {
         let state_dir = run_base.join("state");
         let root_dir = lib_base.join("root");
         let log_base = lib_base.join("logs");
-        for d in [&run_base, &lib_base, &log_base] {
-            std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
-        }
         let net = pick_net(opts.index);
         let bridge = format!("cbe2e{net}");
         let subnet = Ipv4Addr::new(10, 201, net, 0);
@@ -303,6 +300,9 @@ impl Daemon {
             ip_forward_before: ip_forward_before.clone(),
         };
         let ready = async {
+            for d in [&run_base, &lib_base, &log_base] {
+                std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
+            }
             let child = spawn(&bin, &config_file, &drop_ins, &daemon_log)?;
             let mut partial = Partial {
                 child: Some(child),

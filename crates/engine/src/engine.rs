@@ -564,8 +564,9 @@ impl Inner {
     // (`FlowContext::with_caller_commit`: the pod service's `Ready` record),
     // has a successful settle buffered instead, and its write makes both
     // durable; a crash between the two leaves the flow open, and recovery
-    // undoes a create nobody was told of. Failures settle durably. It is folded with the last stage's events
-    // because nothing acts between the two. `begin` cannot be folded with
+    // undoes a create nobody was told of. Failures settle durably. The
+    // settling write is folded with the last stage's events because nothing
+    // acts between the two. `begin` cannot be folded with
     // anything earlier (nothing is written before a flow is admitted), and
     // the first write cannot be buffered: a flow whose steps acted but whose
     // start was lost would leave their effects to the garbage collector
