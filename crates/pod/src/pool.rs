@@ -24,15 +24,20 @@
 //! - **Refill and priority:** one task refills the pool after claims. The
 //!   `prewarm` flow has its own limit (one at a time unless configured),
 //!   so it never takes a permit of the `create` flow; and the task starts
-//!   a shell only once no pod or container transition (RunPodSandbox,
-//!   CreateContainer, StartContainer, the stops and removals) has run in
-//!   this service for [`QUIET`], so a user call never queues behind a
-//!   prewarm, nor shares the CPU and the store's durable writes with one
-//!   that started in the gap between the calls of a pod's start. A user
-//!   create that arrives while a shell is being made runs beside it at
-//!   once (nothing it needs is held by the prewarm beyond the short store
-//!   and lease critical sections every flow shares), and the next shell
-//!   waits until it is done.
+//!   a shell only while no pod or container transition (RunPodSandbox,
+//!   CreateContainer, StartContainer, the stops and removals) runs in this
+//!   service. While at least half the pool is ready it also waits until
+//!   none has run for [`QUIET`], so that a lone pod's start does not share
+//!   the CPU and the store's durable writes with a shell made in the gaps
+//!   between its calls. Below half ([`Pool::low`]) a burst of pods is
+//!   emptying the pool, which never sees such a spell: the next shell
+//!   starts in the first gap, so that the burst's later pods claim shells
+//!   too instead of building their namespaces and links on the node their
+//!   predecessors filled (the kernel's share of that grows with the pods
+//!   on the bridge). A user create that arrives while a shell is being
+//!   made runs beside it at once (nothing it needs is held by the prewarm
+//!   beyond the short store and lease critical sections every flow
+//!   shares), and the next shell waits until it is done.
 //! - **Journal and reclaim:** a shell's record ([`ShellRecord`]) is durable
 //!   before its flow acts, and the flow is journaled like any other: a
 //!   crash mid-prewarm leaves an open `prewarm` flow, which recovery rolls
@@ -64,10 +69,10 @@ use crate::service::{blocking, new_id, PodService};
 /// calls keep the node busy (it is also woken when they finish).
 const BUSY_RECHECK: Duration = Duration::from_millis(50);
 /// How long no pod or container transition must have run before a shell is
-/// started. A pod's start is several calls (RunPodSandbox, CreateContainer,
-/// StartContainer) with a client round trip between them; a shell made in
-/// such a gap would compete with the next call for the CPU and the store's
-/// durable writes.
+/// started while the pool is not low ([`Pool::low`]). A pod's start is
+/// several calls (RunPodSandbox, CreateContainer, StartContainer) with a
+/// client round trip between them; a shell made in such a gap would
+/// compete with the next call for the CPU and the store's durable writes.
 pub(crate) const QUIET: Duration = Duration::from_millis(100);
 /// First wait after a failed prewarm; doubled per failure in a row.
 const FAILURE_BACKOFF: Duration = Duration::from_millis(500);
@@ -160,6 +165,13 @@ impl Pool {
 
     fn len(&self) -> usize {
         lock(&self.ready).len()
+    }
+
+    /// Whether fewer than half the shells are ready: pods are claiming
+    /// them faster than quiet spells come, and the refill stops waiting
+    /// for one (see the module documentation).
+    fn low(&self, ready: usize) -> bool {
+        ready * 2 < self.size
     }
 
     fn push(&self, shell: Shell) {
@@ -315,9 +327,14 @@ impl PodService {
             if shutdown.is_cancelled() {
                 return;
             }
-            let full = pool.len() >= pool.size;
+            let ready = pool.len();
+            let full = ready >= pool.size;
             let busy = pool.busy.load(Ordering::Acquire) > 0;
-            let quiet_in = QUIET.saturating_sub(lock(&pool.idle_since).elapsed());
+            let quiet_in = if pool.low(ready) {
+                Duration::ZERO
+            } else {
+                QUIET.saturating_sub(lock(&pool.idle_since).elapsed())
+            };
             if full || busy || !quiet_in.is_zero() {
                 let recheck = if full {
                     MAX_BACKOFF

@@ -8,6 +8,7 @@
 //! the time to tear everything down. `--cubelet` starts a Cubelet of its
 //! own (the e2e harness's daemon, from `target/`) instead of `--endpoint`.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -286,7 +287,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         (None, None) => anyhow::bail!("--endpoint or --cubelet"),
     };
     let pid = args.pid.or(daemon.as_ref().and_then(Daemon::pid));
-    let result = measure_node(&args, &endpoint, pid).await;
+    let metrics = daemon.as_ref().map(|d| d.metrics);
+    let result = measure_node(&args, &endpoint, pid, metrics).await;
     match daemon {
         Some(d) => result.and(d.teardown().await),
         None => result,
@@ -314,7 +316,24 @@ async fn start_cubelet(drop_in: Option<&Path>) -> anyhow::Result<Daemon> {
     Ok(d)
 }
 
-async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow::Result<()> {
+/// `cubelet_pool_hits_total` of the Cubelet whose admin endpoint is
+/// `metrics`; `None` without one, or when it cannot be read.
+async fn pool_hits(metrics: Option<SocketAddr>) -> Option<f64> {
+    let (status, body) = cubelet_e2e::http_get(metrics?, "/metrics").await.ok()?;
+    if status != 200 {
+        return None;
+    }
+    body.lines()
+        .filter_map(|l| l.strip_prefix("cubelet_pool_hits_total "))
+        .find_map(|v| v.trim().parse().ok())
+}
+
+async fn measure_node(
+    args: &Args,
+    endpoint: &Path,
+    pid: Option<u32>,
+    metrics: Option<SocketAddr>,
+) -> anyhow::Result<()> {
     let channel = cubelet_e2e::connect(endpoint).await?;
     let mut rt = RuntimeServiceClient::new(channel.clone());
     ImageServiceClient::new(channel)
@@ -335,12 +354,21 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
     let mut failure = None;
     let ticks_before_up = cpu_ticks();
     let memcgs_before_up = memory_cgroups();
+    // The pool's hits before the bring-up, after its first `window` pods,
+    // before its last `window` and after it (read between two pods' starts).
+    let window = 25.min(args.n / 2).max(1);
+    let mut hits = [pool_hits(metrics).await, None, None, None];
     for i in 0..args.n {
         match up(&mut rt, args, log_root.path(), i).await {
             Ok((pod, run, start)) => {
                 pods.push(pod);
                 runs.push(run);
                 starts.push(start);
+                for (at, slot) in [(window, 1), (args.n - window, 2), (args.n, 3)] {
+                    if i + 1 == at {
+                        hits[slot] = pool_hits(metrics).await;
+                    }
+                }
             }
             Err(e) => {
                 failure = Some(e.context(format!("pod {i}")));
@@ -353,7 +381,6 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
     if failure.is_none() {
         tokio::time::sleep(Duration::from_secs(args.settle)).await;
         let at = pid.and_then(footprint);
-        let window = 25.min(runs.len() / 2).max(1);
         let q = args.queries;
         let [lp, lc, lcs, lps, ps] = async {
             let lp = measure(q, |_| {
@@ -421,6 +448,15 @@ async fn measure_node(args: &Args, endpoint: &Path, pid: Option<u32>) -> anyhow:
             println!("memory cgroups on the node before the bring-up: {n} (/proc/cgroups)");
         }
         first_last("RunPodSandbox", &runs, window);
+        if let [Some(h0), Some(h1), Some(h2), Some(h3)] = hits {
+            println!(
+                "warm-pool hits: first {window} pods {}, last {window} pods {}, all {} of {}",
+                h1 - h0,
+                h3 - h2,
+                h3 - h0,
+                args.n
+            );
+        }
         first_last(
             "pod start (RunPodSandbox, CreateContainer, StartContainer)",
             &starts,

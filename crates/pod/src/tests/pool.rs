@@ -241,19 +241,23 @@ async fn no_prewarm_starts_while_a_user_create_runs() {
     filled(&rig, 1).await;
 }
 
+/// Shells whose `prewarm` flow has started so far.
+fn prewarms(rig: &Rig) -> usize {
+    rig.fake("network")
+        .log()
+        .iter()
+        .filter(|l| *l == "prewarm:network:start")
+        .count()
+}
+
 #[tokio::test]
 async fn no_prewarm_starts_in_the_quiet_spell_after_a_user_call() {
-    let (rig, _counts) = rig(1);
+    // Half the pool stays ready after the claim: it is not low.
+    let (rig, _counts) = rig(2);
     rig.pods.start_pool();
-    filled(&rig, 1).await;
-    let prewarms = || {
-        rig.fake("network")
-            .log()
-            .iter()
-            .filter(|l| *l == "prewarm:network:start")
-            .count()
-    };
-    assert_eq!(prewarms(), 1);
+    filled(&rig, 2).await;
+    let prewarms = || prewarms(&rig);
+    assert_eq!(prewarms(), 2);
     // The claim wakes the refill, but the pod's next calls (its
     // containers) come within the spell: no shell starts in it.
     rig.pods.run_sandbox(infraless("web")).await.unwrap();
@@ -266,15 +270,63 @@ async fn no_prewarm_starts_in_the_quiet_spell_after_a_user_call() {
         }
         assert_eq!(
             started,
-            1,
+            2,
             "a shell started {:?} after a call",
             ended.elapsed()
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // After it the pool fills again.
-    filled(&rig, 1).await;
-    assert_eq!(prewarms(), 2);
+    filled(&rig, 2).await;
+    assert_eq!(prewarms(), 3);
+}
+
+/// Keeps the pod service making calls 10 ms apart (pods no shell fits, so
+/// they claim nothing) until `until` holds or `limit` passes: no gap
+/// between them is a quiet spell. Returns whether `until` held.
+async fn calls_until(rig: &Rig, limit: Duration, until: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    let mut n = 0;
+    while std::time::Instant::now() < deadline {
+        if until() {
+            return true;
+        }
+        let mut host = infraless(&format!("host-{n}"));
+        host.namespaces.network = NamespaceMode::Node;
+        rig.pods.run_sandbox(host).await.unwrap();
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    until()
+}
+
+#[tokio::test]
+async fn a_pool_below_half_refills_between_calls_without_a_quiet_spell() {
+    let (rig, counts) = rig(4);
+    rig.pods.start_pool();
+    filled(&rig, 4).await;
+    // A burst claims three of four shells: the pool is low (the refill
+    // may start as soon as the third call ends).
+    for name in ["a", "b", "c"] {
+        rig.pods.run_sandbox(infraless(name)).await.unwrap();
+    }
+    assert_eq!(counts.get().0, 3, "three hits");
+    // Calls keep coming with no quiet spell between them, yet the pool
+    // refills in their gaps up to half...
+    assert!(
+        calls_until(&rig, Duration::from_secs(10), || rig.pods.pool_ready() >= 2).await,
+        "a low pool was not refilled between calls: {} ready",
+        rig.pods.pool_ready()
+    );
+    // ...and no further while they go on (five quiet spells' time).
+    let before = prewarms(&rig);
+    let more = calls_until(&rig, crate::pool::QUIET * 5, || prewarms(&rig) > before).await;
+    assert!(
+        !more,
+        "a shell started between calls with half the pool ready"
+    );
+    assert_eq!(rig.pods.pool_ready(), 2);
+    filled(&rig, 4).await;
 }
 
 #[tokio::test]
