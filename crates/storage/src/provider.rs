@@ -179,13 +179,20 @@ impl LocalStorage {
     }
 
     /// The pod-independent part of a sandbox's storage, for a warm-pool
-    /// shell: its directory, its `/dev/shm` and (with scratch on) its
-    /// scratch space. [`LocalStorage::finish_shell`] adds the pod's files.
+    /// shell: its directory, its `/dev/shm`, (with scratch on) its scratch
+    /// space, and the pod's three files, empty. [`LocalStorage::finish_shell`]
+    /// writes the files' content into them in place, so a claim allocates
+    /// no inode for them on the pod's path (ext4 without a journal, as on
+    /// many VMs, checks recently freed inodes on every allocation, which
+    /// grows while a node starts and removes containers).
     pub async fn prepare_shell(&self, id: &SandboxId) -> Result<StorageStatus, StorageError> {
         self.ensure_root()?;
         let p = self.paths(id);
         ensure_dir(&p.dir, DIR_MODE)?;
         check_sandbox_dir(&self.sandboxes_dir(), &p.dir)?;
+        for file in [&p.hostname, &p.hosts, &p.resolv_conf] {
+            write_file(file, b"")?;
+        }
         ensure_dir(&p.shm, 0o755)?;
         if !is_mounted(&p.shm)? {
             mount_shm(&p.shm, self.cfg.shm_size)?;

@@ -109,6 +109,52 @@ fn destroy_unmounts_and_keeps_files_then_cleanup_removes_all() {
 }
 
 #[test]
+fn a_shell_has_the_pods_files_ready_and_a_claim_rewrites_them_in_place() {
+    if !need_root("a_shell_has_the_pods_files_ready_and_a_claim_rewrites_them_in_place") {
+        return;
+    }
+    in_private_ns(|| async {
+        use std::os::unix::fs::MetadataExt;
+        let fx = Fixture::new(4 * MIB);
+        let sid = id("cccc3333");
+        let shell = fx.storage.prepare_shell(&sid).await.unwrap();
+        let files = [
+            shell.hostname_path.clone(),
+            shell.hosts_path.clone(),
+            shell.resolv_conf_path.clone(),
+        ];
+        let inodes: Vec<u64> = files
+            .iter()
+            .map(|f| {
+                let m = fs::metadata(f).unwrap();
+                assert_eq!(m.len(), 0, "{} is empty in a shell", f.display());
+                m.ino()
+            })
+            .collect();
+        let spec = pod_spec();
+        let st = fx
+            .storage
+            .finish_shell(&sid, &spec, &["10.88.0.7".parse().unwrap()], shell)
+            .await
+            .unwrap();
+        for (f, ino) in files.iter().zip(&inodes) {
+            assert_eq!(fs::metadata(f).unwrap().ino(), *ino, "{}", f.display());
+        }
+        assert_eq!(
+            fs::read_to_string(&st.hostname_path).unwrap(),
+            format!("{}\n", spec.effective_hostname())
+        );
+        assert!(fs::read_to_string(&st.hosts_path)
+            .unwrap()
+            .ends_with(&format!("10.88.0.7\t{}\n", spec.effective_hostname())));
+        fx.storage.destroy_sandbox(&sid).unwrap();
+        fx.storage.cleanup_sandbox(&sid).unwrap();
+        assert_eq!(tree(&fx.root()), vec![PathBuf::from("sandboxes")]);
+        assert!(fx.mounts_under_tmp().is_empty());
+    });
+}
+
+#[test]
 fn cleanup_without_destroy_unmounts_first() {
     if !need_root("cleanup_without_destroy_unmounts_first") {
         return;
