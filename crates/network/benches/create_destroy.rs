@@ -1,6 +1,9 @@
 //! Create + destroy latency of the bridge provider: 200 sandboxes one after
-//! another, then 200 with 16 in flight, on a 2-worker runtime inside a
-//! private network and mount namespace (the host is not touched). Prints p50/p99/max; asserts nothing.
+//! another, then 200 with 16 in flight, then 250 created one after another
+//! and kept (how create grows with the sandboxes on the bridge: the p50 of
+//! the first and the last 25, and of every 25), on a 2-worker runtime
+//! inside a private network and mount namespace (the host is not touched).
+//! Prints p50/p99/max; asserts nothing.
 //!
 //! Run with `cargo bench -p cubelet-network` (needs root).
 
@@ -15,6 +18,9 @@ use nix::sched::{unshare, CloneFlags};
 
 const N: usize = 200;
 const IN_FLIGHT: usize = 16;
+/// Sandboxes the last phase keeps, and its window.
+const KEPT: usize = 250;
+const EDGE: usize = 25;
 
 fn main() {
     if !nix::unistd::geteuid().is_root() {
@@ -107,6 +113,32 @@ async fn run(
         "{N} sandboxes with {IN_FLIGHT} in flight: {:.1} sandboxes/s",
         N as f64 / wall.as_secs_f64()
     );
+
+    let kept: Vec<FlowContext> = (0..KEPT).map(|n| ctx(2 * N + n)).collect();
+    let mut create = Vec::with_capacity(KEPT);
+    for c in &kept {
+        let t = Instant::now();
+        net.create(c).await?;
+        create.push(t.elapsed());
+    }
+    let p50 = |s: &[Duration]| {
+        let mut s = s.to_vec();
+        s.sort();
+        s[s.len() / 2]
+    };
+    let (first, last) = (p50(&create[..EDGE]), p50(&create[KEPT - EDGE..]));
+    println!(
+        "create with {KEPT} kept, p50: first {EDGE} {first:.2?}, last {EDGE} {last:.2?} (ratio {:.2})",
+        last.as_secs_f64() / first.as_secs_f64()
+    );
+    let per: Vec<String> = create
+        .chunks(EDGE)
+        .map(|c| format!("{:.2}", p50(c).as_secs_f64() * 1e3))
+        .collect();
+    println!("create p50 per {EDGE} kept (ms): {}", per.join(" "));
+    for c in &kept {
+        net.destroy(c).await?;
+    }
     Ok(())
 }
 
