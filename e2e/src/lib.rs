@@ -933,6 +933,17 @@ pub async fn http_status(addr: SocketAddr, path: &str) -> anyhow::Result<u16> {
     Ok(http_get(addr, path).await?.0)
 }
 
+/// The value of the unlabelled metric `name` in the `/metrics` of the
+/// admin endpoint at `addr`.
+pub async fn metric(addr: SocketAddr, name: &str) -> anyhow::Result<f64> {
+    let (_, body) = http_get(addr, "/metrics").await?;
+    body.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no {name} in /metrics"))
+}
+
 /// `GET path` on a plain HTTP/1.0 server; status code and body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
     let fut = async {

@@ -27,7 +27,8 @@ use cubelet_e2e::cri::{
     StopPodSandboxRequest,
 };
 use cubelet_e2e::{
-    container_config, eventually, http_get, leaks, pid_per_container, Daemon, DaemonOpts, Scenario,
+    container_config, eventually, http_get, leaks, metric, pid_per_container, Daemon, DaemonOpts,
+    Scenario,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -72,22 +73,12 @@ fn main() -> ExitCode {
     cubelet_e2e::scenario_main(opts, scenarios())
 }
 
-/// The value of an unlabelled metric.
-async fn metric(d: &Daemon, name: &str) -> anyhow::Result<f64> {
-    let (_, body) = http_get(d.metrics, "/metrics").await?;
-    body.lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .with_context(|| format!("no {name} in /metrics"))
-}
-
 /// Waits until the daemon holds `n` ready shells; returns their ids.
 async fn ready(d: &Daemon, n: usize) -> anyhow::Result<BTreeSet<String>> {
     eventually(
         &format!("{n} ready shells"),
         Duration::from_secs(30),
-        || async { Ok(metric(d, "cubelet_pool_ready").await? == n as f64) },
+        || async { Ok(metric(d.metrics, "cubelet_pool_ready").await? == n as f64) },
     )
     .await?;
     Ok(d.shells().await?.into_iter().collect())
@@ -175,14 +166,14 @@ async fn claims_and_works(
     for id in &shells {
         ensure!(whole_shell(d, id), "shell {id} incomplete");
     }
-    let hits = metric(d, "cubelet_pool_hits_total").await?;
+    let hits = metric(d.metrics, "cubelet_pool_hits_total").await?;
     let pod = d.run_pod(cfg, "").await?;
     ensure!(
         shells.contains(&pod),
         "pod {pod} took no shell of {shells:?}"
     );
     ensure!(
-        metric(d, "cubelet_pool_hits_total").await? == hits + 1.0,
+        metric(d.metrics, "cubelet_pool_hits_total").await? == hits + 1.0,
         "hit not counted"
     );
     ensure!(!d.shells().await?.contains(&pod), "still listed as a shell");
@@ -238,7 +229,7 @@ async fn claims_and_works(
 
 async fn hit_gives_a_working_pod(d: &Daemon) -> anyhow::Result<()> {
     ensure!(
-        metric(d, "cubelet_pool_misses_total").await? >= 0.0,
+        metric(d.metrics, "cubelet_pool_misses_total").await? >= 0.0,
         "misses exported"
     );
     claims_and_works(d, &pid_per_container(d.pod_config("pooled"))).await
@@ -253,8 +244,8 @@ async fn pause_pod_claims(d: &Daemon) -> anyhow::Result<()> {
 async fn misses(d: &Daemon) -> anyhow::Result<()> {
     d.pull(BUSYBOX).await?;
     let shells = ready(d, SIZE).await?;
-    let misses = metric(d, "cubelet_pool_misses_total").await?;
-    let hits = metric(d, "cubelet_pool_hits_total").await?;
+    let misses = metric(d.metrics, "cubelet_pool_misses_total").await?;
+    let hits = metric(d.metrics, "cubelet_pool_hits_total").await?;
     let mut host = pid_per_container(d.pod_config("pool-host"));
     let ns = host
         .linux
@@ -266,7 +257,7 @@ async fn misses(d: &Daemon) -> anyhow::Result<()> {
     ns.network = NamespaceMode::Node as i32;
     let pod = d.run_pod(&host, "").await?;
     ensure!(!shells.contains(&pod), "a host-network pod took a shell");
-    ensure!(metric(d, "cubelet_pool_misses_total").await? == misses + 1.0);
+    ensure!(metric(d.metrics, "cubelet_pool_misses_total").await? == misses + 1.0);
     ensure!(d.shells().await?.len() == SIZE, "the shells were kept");
     stop_and_remove(d, &pod).await?;
 
@@ -277,8 +268,8 @@ async fn misses(d: &Daemon) -> anyhow::Result<()> {
         .collect();
     let ids = futures::future::try_join_all(cfgs.iter().map(|c| d.run_pod(c, ""))).await?;
     let claimed = ids.iter().filter(|id| shells.contains(*id)).count();
-    let new_hits = metric(d, "cubelet_pool_hits_total").await? - hits;
-    let new_misses = metric(d, "cubelet_pool_misses_total").await? - misses - 1.0;
+    let new_hits = metric(d.metrics, "cubelet_pool_hits_total").await? - hits;
+    let new_misses = metric(d.metrics, "cubelet_pool_misses_total").await? - misses - 1.0;
     ensure!(
         claimed == SIZE && new_hits == SIZE as f64 && new_misses == 2.0,
         "claimed {claimed}, hits {new_hits}, misses {new_misses}"
@@ -307,14 +298,14 @@ async fn pool_off(d: &Daemon) -> anyhow::Result<()> {
     for id in &before {
         ensure!(!any_part_of(d, id), "shell {id} of the last run kept");
     }
-    ensure!(metric(d, "cubelet_pool_ready").await? == 0.0);
+    ensure!(metric(d.metrics, "cubelet_pool_ready").await? == 0.0);
     let pod = d
         .run_pod(&pid_per_container(d.pod_config("cold")), "")
         .await?;
     ensure!(d.pod_status(&pod).await?.state == PodSandboxState::SandboxReady as i32);
     ensure!(
-        metric(d, "cubelet_pool_hits_total").await? == 0.0
-            && metric(d, "cubelet_pool_misses_total").await? == 0.0,
+        metric(d.metrics, "cubelet_pool_hits_total").await? == 0.0
+            && metric(d.metrics, "cubelet_pool_misses_total").await? == 0.0,
         "the pool off counts nothing"
     );
     stop_and_remove(d, &pod).await?;
@@ -366,7 +357,7 @@ async fn kill9_mid_prewarm(d: &Daemon) -> anyhow::Result<()> {
     .await?;
     let half = half_made(d).await?.context("the half-made shell")?;
     ensure!(
-        metric(d, "cubelet_pool_ready").await? == 0.0,
+        metric(d.metrics, "cubelet_pool_ready").await? == 0.0,
         "a shell ready"
     );
     d.kill9().await?;

@@ -700,15 +700,18 @@ async fn configure_pod(
 /// practical concern; nothing on the bridge sends router advertisements to
 /// answer a solicitation (a pod still accepts unsolicited ones). Must run
 /// on a thread inside the pod's namespace, before the link is up. A kernel
-/// without IPv6 has no such settings, which is fine.
+/// without IPv6 has no such settings, which is fine; that is checked only
+/// when a write fails, so a pod's start makes no extra `/proc/sys` lookup
+/// (the first one in a new namespace scans every namespace's entry).
 fn quiet_ipv6_start(interface: &str) -> Result<(), NetworkError> {
     let conf = Path::new("/proc/sys/net/ipv6/conf");
-    if !conf.is_dir() {
-        return Ok(());
-    }
     for (key, value) in [("accept_dad", "0"), ("router_solicitations", "0")] {
         let path = conf.join(interface).join(key);
-        std::fs::write(&path, value).map_err(|e| NetworkError::io("set", &path, e))?;
+        match std::fs::write(&path, value) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !conf.is_dir() => return Ok(()),
+            Err(e) => return Err(NetworkError::io("set", &path, e)),
+        }
     }
     Ok(())
 }

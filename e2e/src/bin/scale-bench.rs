@@ -319,13 +319,9 @@ async fn start_cubelet(drop_in: Option<&Path>) -> anyhow::Result<Daemon> {
 /// `cubelet_pool_hits_total` of the Cubelet whose admin endpoint is
 /// `metrics`; `None` without one, or when it cannot be read.
 async fn pool_hits(metrics: Option<SocketAddr>) -> Option<f64> {
-    let (status, body) = cubelet_e2e::http_get(metrics?, "/metrics").await.ok()?;
-    if status != 200 {
-        return None;
-    }
-    body.lines()
-        .filter_map(|l| l.strip_prefix("cubelet_pool_hits_total "))
-        .find_map(|v| v.trim().parse().ok())
+    cubelet_e2e::metric(metrics?, "cubelet_pool_hits_total")
+        .await
+        .ok()
 }
 
 async fn measure_node(
