@@ -197,11 +197,12 @@ async fn up(
     // The namespaces kubelet asks for a pod that does not share its
     // process namespace (the CRI zero value would be one PID namespace per
     // pod, which kubelet sends only for `shareProcessNamespace: true`).
-    let cfg = pid_per_container(pod_config(
-        &name,
-        &format!("uid-{name}"),
-        &log_root.join(&name),
-    ));
+    let log_dir = log_root.join(&name);
+    let cfg = pid_per_container(pod_config(&name, &format!("uid-{name}"), &log_dir));
+    // kubelet makes the pod's log directory itself before it asks for the
+    // sandbox (`createPodSandbox`), so the runtime finds it there and the
+    // mkdir is not part of RunPodSandbox as kubelet times it.
+    std::fs::create_dir_all(&log_dir).with_context(|| format!("create {}", log_dir.display()))?;
     let t = Instant::now();
     let pod = rt
         .run_pod_sandbox(RunPodSandboxRequest {
