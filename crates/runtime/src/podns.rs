@@ -6,9 +6,14 @@
 //! made on a fresh OS thread that unshares them, sets the pod's hostname in
 //! its new UTS namespace, bind-mounts `/proc/thread-self/ns/{ipc,uts}` onto
 //! the pin files and exits: no async task ever runs on a thread that changed
-//! namespace. The pins are `<dir>/<sandbox id>/{ipc,uts}`. A sandbox's
-//! directory exists from the first thing its create does to the last thing
-//! its teardown does, so a crash anywhere in between leaves something that
+//! namespace. A warm-pool shell's hostname, set when its pod claims it, is
+//! the one exception to a fresh thread: one long-lived thread that does
+//! nothing else joins the shell's UTS namespace, sets the name and joins
+//! its own again, so a claim starts no thread.
+//!
+//! The pins are `<dir>/<sandbox id>/{ipc,uts}`. A sandbox's directory
+//! exists from the first thing its create does to the last thing its
+//! teardown does, so a crash anywhere in between leaves something that
 //! teardown, recovery and the GC find by the sandbox id alone, and its
 //! presence says the sandbox's namespaces are alive (also for a pod that
 //! shares every namespace with the node and so has no pin at all).
@@ -70,6 +75,8 @@ pub struct PodNamespaces {
     /// rollback never runs beside the creation it undoes and leaves pins
     /// that thread makes after it.
     making: Making,
+    /// The thread that sets claimed shells' hostnames.
+    uts: Arc<UtsWorker>,
 }
 
 impl PodNamespaces {
@@ -78,6 +85,7 @@ impl PodNamespaces {
         Self {
             dir: dir.into(),
             making: Arc::default(),
+            uts: Arc::default(),
         }
     }
 
@@ -163,10 +171,17 @@ impl PodNamespaces {
     }
 
     /// Sets `hostname` in `id`'s pinned UTS namespace (a warm-pool shell's,
-    /// made before its pod was known), on a thread of its own that joins
-    /// the namespace, sets the name and exits.
+    /// made before its pod was known). A claim is on the pod's path, so
+    /// this runs on one long-lived thread (see [`UtsWorker`]) rather than
+    /// on a thread started for it; if that thread is gone, on a fresh one
+    /// that joins the namespace, sets the name and exits.
     pub async fn set_hostname(&self, id: &SandboxId, hostname: &str) -> Result<(), RuntimeError> {
         let pin = self.sandbox_dir(id).join(UTS_PIN);
+        if let Some(done) = self.uts.submit(&pin, hostname) {
+            if let Ok(result) = done.await {
+                return result;
+            }
+        }
         let hostname = hostname.to_owned();
         on_thread(pin.display().to_string(), move || {
             let ns = fs::File::open(&pin).map_err(|e| io_err("open namespace pin", &pin, e))?;
@@ -342,6 +357,100 @@ fn remove_pin(pin: &Path) -> Result<bool, RuntimeError> {
         Err(e) => return Err(io_err("remove namespace pin", pin, e)),
     }
     Ok(removed)
+}
+
+/// A hostname for the UTS namespace pinned at `pin`, and where to answer.
+struct HostnameJob {
+    pin: PathBuf,
+    hostname: String,
+    done: tokio::sync::oneshot::Sender<Result<(), RuntimeError>>,
+}
+
+/// One OS thread, started at the first claim, that sets hostnames in
+/// pinned UTS namespaces: it joins a pod's namespace, sets the name and
+/// joins its own again, so a claim costs no thread start (a `clone`, a
+/// stack mapped and unmapped, on every pod start). The thread does nothing
+/// else, so nothing ever runs in a pod's namespace but `sethostname`. If it
+/// cannot get back to its own namespace it answers and exits; the next
+/// hostname starts another. It ends when the [`PodNamespaces`] it belongs
+/// to is dropped (the channel closes).
+#[derive(Debug, Default)]
+struct UtsWorker {
+    jobs: Mutex<Option<std::sync::mpsc::Sender<HostnameJob>>>,
+}
+
+impl UtsWorker {
+    /// Hands `hostname` for `pin` to the thread, starting it if needed;
+    /// the answer arrives on the returned channel. `None` when no thread
+    /// can be started (the caller then uses one of its own).
+    fn submit(
+        &self,
+        pin: &Path,
+        hostname: &str,
+    ) -> Option<tokio::sync::oneshot::Receiver<Result<(), RuntimeError>>> {
+        let (done, answer) = tokio::sync::oneshot::channel();
+        let mut job = HostnameJob {
+            pin: pin.to_owned(),
+            hostname: hostname.to_owned(),
+            done,
+        };
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = jobs.as_ref() {
+            match tx.send(job) {
+                Ok(()) => return Some(answer),
+                // The thread exited: start another.
+                Err(std::sync::mpsc::SendError(back)) => job = back,
+            }
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("cubelet-uts".into())
+            .spawn(move || uts_worker(&rx))
+            .ok()?;
+        let sent = tx.send(job).is_ok();
+        *jobs = Some(tx);
+        sent.then_some(answer)
+    }
+}
+
+/// The body of the [`UtsWorker`] thread.
+fn uts_worker(jobs: &std::sync::mpsc::Receiver<HostnameJob>) {
+    let home = match fs::File::open("/proc/thread-self/ns/uts") {
+        Ok(home) => home,
+        Err(e) => {
+            // Without a way back, take no job: the one waiting is dropped
+            // and its caller uses a thread of its own.
+            tracing::warn!(error = %e, "hostname thread cannot open its own UTS namespace");
+            return;
+        }
+    };
+    for job in jobs {
+        let (result, home_again) = set_hostname_in(&job.pin, &job.hostname, &home);
+        let _ = job.done.send(result);
+        if !home_again {
+            tracing::warn!(pin = %job.pin.display(), "hostname thread could not rejoin its UTS namespace; it exits");
+            return;
+        }
+    }
+}
+
+/// Joins the UTS namespace pinned at `pin`, sets `hostname` in it and
+/// rejoins `home`. The result, and whether the thread is in `home` again.
+fn set_hostname_in(
+    pin: &Path,
+    hostname: &str,
+    home: &fs::File,
+) -> (Result<(), RuntimeError>, bool) {
+    let ns = match fs::File::open(pin) {
+        Ok(ns) => ns,
+        Err(e) => return (Err(io_err("open namespace pin", pin, e)), true),
+    };
+    if let Err(e) = setns(&ns, CloneFlags::CLONE_NEWUTS) {
+        return (Err(ns_err("enter the UTS namespace", pin, e)), true);
+    }
+    let set = nix::unistd::sethostname(hostname).map_err(|e| ns_err("set the hostname in", pin, e));
+    let home_again = setns(home, CloneFlags::CLONE_NEWUTS).is_ok();
+    (set, home_again)
 }
 
 /// Runs blocking `work` on a fresh OS thread (which inherits the caller's

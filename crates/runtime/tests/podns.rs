@@ -155,6 +155,70 @@ fn pins_hold_new_ipc_and_uts_namespaces_with_the_hostname() {
 }
 
 #[test]
+fn claimed_shells_get_their_hostnames_from_one_thread_that_stays_home() {
+    isolated(|pods| async move {
+        pods.prepare()?;
+        // Two shells, made before their pods were known.
+        let shell = PinRequest {
+            ipc: true,
+            hostname: Some("shell".into()),
+        };
+        let (a, b) = (sid(11), sid(12));
+        let pins_a = pods.create(&a, &shell).await?;
+        let pins_b = pods.create(&b, &shell).await?;
+        let node = run(&["hostname"])?;
+        // The UTS namespace of every thread named `cubelet-uts` (only this
+        // test sets hostnames, so only it starts one).
+        let workers = || -> Vec<u64> {
+            std::fs::read_dir("/proc/self/task")
+                .unwrap()
+                .map(|t| t.unwrap().path())
+                .filter(|t| {
+                    std::fs::read_to_string(t.join("comm"))
+                        .unwrap_or_default()
+                        .trim()
+                        == "cubelet-uts"
+                })
+                .map(|t| ino(&t.join("ns/uts")))
+                .collect()
+        };
+        for (id, name) in [(&a, "web-0"), (&b, "web-1"), (&a, "web-0b")] {
+            pods.set_hostname(id, name).await?;
+        }
+        let uts = |pins: &cubelet_runtime::podns::Pins| {
+            format!("--uts={}", pins.uts.as_ref().unwrap().display())
+        };
+        assert_eq!(
+            run(&["nsenter", &uts(&pins_a), "hostname"])?.trim(),
+            "web-0b"
+        );
+        assert_eq!(
+            run(&["nsenter", &uts(&pins_b), "hostname"])?.trim(),
+            "web-1"
+        );
+        // The node's name is untouched, and the three claims shared one
+        // thread, which is back in its own UTS namespace.
+        assert_eq!(run(&["hostname"])?, node);
+        let home = ino(Path::new("/proc/thread-self/ns/uts"));
+        assert_eq!(workers(), [home]);
+        // A pin that is gone is an error naming it; the thread carries on.
+        let gone = sid(13);
+        let err = pods.set_hostname(&gone, "x").await.unwrap_err().to_string();
+        assert!(err.contains(&gone.to_string()), "{err}");
+        pods.set_hostname(&b, "web-1b").await?;
+        assert_eq!(
+            run(&["nsenter", &uts(&pins_b), "hostname"])?.trim(),
+            "web-1b"
+        );
+        for id in [&a, &b] {
+            assert!(pods.remove(id).await?);
+        }
+        assert_eq!(ns_mounts(pods.dir()), 0);
+        Ok(())
+    });
+}
+
+#[test]
 fn a_pod_sharing_the_nodes_namespaces_has_a_directory_and_no_pins() {
     isolated(|pods| async move {
         pods.prepare()?;
