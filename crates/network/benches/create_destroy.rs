@@ -121,11 +121,6 @@ async fn run(
         net.create(c).await?;
         create.push(t.elapsed());
     }
-    let p50 = |s: &[Duration]| {
-        let mut s = s.to_vec();
-        s.sort();
-        s[s.len() / 2]
-    };
     let (first, last) = (p50(&create[..EDGE]), p50(&create[KEPT - EDGE..]));
     println!(
         "create with {KEPT} kept, p50: first {EDGE} {first:.2?}, last {EDGE} {last:.2?} (ratio {:.2})",
@@ -151,14 +146,25 @@ fn ctx(n: usize) -> FlowContext {
     FlowContext::new(id, Arc::new(SandboxSpec::default()))
 }
 
+/// The `q` quantile (0 to 1) of `sorted`, which is sorted and not empty.
+fn pick(sorted: &[Duration], q: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
+}
+
+/// The median of `samples` (not empty), in any order.
+fn p50(samples: &[Duration]) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    pick(&sorted, 0.5)
+}
+
 fn report(what: &str, samples: &mut [Duration]) {
     samples.sort();
-    let pick = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
     println!(
         "{what:<40} n={:<4} p50={:>8.2?} p99={:>8.2?} max={:>8.2?}",
         samples.len(),
-        pick(0.50),
-        pick(0.99),
-        pick(1.0)
+        pick(samples, 0.50),
+        pick(samples, 0.99),
+        pick(samples, 1.0)
     );
 }

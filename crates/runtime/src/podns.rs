@@ -184,12 +184,10 @@ impl PodNamespaces {
         }
         let hostname = hostname.to_owned();
         on_thread(pin.display().to_string(), move || {
-            let ns = fs::File::open(&pin).map_err(|e| io_err("open namespace pin", &pin, e))?;
             // This thread now lives in the pod's UTS namespace and exits
             // right after.
-            setns(&ns, CloneFlags::CLONE_NEWUTS)
-                .map_err(|e| ns_err("enter the UTS namespace", &pin, e))?;
-            nix::unistd::sethostname(&hostname).map_err(|e| ns_err("set the hostname in", &pin, e))
+            enter_uts(&pin)?;
+            set_hostname_of(&pin, &hostname)
         })
         .await
     }
@@ -304,8 +302,7 @@ fn create_blocking(dir: &Path, req: &PinRequest) -> Result<Pins, RuntimeError> {
     unshare(flags).map_err(|e| ns_err("unshare namespaces for", dir, e))?;
     if flags.contains(CloneFlags::CLONE_NEWUTS) {
         if let Some(hostname) = &req.hostname {
-            nix::unistd::sethostname(hostname)
-                .map_err(|e| ns_err("set the hostname in", dir, e))?;
+            set_hostname_of(dir, hostname)?;
         }
     }
     for (pin, ns) in todo {
@@ -441,16 +438,25 @@ fn set_hostname_in(
     hostname: &str,
     home: &fs::File,
 ) -> (Result<(), RuntimeError>, bool) {
-    let ns = match fs::File::open(pin) {
-        Ok(ns) => ns,
-        Err(e) => return (Err(io_err("open namespace pin", pin, e)), true),
-    };
-    if let Err(e) = setns(&ns, CloneFlags::CLONE_NEWUTS) {
-        return (Err(ns_err("enter the UTS namespace", pin, e)), true);
+    if let Err(e) = enter_uts(pin) {
+        return (Err(e), true);
     }
-    let set = nix::unistd::sethostname(hostname).map_err(|e| ns_err("set the hostname in", pin, e));
+    let set = set_hostname_of(pin, hostname);
     let home_again = setns(home, CloneFlags::CLONE_NEWUTS).is_ok();
     (set, home_again)
+}
+
+/// Moves the calling thread into the UTS namespace pinned at `pin`; on
+/// failure it stays where it was.
+fn enter_uts(pin: &Path) -> Result<(), RuntimeError> {
+    let ns = fs::File::open(pin).map_err(|e| io_err("open namespace pin", pin, e))?;
+    setns(&ns, CloneFlags::CLONE_NEWUTS).map_err(|e| ns_err("enter the UTS namespace", pin, e))
+}
+
+/// Sets `hostname` in the calling thread's UTS namespace, the one at
+/// `path` (named in the error).
+fn set_hostname_of(path: &Path, hostname: &str) -> Result<(), RuntimeError> {
+    nix::unistd::sethostname(hostname).map_err(|e| ns_err("set the hostname in", path, e))
 }
 
 /// Runs blocking `work` on a fresh OS thread (which inherits the caller's
