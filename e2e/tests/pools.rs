@@ -11,7 +11,11 @@
 //! the metrics move. With the pool off the daemon holds no shell. kill -9
 //! with ready shells, and in the middle of a prewarm, then a restart: the
 //! last run's shells are destroyed, none is reused. The GC reclaims a shell
-//! whose record is gone.
+//! whose record is gone. kill -9 at each step boundary of a claimed create,
+//! then a restart: the pod is gone and nothing of its shell is left; the
+//! store the killed run left shows a pod confined to its shell (no pause
+//! container, no host port) still as the shell (its claim and its flow's
+//! start were buffered), any other as a sandbox with an open flow.
 //!
 //! Custom runner ([`cubelet_e2e::scenario_main`]): one daemon, scenarios in
 //! order, each followed by removal through CRI and the leak audit.
@@ -23,13 +27,15 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use cubelet_e2e::cri::{
-    ExecSyncRequest, NamespaceMode, NamespaceOption, PodSandboxState, RemovePodSandboxRequest,
+    ExecSyncRequest, ListPodSandboxRequest, NamespaceMode, NamespaceOption, PodSandboxConfig,
+    PodSandboxState, PortMapping, Protocol, RemovePodSandboxRequest, RunPodSandboxRequest,
     StopPodSandboxRequest,
 };
 use cubelet_e2e::{
     container_config, eventually, http_get, leaks, metric, pid_per_container, Daemon, DaemonOpts,
     Scenario,
 };
+use cubelet_engine::Journal;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const BUSYBOX: &str = "127.0.0.1:5000/busybox:test";
@@ -58,6 +64,9 @@ fn scenarios() -> Vec<Scenario> {
         }),
         ("gc_reclaims_a_shell_without_its_record", 180, |d| {
             Box::pin(gc_orphaned_shell(d))
+        }),
+        ("kill9_mid_claim_loses_the_pod_and_the_shell", 300, |d| {
+            Box::pin(kill9_mid_claim(d))
         }),
     ]
 }
@@ -404,4 +413,135 @@ async fn gc_orphaned_shell(d: &Daemon) -> anyhow::Result<()> {
     ensure!(veths >= SIZE as f64, "veth reclaims not counted: {veths}");
     ready(d, SIZE).await?;
     Ok(())
+}
+
+/// What the store a killed run left says of a claimed shell `id`.
+#[derive(Debug, PartialEq, Eq)]
+enum Left {
+    /// Still the shell: the claim and the flow's start were not durable.
+    Shell,
+    /// A sandbox with an open `create` flow: recovery undoes it.
+    OpenCreate,
+}
+
+/// Reads the store of the (stopped) daemon for claimed shell `id`.
+fn left_in_store(d: &Daemon, id: &str) -> anyhow::Result<Left> {
+    let store = cubelet_store::Store::open(&d.root_dir.join("cubelet.redb"))?;
+    let sid = cubelet_engine::SandboxId::parse(id).context("shell id")?;
+    let shell = store.list_shells()?.iter().any(|s| s.id == sid);
+    let sandbox = store.get_sandbox(&sid)?.is_some();
+    let open = store
+        .open_flows()?
+        .iter()
+        .any(|f| f.sandbox_id == sid && f.kind == cubelet_engine::FlowKind::Create);
+    match (shell, sandbox, open) {
+        (true, false, false) => Ok(Left::Shell),
+        (false, true, true) => Ok(Left::OpenCreate),
+        _ => anyhow::bail!("shell record {shell}, sandbox record {sandbox}, open create {open}"),
+    }
+}
+
+/// One kill -9 case: RunPodSandbox of `cfg` held at failpoint `point`
+/// (`<provider>.create[@before]`), the daemon killed, the store read, the
+/// daemon restarted.
+async fn killed_mid_claim(
+    d: &Daemon,
+    point: &str,
+    cfg: &PodSandboxConfig,
+    expect: Left,
+) -> anyhow::Result<()> {
+    d.stop().await?;
+    d.start_with_env(&[("CUBELET_TEST_FAILPOINTS", &format!("{point}=sleep:300s"))])
+        .await?;
+    let shells = ready(d, SIZE).await?;
+    // kubelet makes the log directory before it asks for the pod.
+    std::fs::create_dir_all(&cfg.log_directory)?;
+    let call = {
+        let mut rt = d.runtime.clone();
+        let config = cfg.clone();
+        tokio::spawn(async move {
+            rt.run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config),
+                runtime_handler: String::new(),
+            })
+            .await
+        })
+    };
+    eventually(
+        &format!("{point}: a shell claimed"),
+        Duration::from_secs(10),
+        || async { Ok(d.shells().await?.len() < SIZE) },
+    )
+    .await?;
+    let left = d.shells().await?;
+    let claimed: Vec<&String> = shells.iter().filter(|id| !left.contains(*id)).collect();
+    let [claimed] = claimed[..] else {
+        anyhow::bail!("{point}: claimed {claimed:?}");
+    };
+    let claimed = claimed.clone();
+    // The steps before the hold take well under this.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ensure!(
+        !call.is_finished(),
+        "{point}: the call returned before the kill"
+    );
+    d.kill9().await?;
+    let _ = call.await;
+    ensure!(
+        any_part_of(d, &claimed),
+        "{point}: nothing of {claimed} before the restart"
+    );
+    let found = left_in_store(d, &claimed).with_context(|| format!("{point}: the store"))?;
+    ensure!(
+        found == expect,
+        "{point}: the store has {found:?}, expected {expect:?}"
+    );
+    d.start_with_env(&[]).await?;
+    eventually(
+        &format!("{point}: pod gone"),
+        Duration::from_secs(30),
+        || async {
+            let pods = d
+                .runtime
+                .clone()
+                .list_pod_sandbox(ListPodSandboxRequest::default())
+                .await?
+                .into_inner()
+                .items;
+            Ok(!any_part_of(d, &claimed) && pods.is_empty())
+        },
+    )
+    .await?;
+    let after = ready(d, SIZE).await?;
+    ensure!(
+        !after.contains(&claimed),
+        "{point}: the claimed shell came back"
+    );
+    Ok(())
+}
+
+async fn kill9_mid_claim(d: &Daemon) -> anyhow::Result<()> {
+    let confined = pid_per_container(d.pod_config("claim-killed"));
+    for point in [
+        "storage.create@before",
+        "storage.create",
+        "network.create",
+        "sandbox.create",
+    ] {
+        killed_mid_claim(d, point, &confined, Left::Shell).await?;
+    }
+    // A pause container, or a host port, is outside the shell: the claim
+    // and the start are durable before either is made.
+    let pause = d.pod_config("claim-killed-pause");
+    killed_mid_claim(d, "sandbox.create@before", &pause, Left::OpenCreate).await?;
+    let mut ported = pid_per_container(d.pod_config("claim-killed-port"));
+    ported.port_mappings = vec![PortMapping {
+        protocol: Protocol::Tcp as i32,
+        container_port: 8080,
+        host_port: 18089,
+        host_ip: "127.0.0.1".to_owned(),
+    }];
+    killed_mid_claim(d, "network.create@before", &ported, Left::OpenCreate).await?;
+    d.stop().await?;
+    d.start_with_env(&[]).await
 }

@@ -149,6 +149,7 @@ async fn gc_reclaims_orphans(d: &Daemon) -> anyhow::Result<()> {
             sandbox_id: &ghost,
             spec: &spec,
             compensates: None,
+            durable: true,
         })?;
         store.finish(flow, FlowState::Succeeded, None)?;
     }

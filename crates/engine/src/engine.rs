@@ -386,6 +386,7 @@ impl Inner {
             sandbox_id,
             spec: ctx.spec(),
             compensates: None,
+            durable: !confined_claim(kind, &plan.stages, ctx),
         };
         let id = self
             .begin(start, &plan.stages)
@@ -568,12 +569,27 @@ impl Inner {
     // settling write is folded with the last stage's events because nothing
     // acts between the two. `begin` cannot be folded with
     // anything earlier (nothing is written before a flow is admitted), and
-    // the first write cannot be buffered: a flow whose steps acted but whose
-    // start was lost would leave their effects to the garbage collector
-    // alone.
+    // the first write cannot in general be buffered: a flow whose steps
+    // acted but whose start was lost would leave their effects to the
+    // garbage collector alone.
+    //
+    // The exception is a claimed `create` whose every step acts only inside
+    // the shell (`Flow::confined_to_shell`: a pod without host ports or a
+    // pause container, whose steps write its files into the shell's
+    // directory and its hostname into the shell's pinned UTS namespace).
+    // The shell's record is durable, and the pod service turns it into the
+    // sandbox's with a buffered write just before the flow starts. A crash
+    // before the next durable commit loses the claim and the start
+    // together and reopens the store with the shell as it was recorded;
+    // the restart destroys every recorded shell whole (its `cleanup`),
+    // which undoes whatever the steps did inside it. A crash after a later
+    // durable commit of any kind finds the flow open and recovery undoes
+    // it as any other. Either way nobody was told of the pod, whose `Ready`
+    // write is durable. Such a create makes one durable write instead of
+    // two.
 
     /// The flow's first journal write: its start and the `Started` events of
-    /// its first stage, durable on return.
+    /// its first stage, durable on return unless `start` says otherwise.
     fn begin(&self, start: FlowStart<'_>, stages: &[Vec<Step>]) -> Result<FlowId, JournalError> {
         let first = stages.first().map_or(&[][..], Vec::as_slice);
         let started: Vec<StepEntry<'_>> = first
@@ -657,6 +673,7 @@ impl Inner {
             sandbox_id: ctx.sandbox_id(),
             spec: ctx.spec(),
             compensates,
+            durable: true,
         };
         let id = match self.begin(start, &plan.stages) {
             Ok(id) => id,
@@ -862,6 +879,18 @@ impl Inner {
         });
         (result, record)
     }
+}
+
+/// Whether `ctx` is a claimed `create` whose every step acts only inside
+/// the shell ([`Flow::confined_to_shell`]), so that its first journal write
+/// may be buffered (see "Crash safety of the journal writes" above).
+fn confined_claim(kind: FlowKind, stages: &[Vec<Step>], ctx: &FlowContext) -> bool {
+    kind == FlowKind::Create
+        && ctx.claimed()
+        && stages
+            .iter()
+            .flatten()
+            .all(|step| step.flow.confined_to_shell(ctx))
 }
 
 /// Runs the work the steps of a failed teardown deferred, all at once, and

@@ -96,6 +96,7 @@ pub struct FakeFlow {
     behavior: Mutex<HashMap<FlowKind, Behavior>>,
     log: Arc<Mutex<Vec<String>>>,
     init_calls: Mutex<u32>,
+    confined: std::sync::atomic::AtomicBool,
 }
 
 impl FakeFlow {
@@ -112,12 +113,20 @@ impl FakeFlow {
             behavior: Mutex::default(),
             log,
             init_calls: Mutex::new(0),
+            confined: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// Sets the behaviour for one flow kind.
     pub fn set(&self, kind: FlowKind, behavior: Behavior) {
         lock(&self.behavior).insert(kind, behavior);
+    }
+
+    /// Makes it answer [`Flow::confined_to_shell`] with `confined` for a
+    /// claimed create (`false` until set).
+    pub fn set_confined(&self, confined: bool) {
+        self.confined
+            .store(confined, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Number of sandboxes this fake holds a resource for.
@@ -234,6 +243,10 @@ impl Flow for FakeFlow {
 
     async fn prewarm(&self, ctx: &FlowContext) -> Result<(), StepError> {
         self.act(FlowKind::Prewarm, ctx).await
+    }
+
+    fn confined_to_shell(&self, ctx: &FlowContext) -> bool {
+        ctx.claimed() && self.confined.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

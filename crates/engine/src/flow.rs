@@ -112,6 +112,23 @@ pub trait Flow: Send + Sync + 'static {
         let _ = ctx;
         Ok(())
     }
+
+    /// Whether `create` with this context, a claimed shell's
+    /// ([`FlowContext::claimed`]), acts only on what the shell already
+    /// holds under its id, so that the shell's `cleanup` (run with the
+    /// shell's own blank spec) undoes all of it: nothing on the host
+    /// beyond the shell (no host-port rule, no container), nothing named
+    /// after the pod. When every step of a claimed `create` says so, the
+    /// engine does not wait for the flow's first journal write to reach
+    /// the disk ([`FlowStart::durable`]): a crash that loses it leaves
+    /// the shell's durable record, and the restart destroys the shell
+    /// whole. The default, `false`, is always safe.
+    ///
+    /// [`FlowStart::durable`]: crate::FlowStart::durable
+    fn confined_to_shell(&self, ctx: &FlowContext) -> bool {
+        let _ = ctx;
+        false
+    }
 }
 
 /// What the steps of a `create` flow produce, for later stages and for the

@@ -104,6 +104,14 @@ pub struct FlowStart<'a> {
     pub spec: &'a SandboxSpec,
     /// Flow this one compensates.
     pub compensates: Option<FlowId>,
+    /// Whether the write is durable on return. `false` lets it be buffered
+    /// until the next durable write of any kind. The engine starts so only
+    /// a claimed `create` whose every step acts inside the shell alone
+    /// ([`Flow::confined_to_shell`]): a crash that loses the start leaves
+    /// the shell's own durable record, and its teardown undoes the steps.
+    ///
+    /// [`Flow::confined_to_shell`]: crate::Flow::confined_to_shell
+    pub durable: bool,
 }
 
 /// A step event given to [`Journal::step`].
@@ -150,7 +158,8 @@ pub struct Settle<'a> {
 /// Durable flow records. Implemented by `cubelet-store` on redb; the engine
 /// only sees this trait.
 pub trait Journal: Send + Sync + 'static {
-    /// Records that a flow starts. Durable on return.
+    /// Records that a flow starts. Durable on return unless
+    /// [`FlowStart::durable`] is false.
     fn begin(&self, start: FlowStart<'_>) -> Result<FlowId, JournalError>;
     /// Records a step event.
     fn step(&self, id: FlowId, step: &str, event: StepEvent<'_>) -> Result<(), JournalError>;
@@ -159,7 +168,8 @@ pub trait Journal: Send + Sync + 'static {
         -> Result<(), JournalError>;
 
     /// Records that a flow starts together with `started` (the `Started`
-    /// events of its first stage), as one write that is durable on return.
+    /// events of its first stage), as one write that is durable on return
+    /// unless [`FlowStart::durable`] is false.
     /// The default calls [`Journal::begin`], then [`Journal::step`] for each
     /// event.
     fn begin_stage(

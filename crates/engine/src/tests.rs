@@ -112,7 +112,7 @@ impl Journal for CountingJournal {
             flow: id,
             first: true,
             settles: false,
-            durable: true,
+            durable: start.durable,
         });
         Ok(id)
     }
@@ -840,6 +840,86 @@ async fn prewarm_runs_the_create_stages_under_a_limit_of_its_own() {
     assert!(claim.get::<crate::spec::SandboxProcess>().is_some());
     r.engine.run(FlowKind::Create, claim).await.unwrap();
     assert_eq!(r.held(), 6, "the claim took what the shell held");
+}
+
+/// The record of flow `kind` of sandbox `id`.
+fn flow_of(r: &Rig, kind: FlowKind, id: &str) -> FlowRecord {
+    r.journal
+        .records()
+        .into_iter()
+        .find(|f| f.kind == kind && f.sandbox_id.as_str() == id)
+        .unwrap()
+}
+
+/// Whether the first write of flow `kind` of sandbox `id` was durable.
+fn first_write_durable(r: &Rig, kind: FlowKind, id: &str) -> bool {
+    let writes = r.journal.writes_of(flow_of(r, kind, id).id);
+    assert!(writes[0].first, "{writes:?}");
+    writes[0].durable
+}
+
+/// Whether the last write of flow `kind` of sandbox `id` settled it
+/// durably.
+fn settled_durably(r: &Rig, kind: FlowKind, id: &str) -> bool {
+    let writes = r.journal.writes_of(flow_of(r, kind, id).id);
+    writes.last().is_some_and(|w| w.settles && w.durable)
+}
+
+fn claim(id: &str) -> Arc<FlowContext> {
+    Arc::new(
+        FlowContext::new(SandboxId::new_unchecked(id), Arc::default())
+            .with_failover(true)
+            .with_shell(SandboxOutputs::default()),
+    )
+}
+
+#[tokio::test]
+async fn only_a_claim_every_step_confines_to_its_shell_starts_buffered() {
+    let r = rig(DEFAULT, 16);
+    // No step says so (the default): durable.
+    r.engine.run(FlowKind::Create, claim("c0")).await.unwrap();
+    assert!(first_write_durable(&r, FlowKind::Create, "c0"));
+    // Every step but one: durable.
+    r.fake("storage").set_confined(true);
+    r.fake("network").set_confined(true);
+    r.engine.run(FlowKind::Create, claim("c1")).await.unwrap();
+    assert!(first_write_durable(&r, FlowKind::Create, "c1"));
+    // Every step: buffered; the settle is durable (no caller commit).
+    r.fake("sandbox").set_confined(true);
+    r.engine.run(FlowKind::Create, claim("c2")).await.unwrap();
+    assert!(!first_write_durable(&r, FlowKind::Create, "c2"));
+    assert!(settled_durably(&r, FlowKind::Create, "c2"));
+    // A cold create with the same steps: durable.
+    r.engine.run(FlowKind::Create, ctx("cold")).await.unwrap();
+    assert!(first_write_durable(&r, FlowKind::Create, "cold"));
+    // The teardowns of a confined claim start durably as ever.
+    r.engine.run(FlowKind::Destroy, claim("c2")).await.unwrap();
+    r.engine.run(FlowKind::Cleanup, claim("c2")).await.unwrap();
+    assert!(first_write_durable(&r, FlowKind::Destroy, "c2"));
+    assert!(first_write_durable(&r, FlowKind::Cleanup, "c2"));
+    // A confined claim that fails is rolled back, and the rollback and the
+    // failure are durable.
+    r.fake("sandbox").set(
+        FlowKind::Create,
+        Behavior::Fail {
+            after_acquire: true,
+        },
+    );
+    r.engine
+        .run(FlowKind::Create, claim("c3"))
+        .await
+        .unwrap_err();
+    assert!(!first_write_durable(&r, FlowKind::Create, "c3"));
+    assert!(first_write_durable(&r, FlowKind::Destroy, "c3"));
+    assert_eq!(
+        flow_of(&r, FlowKind::Create, "c3").state,
+        FlowState::Compensated
+    );
+    assert!(settled_durably(&r, FlowKind::Create, "c3"));
+    assert!(!r
+        .fakes
+        .values()
+        .any(|f| f.holds(&SandboxId::new_unchecked("c3"))));
 }
 
 #[tokio::test]

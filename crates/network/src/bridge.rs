@@ -857,6 +857,18 @@ impl Flow for BridgeNetwork {
             .await?)
     }
 
+    /// A claimed shell's `create` does nothing unless the pod maps host
+    /// ports, whose rules live in the node's table.
+    fn confined_to_shell(&self, ctx: &FlowContext) -> bool {
+        let spec = ctx.spec();
+        ctx.claimed()
+            && spec.port_mappings.is_empty()
+            && !spec.host_network()
+            && ctx
+                .get::<NetworkStatus>()
+                .is_some_and(|n| n.netns_path.is_some())
+    }
+
     /// A shell's network: the namespace pinned, the veth pair on the
     /// bridge, an address leased and set, no host ports (those are the
     /// pod's).

@@ -47,6 +47,12 @@
 //!   ([`PodService::close_pool`]) destroys the ready ones too, so a stopped
 //!   agent leaves nothing behind. The GC counts shell records as live and
 //!   reclaims a shell's objects once its record is gone.
+//! - **A claim's one durable write:** a pod whose steps act only inside
+//!   the shell (no host ports, no pause container: `Flow::confined_to_shell`)
+//!   makes a single durable write, its `Ready` record. The claim and the
+//!   flow's journal writes before it are buffered, so a crash before it
+//!   leaves the shell's record as it was, and the restart destroys that
+//!   shell, with whatever the pod's steps did inside it, as any other.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -83,7 +83,11 @@ impl PodService {
         let spec = Arc::new(spec);
         // Recorded before anything is built, so a crash leaves a record that
         // reconciliation finds next to the journal's open flow. A claimed
-        // shell's record becomes the sandbox's in the same write.
+        // shell's record becomes the sandbox's in the same write. Both are
+        // buffered: the flow's first journal write makes them durable before
+        // any step acts, except for a claim whose steps act only inside the
+        // shell, where a crash before `Ready` may lose all three and leave
+        // the shell's record, and the restart destroys the shell whole.
         let rec = SandboxRecord::new(id.clone(), (*spec).clone());
         let recorded = match &shell {
             Some(_) => blocking(|| store.claim_shell(&rec)),

@@ -209,6 +209,16 @@ impl SandboxProvider {
     }
 }
 
+/// Whether a claimed shell's pinned namespaces serve `spec`'s pod as they
+/// are: both pinned, and the pod uses neither the node's network nor its
+/// IPC namespace.
+fn pins_fit(shell: &SandboxProcess, spec: &SandboxSpec) -> bool {
+    shell.uts_path.is_some()
+        && shell.ipc_path.is_some()
+        && !spec.host_network()
+        && spec.namespaces.ipc != NamespaceMode::Node
+}
+
 /// [`SandboxProvider::needs_infra`] of a provider that can pin namespaces.
 fn infra_needed(mode: SandboxMode, spec: &SandboxSpec, handler: &HandlerConfig) -> bool {
     mode == SandboxMode::Pause
@@ -269,11 +279,7 @@ impl Flow for SandboxProvider {
             .filter(|p| ctx.claimed() && p.pins_dir.is_some());
         if let (Some(shell), Some(pins)) = (shell, &self.pins) {
             let spec = ctx.spec();
-            let fits = shell.uts_path.is_some()
-                && shell.ipc_path.is_some()
-                && !spec.host_network()
-                && spec.namespaces.ipc != NamespaceMode::Node;
-            if !infra && fits {
+            if !infra && pins_fit(&shell, spec) {
                 pins.set_hostname(ctx.sandbox_id(), spec.effective_hostname())
                     .await?;
                 ctx.publish(SandboxProcess {
@@ -324,6 +330,21 @@ impl Flow for SandboxProvider {
 
     async fn cleanup(&self, ctx: &FlowContext) -> Result<(), StepError> {
         self.destroy(ctx).await
+    }
+
+    /// A claimed shell's `create` only sets the pod's hostname in the
+    /// shell's pinned UTS namespace when the pod goes without an infra
+    /// process; one with a pause container is not confined.
+    fn confined_to_shell(&self, ctx: &FlowContext) -> bool {
+        let Ok((_, config)) = self.runtime.handler(&ctx.spec().runtime_handler) else {
+            return false;
+        };
+        self.pins.is_some()
+            && ctx.claimed()
+            && !self.needs_infra(ctx.spec(), config)
+            && ctx
+                .get::<SandboxProcess>()
+                .is_some_and(|p| p.pins_dir.is_some() && pins_fit(&p, ctx.spec()))
     }
 
     /// A shell's IPC and UTS namespaces, pinned, when pods may go without

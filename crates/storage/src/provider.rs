@@ -555,6 +555,23 @@ impl Flow for LocalStorage {
         Ok(())
     }
 
+    /// A claimed shell's `create` writes the pod's hostname, hosts and
+    /// resolv.conf into the shell's directory, which its `cleanup` removes
+    /// whole. The CRI log directory lies outside it (and no teardown
+    /// removes one: it is the client's, made by kubelet before the call),
+    /// so a pod whose log directory is not there yet is not confined.
+    fn confined_to_shell(&self, ctx: &FlowContext) -> bool {
+        let in_shell = ctx
+            .get::<StorageStatus>()
+            .is_some_and(|s| ctx.claimed() && s.sandbox_dir == self.paths(ctx.sandbox_id()).dir);
+        in_shell
+            && ctx
+                .spec()
+                .log_directory
+                .as_deref()
+                .is_none_or(std::path::Path::is_dir)
+    }
+
     async fn destroy(&self, ctx: &FlowContext) -> Result<(), StepError> {
         // Umounts block: off the async workers, on this thread (its mount
         // namespace).
@@ -703,6 +720,46 @@ mod tests {
         s.cleanup_sandbox(&id()).unwrap();
         s.cleanup_sandbox(&id()).unwrap();
         assert!(logs.is_dir(), "kubelet owns the log directory");
+    }
+
+    #[test]
+    fn only_a_claim_of_its_own_shell_with_the_log_directory_made_is_confined() {
+        let (tmp, s) = setup();
+        let p = s.paths(&id());
+        let shell = StorageStatus {
+            sandbox_dir: p.dir.clone(),
+            hostname_path: p.hostname,
+            hosts_path: p.hosts,
+            resolv_conf_path: p.resolv_conf,
+            shm_path: Some(p.shm),
+            scratch_path: None,
+        };
+        let logs = tmp.path().join("logs/ns_web-0_uid");
+        let mut spec = spec();
+        spec.log_directory = Some(logs.clone());
+        let claim = |spec: &SandboxSpec, shell: StorageStatus| {
+            FlowContext::new(id(), std::sync::Arc::new(spec.clone())).with_shell(
+                cubelet_engine::SandboxOutputs {
+                    storage: Some(shell),
+                    ..Default::default()
+                },
+            )
+        };
+        // The log directory would be made outside the shell.
+        assert!(!s.confined_to_shell(&claim(&spec, shell.clone())));
+        fs::create_dir_all(&logs).unwrap();
+        assert!(s.confined_to_shell(&claim(&spec, shell.clone())));
+        spec.log_directory = None;
+        assert!(s.confined_to_shell(&claim(&spec, shell.clone())));
+        // Not a claim; another directory.
+        let cold = FlowContext::new(id(), std::sync::Arc::new(spec.clone()));
+        cold.publish(shell.clone());
+        assert!(!s.confined_to_shell(&cold));
+        let elsewhere = StorageStatus {
+            sandbox_dir: tmp.path().join("elsewhere"),
+            ..shell
+        };
+        assert!(!s.confined_to_shell(&claim(&spec, elsewhere)));
     }
 
     #[tokio::test]

@@ -15,7 +15,9 @@
 //! flow of n stages costs n + 1 transactions. [`Journal::begin`],
 //! [`Journal::begin_stage`], [`Journal::finish`] and a [`Journal::record`]
 //! that settles the flow commit with [`Durability::Immediate`]: the record is
-//! on disk when they return. [`Journal::step`] and a `record` that does not
+//! on disk when they return (a start marked not durable,
+//! [`FlowStart::durable`], and a settle marked so, [`Settle::durable`],
+//! commit as a step does). [`Journal::step`] and a `record` that does not
 //! settle commit with [`Durability::None`]: the change is visible at once to
 //! every reader of this process, and becomes durable with the next durable
 //! commit of any kind (the flow's settling write, another flow's start, a
@@ -76,8 +78,8 @@ fn settle(rec: &mut FlowRecord, state: FlowState, error: Option<&str>, now: Syst
 }
 
 impl Store {
-    /// Records a new flow and the `Started` events in `started`, durably,
-    /// in one transaction.
+    /// Records a new flow and the `Started` events in `started` in one
+    /// transaction, durably unless `start.durable` is false.
     fn begin_flow(
         &self,
         start: FlowStart<'_>,
@@ -85,8 +87,12 @@ impl Store {
     ) -> Result<FlowId, StoreError> {
         let op = "journal begin";
         let mut txn = self.write(op)?;
-        txn.set_durability(Durability::Immediate)
-            .map_err(StoreError::db(op))?;
+        let durability = if start.durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        };
+        txn.set_durability(durability).map_err(StoreError::db(op))?;
         let id = {
             let mut meta = txn.open_table(META).map_err(StoreError::db(op))?;
             let mut flows = txn.open_table(FLOWS).map_err(StoreError::db(op))?;
@@ -354,6 +360,7 @@ mod tests {
             sandbox_id: id,
             spec,
             compensates,
+            durable: true,
         }
     }
 

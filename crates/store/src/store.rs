@@ -630,10 +630,13 @@ impl Store {
     /// A pod claims shell `rec.id`: records its sandbox `rec` and deletes
     /// the shell record, in one write transaction, so the id is never
     /// without a record (the GC never sees its objects as orphans). The
-    /// commit is buffered as [`Store::put_sandbox_buffered`]'s, for the
-    /// same reason: the `create` flow's first journal write follows, is
-    /// durable and returns before any step acts, so a crash before it
-    /// loses both changes together and leaves the shell as it was.
+    /// commit is buffered as [`Store::put_sandbox_buffered`]'s: the
+    /// `create` flow's first journal write follows, and a crash before the
+    /// next durable commit loses both together and leaves the shell's
+    /// record as it was. That write is durable, and returns before any
+    /// step acts, unless every step acts only inside the shell
+    /// (`Flow::confined_to_shell` in the engine); then the shell's
+    /// destruction at the restart undoes what they did.
     pub fn claim_shell(&self, rec: &SandboxRecord) -> Result<(), StoreError> {
         let op = "claim shell";
         let key = rec.id.as_str();

@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, SystemTime};
@@ -26,7 +26,7 @@ use std::time::{Duration, SystemTime};
 use cubelet_engine::{
     FlowKind, FlowStart, FlowState, Journal, SandboxId, SandboxSpec, Settle, StepEntry, StepEvent,
 };
-use cubelet_store::{ContainerRecord, IpLease, SandboxRecord, SandboxState, Store};
+use cubelet_store::{ContainerRecord, IpLease, SandboxRecord, SandboxState, ShellRecord, Store};
 
 const TEST_NAME: &str = "kill9_mid_write_leaves_a_consistent_store";
 const CHILD_ENV: &str = "CUBELET_STORE_TEST_CHILD";
@@ -91,6 +91,7 @@ fn child() {
             sandbox_id: &sb,
             spec: &spec,
             compensates: None,
+            durable: true,
         };
         let started = StepEntry {
             step: "storage",
@@ -272,6 +273,7 @@ fn parent() {
                 sandbox_id: &sb,
                 spec: &spec,
                 compensates: None,
+                durable: true,
             })
             .unwrap();
         let newest = store
@@ -466,29 +468,8 @@ fn a_buffered_settle_survives_a_kill_only_behind_a_durable_write() {
         return;
     }
     for ready in [false, true] {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("cubelet.redb");
-        let mut child = KillOnDrop(
-            Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", SETTLE_TEST, "--nocapture", "--test-threads=1"])
-                .env(SETTLE_CHILD_ENV, if ready { "ready" } else { "settled" })
-                .env(PATH_ENV, &path)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .unwrap(),
-        );
-        let stdout = BufReader::new(child.0.stdout.take().unwrap());
-        // libtest's "test <name> ... " may stand before it on its line.
-        let done = stdout
-            .lines()
-            .map_while(Result::ok)
-            .any(|l| l.ends_with("WRITTEN"));
-        assert!(done, "the child wrote its records (ready: {ready})");
-        child.0.kill().unwrap();
-        let status = child.0.wait().unwrap();
-        assert_eq!(status.signal(), Some(9), "{status}");
-
+        let mode = if ready { "ready" } else { "settled" };
+        let (_dir, path) = killed_after_writes(SETTLE_TEST, SETTLE_CHILD_ENV, mode);
         let store = Store::open(&path).unwrap();
         let flows = store.list_flows().unwrap();
         let sandbox = store.get_sandbox(&sid("s1")).unwrap().unwrap();
@@ -502,6 +483,35 @@ fn a_buffered_settle_survives_a_kill_only_behind_a_durable_write() {
             assert_eq!(store.open_flows().unwrap().len(), 1, "recovery sees it");
         }
     }
+}
+
+/// Runs this binary's test `test` as a child with `env` set to `mode`,
+/// waits until it says its records are written, kills it with SIGKILL and
+/// returns its store's directory and path.
+fn killed_after_writes(test: &str, env: &str, mode: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cubelet.redb");
+    let mut child = KillOnDrop(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env(env, mode)
+            .env(PATH_ENV, &path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = BufReader::new(child.0.stdout.take().unwrap());
+    // libtest's "test <name> ... " may stand before it on its line.
+    let done = stdout
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l.ends_with("WRITTEN"));
+    assert!(done, "the child wrote its records ({mode})");
+    child.0.kill().unwrap();
+    let status = child.0.wait().unwrap();
+    assert_eq!(status.signal(), Some(9), "{status}");
+    (dir, path)
 }
 
 /// The child of [`a_buffered_settle_survives_a_kill_only_behind_a_durable_write`]:
@@ -521,8 +531,100 @@ fn settle_child(ready: bool) {
         sandbox_id: &sb,
         spec: &spec,
         compensates: None,
+        durable: true,
     };
     let fid = store.begin_stage(start, &[]).unwrap();
+    let settle = Settle {
+        state: FlowState::Succeeded,
+        error: None,
+        durable: false,
+    };
+    store.record(fid, &[], Some(settle)).unwrap();
+    if ready {
+        store
+            .update_sandbox(&sb, |r| r.state = SandboxState::Ready)
+            .unwrap();
+    }
+    println!("WRITTEN");
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+const CLAIM_TEST: &str = "a_claimed_create_started_buffered_is_lost_with_its_claim_before_ready";
+const CLAIM_CHILD_ENV: &str = "CUBELET_STORE_TEST_CLAIM_CHILD";
+
+/// What a claimed `create` confined to its shell relies on (the engine's
+/// buffered first write), with a kill -9 at a known point: the claim, the
+/// flow's start and its step events, all buffered, are lost together by a
+/// crash before the durable `Ready` write, which leaves the shell's record
+/// as it was (the restart destroys the shell whole) and no sandbox and no
+/// flow; after the `Ready` write the sandbox, its settled flow and no shell
+/// are there.
+#[test]
+fn a_claimed_create_started_buffered_is_lost_with_its_claim_before_ready() {
+    if let Some(ready) = std::env::var_os(CLAIM_CHILD_ENV) {
+        claim_child(ready == "ready");
+        return;
+    }
+    for ready in [false, true] {
+        let mode = if ready { "ready" } else { "begun" };
+        let (_dir, path) = killed_after_writes(CLAIM_TEST, CLAIM_CHILD_ENV, mode);
+        let store = Store::open(&path).unwrap();
+        let shells: Vec<SandboxId> = store
+            .list_shells()
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        let flows = store.list_flows().unwrap();
+        let sandbox = store.get_sandbox(&sid("s1")).unwrap();
+        if ready {
+            assert!(shells.is_empty(), "{shells:?}");
+            assert_eq!(sandbox.unwrap().state, SandboxState::Ready);
+            assert_eq!(flows.len(), 1, "{flows:?}");
+            assert_eq!(flows[0].state, FlowState::Succeeded);
+        } else {
+            assert_eq!(shells, vec![sid("s1")], "the shell's record is back");
+            assert!(sandbox.is_none(), "the claim was lost: {sandbox:?}");
+            assert!(flows.is_empty(), "the start was lost: {flows:?}");
+            assert!(store.open_flows().unwrap().is_empty());
+        }
+    }
+}
+
+/// The child of [`a_claimed_create_started_buffered_is_lost_with_its_claim_before_ready`]:
+/// records a shell durably, then claims it and runs its create as the pod
+/// service and the engine do for a pod confined to the shell (claim,
+/// start, the stage between, the settle: all buffered), writes the durable
+/// `Ready` record if `ready`, says so and waits to be killed.
+fn claim_child(ready: bool) {
+    let path = std::env::var_os(PATH_ENV).expect("parent sets the store path");
+    let store = Store::open(Path::new(&path)).unwrap();
+    let sb = sid("s1");
+    let spec = spec_for("s1");
+    store.put_shell(&ShellRecord::new(sb.clone())).unwrap();
+    store
+        .claim_shell(&SandboxRecord::new(sb.clone(), spec.clone()))
+        .unwrap();
+    let start = FlowStart {
+        kind: FlowKind::Create,
+        sandbox_id: &sb,
+        spec: &spec,
+        compensates: None,
+        durable: false,
+    };
+    let started = [StepEntry {
+        step: "storage",
+        event: StepEvent::Started { stage: 0 },
+    }];
+    let fid = store.begin_stage(start, &started).unwrap();
+    let finished = [StepEntry {
+        step: "storage",
+        event: StepEvent::Finished {
+            duration: Duration::from_millis(1),
+            error: None,
+        },
+    }];
+    store.record(fid, &finished, None).unwrap();
     let settle = Settle {
         state: FlowState::Succeeded,
         error: None,

@@ -196,6 +196,9 @@ impl Flow for Injected {
         self.around(FlowKind::Prewarm, self.inner.prewarm(ctx))
             .await
     }
+    fn confined_to_shell(&self, ctx: &FlowContext) -> bool {
+        self.inner.confined_to_shell(ctx)
+    }
 }
 
 #[cfg(test)]
