@@ -582,11 +582,14 @@ impl Inner {
     // before the next durable commit loses the claim and the start
     // together and reopens the store with the shell as it was recorded;
     // the restart destroys every recorded shell whole (its `cleanup`),
-    // which undoes whatever the steps did inside it. A crash after a later
-    // durable commit of any kind finds the flow open and recovery undoes
-    // it as any other. Either way nobody was told of the pod, whose `Ready`
-    // write is durable. Such a create makes one durable write instead of
-    // two.
+    // which undoes whatever the steps did inside it. A crash after another
+    // flow's durable commit finds what was buffered before that commit:
+    // the sandbox record, still `Creating` (reconciliation marks it for
+    // cleanup and the GC's `cleanup` removes the sandbox by id), and, if
+    // the commit came after the start, the flow, open (recovery undoes it
+    // first) unless the commit came after its buffered settle too. Either
+    // way nobody was told of the pod, whose `Ready` write is durable. Such
+    // a create makes one durable write instead of two.
 
     /// The flow's first journal write: its start and the `Started` events of
     /// its first stage, durable on return unless `start` says otherwise.

@@ -122,8 +122,9 @@ impl FakeFlow {
         lock(&self.behavior).insert(kind, behavior);
     }
 
-    /// Makes it answer [`Flow::confined_to_shell`] with `confined` for a
-    /// claimed create (`false` until set).
+    /// Makes it answer [`Flow::confined_to_shell`] with `confined`, for
+    /// any context (`false` until set): the engine alone must tell claims
+    /// from cold creates.
     pub fn set_confined(&self, confined: bool) {
         self.confined
             .store(confined, std::sync::atomic::Ordering::Relaxed);
@@ -245,8 +246,8 @@ impl Flow for FakeFlow {
         self.act(FlowKind::Prewarm, ctx).await
     }
 
-    fn confined_to_shell(&self, ctx: &FlowContext) -> bool {
-        ctx.claimed() && self.confined.load(std::sync::atomic::Ordering::Relaxed)
+    fn confined_to_shell(&self, _ctx: &FlowContext) -> bool {
+        self.confined.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

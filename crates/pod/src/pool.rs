@@ -48,7 +48,8 @@
 //!   agent leaves nothing behind. The GC counts shell records as live and
 //!   reclaims a shell's objects once its record is gone.
 //! - **A claim's one durable write:** a pod whose steps act only inside
-//!   the shell (no host ports, no pause container: `Flow::confined_to_shell`)
+//!   the shell (no host ports, no pause container, its log directory made
+//!   already: `Flow::confined_to_shell`)
 //!   makes a single durable write, its `Ready` record. The claim and the
 //!   flow's journal writes before it are buffered, so a crash before it
 //!   leaves the shell's record as it was, and the restart destroys that
