@@ -505,6 +505,21 @@ impl Daemon {
         Ok(r.into_inner().pod_sandbox_id)
     }
 
+    /// The ids of every pod sandbox ListPodSandbox lists.
+    pub async fn pod_ids(&self) -> anyhow::Result<Vec<String>> {
+        Ok(self
+            .runtime
+            .clone()
+            .list_pod_sandbox(ListPodSandboxRequest::default())
+            .await
+            .context("ListPodSandbox")?
+            .into_inner()
+            .items
+            .into_iter()
+            .map(|p| p.id)
+            .collect())
+    }
+
     /// The (non-verbose) PodSandboxStatus of pod `id`.
     pub async fn pod_status(&self, id: &str) -> anyhow::Result<PodSandboxStatus> {
         self.runtime

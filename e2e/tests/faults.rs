@@ -22,8 +22,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use cubelet_e2e::cri::{
-    ListPodSandboxRequest, PodSandboxConfig, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StopPodSandboxRequest,
+    PodSandboxConfig, RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest,
 };
 use cubelet_e2e::{eventually, leaks, pid_per_container, with_daemon, Daemon, DaemonOpts};
 
@@ -83,18 +82,6 @@ async fn remove(d: &Daemon, id: &str) -> Result<(), tonic::Status> {
         .map(drop)
 }
 
-async fn pod_ids(d: &Daemon) -> anyhow::Result<Vec<String>> {
-    Ok(d.runtime
-        .clone()
-        .list_pod_sandbox(ListPodSandboxRequest::default())
-        .await?
-        .into_inner()
-        .items
-        .into_iter()
-        .map(|p| p.id)
-        .collect())
-}
-
 /// Nothing of any pod is left, waiting a moment for the GC.
 async fn clean(d: &Daemon, case: &str) -> anyhow::Result<()> {
     let mut left = Vec::new();
@@ -132,7 +119,7 @@ async fn step_fails(
             let r = run(d, &name, infraless).await;
             ensure!(r.is_err(), "{case}: RunPodSandbox succeeded");
             ensure!(
-                pod_ids(d).await?.is_empty(),
+                d.pod_ids().await?.is_empty(),
                 "{case}: a failed create is listed"
             );
         }
@@ -158,7 +145,7 @@ async fn step_fails(
                 .await
                 .with_context(|| format!("{case}: the RemovePodSandbox retry"))?;
             ensure!(
-                !pod_ids(d).await?.contains(&id),
+                !d.pod_ids().await?.contains(&id),
                 "{case}: removed pod still listed"
             );
         }
@@ -218,7 +205,7 @@ async fn killed_after(
     match told {
         Some(id) => {
             ensure!(
-                pod_ids(d).await?.contains(&id),
+                d.pod_ids().await?.contains(&id),
                 "{case}: a pod the client was told exists is lost"
             );
             stop(d, &id).await.context("StopPodSandbox after restart")?;
@@ -231,7 +218,7 @@ async fn killed_after(
             eventually(
                 &format!("{case}: record gone"),
                 Duration::from_secs(60),
-                || async { Ok(pod_ids(d).await?.is_empty()) },
+                || async { Ok(d.pod_ids().await?.is_empty()) },
             )
             .await?;
         }

@@ -27,9 +27,8 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use cubelet_e2e::cri::{
-    ExecSyncRequest, ListPodSandboxRequest, NamespaceMode, NamespaceOption, PodSandboxConfig,
-    PodSandboxState, PortMapping, Protocol, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StopPodSandboxRequest,
+    ExecSyncRequest, NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxState,
+    PortMapping, Protocol, RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest,
 };
 use cubelet_e2e::{
     container_config, eventually, http_get, leaks, metric, pid_per_container, Daemon, DaemonOpts,
@@ -500,16 +499,7 @@ async fn killed_mid_claim(
     eventually(
         &format!("{point}: pod gone"),
         Duration::from_secs(30),
-        || async {
-            let pods = d
-                .runtime
-                .clone()
-                .list_pod_sandbox(ListPodSandboxRequest::default())
-                .await?
-                .into_inner()
-                .items;
-            Ok(!any_part_of(d, &claimed) && pods.is_empty())
-        },
+        || async { Ok(!any_part_of(d, &claimed) && d.pod_ids().await?.is_empty()) },
     )
     .await?;
     let after = ready(d, SIZE).await?;

@@ -463,25 +463,45 @@ const SETTLE_CHILD_ENV: &str = "CUBELET_STORE_TEST_SETTLE_CHILD";
 /// for good once the durable `Ready` write that follows has returned.
 #[test]
 fn a_buffered_settle_survives_a_kill_only_behind_a_durable_write() {
-    if let Some(ready) = std::env::var_os(SETTLE_CHILD_ENV) {
-        settle_child(ready == "ready");
+    killed_before_and_after_ready(
+        SETTLE_TEST,
+        SETTLE_CHILD_ENV,
+        settle_child,
+        |store, ready| {
+            let flows = store.list_flows().unwrap();
+            let sandbox = store.get_sandbox(&sid("s1")).unwrap().unwrap();
+            assert_eq!(flows.len(), 1, "{flows:?}");
+            if ready {
+                assert_eq!(flows[0].state, FlowState::Succeeded);
+                assert_eq!(sandbox.state, SandboxState::Ready);
+            } else {
+                assert_eq!(flows[0].state, FlowState::Running, "the settle was lost");
+                assert_ne!(sandbox.state, SandboxState::Ready);
+                assert_eq!(store.open_flows().unwrap().len(), 1, "recovery sees it");
+            }
+        },
+    );
+}
+
+/// A test with a kill -9 at a known point, before and after the durable
+/// `Ready` write: as the child (`env` set), runs `child` with whether it is
+/// to write `Ready`; as the parent, runs the child both ways, kills it once
+/// it has written and calls `check` with its store, reopened, and whether
+/// `Ready` was written.
+fn killed_before_and_after_ready(
+    test: &str,
+    env: &str,
+    child: fn(bool),
+    check: impl Fn(&Store, bool),
+) {
+    if let Some(mode) = std::env::var_os(env) {
+        child(mode == "ready");
         return;
     }
     for ready in [false, true] {
-        let mode = if ready { "ready" } else { "settled" };
-        let (_dir, path) = killed_after_writes(SETTLE_TEST, SETTLE_CHILD_ENV, mode);
-        let store = Store::open(&path).unwrap();
-        let flows = store.list_flows().unwrap();
-        let sandbox = store.get_sandbox(&sid("s1")).unwrap().unwrap();
-        assert_eq!(flows.len(), 1, "{flows:?}");
-        if ready {
-            assert_eq!(flows[0].state, FlowState::Succeeded);
-            assert_eq!(sandbox.state, SandboxState::Ready);
-        } else {
-            assert_eq!(flows[0].state, FlowState::Running, "the settle was lost");
-            assert_ne!(sandbox.state, SandboxState::Ready);
-            assert_eq!(store.open_flows().unwrap().len(), 1, "recovery sees it");
-        }
+        let mode = if ready { "ready" } else { "before-ready" };
+        let (_dir, path) = killed_after_writes(test, env, mode);
+        check(&Store::open(&path).unwrap(), ready);
     }
 }
 
@@ -519,10 +539,7 @@ fn killed_after_writes(test: &str, env: &str, mode: &str) -> (tempfile::TempDir,
 /// flow with a buffered write, writes the durable `Ready` record if
 /// `ready`, says so and waits to be killed.
 fn settle_child(ready: bool) {
-    let path = std::env::var_os(PATH_ENV).expect("parent sets the store path");
-    let store = Store::open(Path::new(&path)).unwrap();
-    let sb = sid("s1");
-    let spec = spec_for("s1");
+    let (store, sb, spec) = child_store();
     store
         .put_sandbox_buffered(&SandboxRecord::new(sb.clone(), spec.clone()))
         .unwrap();
@@ -540,13 +557,7 @@ fn settle_child(ready: bool) {
         durable: false,
     };
     store.record(fid, &[], Some(settle)).unwrap();
-    if ready {
-        store
-            .update_sandbox(&sb, |r| r.state = SandboxState::Ready)
-            .unwrap();
-    }
-    println!("WRITTEN");
-    std::thread::sleep(Duration::from_secs(60));
+    written(&store, &sb, ready);
 }
 
 const CLAIM_TEST: &str = "a_claimed_create_started_buffered_is_lost_with_its_claim_before_ready";
@@ -561,14 +572,7 @@ const CLAIM_CHILD_ENV: &str = "CUBELET_STORE_TEST_CLAIM_CHILD";
 /// are there.
 #[test]
 fn a_claimed_create_started_buffered_is_lost_with_its_claim_before_ready() {
-    if let Some(ready) = std::env::var_os(CLAIM_CHILD_ENV) {
-        claim_child(ready == "ready");
-        return;
-    }
-    for ready in [false, true] {
-        let mode = if ready { "ready" } else { "begun" };
-        let (_dir, path) = killed_after_writes(CLAIM_TEST, CLAIM_CHILD_ENV, mode);
-        let store = Store::open(&path).unwrap();
+    killed_before_and_after_ready(CLAIM_TEST, CLAIM_CHILD_ENV, claim_child, |store, ready| {
         let shells: Vec<SandboxId> = store
             .list_shells()
             .unwrap()
@@ -588,7 +592,7 @@ fn a_claimed_create_started_buffered_is_lost_with_its_claim_before_ready() {
             assert!(flows.is_empty(), "the start was lost: {flows:?}");
             assert!(store.open_flows().unwrap().is_empty());
         }
-    }
+    });
 }
 
 /// The child of [`a_claimed_create_started_buffered_is_lost_with_its_claim_before_ready`]:
@@ -597,10 +601,7 @@ fn a_claimed_create_started_buffered_is_lost_with_its_claim_before_ready() {
 /// start, the stage between, the settle: all buffered), writes the durable
 /// `Ready` record if `ready`, says so and waits to be killed.
 fn claim_child(ready: bool) {
-    let path = std::env::var_os(PATH_ENV).expect("parent sets the store path");
-    let store = Store::open(Path::new(&path)).unwrap();
-    let sb = sid("s1");
-    let spec = spec_for("s1");
+    let (store, sb, spec) = child_store();
     store.put_shell(&ShellRecord::new(sb.clone())).unwrap();
     store
         .claim_shell(&SandboxRecord::new(sb.clone(), spec.clone()))
@@ -631,9 +632,22 @@ fn claim_child(ready: bool) {
         durable: false,
     };
     store.record(fid, &[], Some(settle)).unwrap();
+    written(&store, &sb, ready);
+}
+
+/// A child's store (at the parent's path), sandbox id and spec.
+fn child_store() -> (Store, SandboxId, SandboxSpec) {
+    let path = std::env::var_os(PATH_ENV).expect("parent sets the store path");
+    let store = Store::open(Path::new(&path)).unwrap();
+    (store, sid("s1"), spec_for("s1"))
+}
+
+/// A child's last write: the durable `Ready` record of `sb` if `ready`;
+/// then it says so and waits to be killed.
+fn written(store: &Store, sb: &SandboxId, ready: bool) {
     if ready {
         store
-            .update_sandbox(&sb, |r| r.state = SandboxState::Ready)
+            .update_sandbox(sb, |r| r.state = SandboxState::Ready)
             .unwrap();
     }
     println!("WRITTEN");
