@@ -16,6 +16,11 @@
 //!    returned is gone without a trace; a pod the client was told exists is
 //!    still listed and can be stopped and removed; nothing leaks.
 //!
+//! Both matrices run the `create` cases of every provider once more with a
+//! pod that claims a ready warm-pool shell and stays inside it (no infra
+//! process, its log directory made first as kubelet does), whose journal
+//! start is buffered; each such case checks that the pool counted a hit.
+//!
 //! Without the private containerd it prints SKIP and passes.
 
 use std::time::Duration;
@@ -24,7 +29,7 @@ use anyhow::{bail, ensure, Context};
 use cubelet_e2e::cri::{
     PodSandboxConfig, RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest,
 };
-use cubelet_e2e::{eventually, leaks, pid_per_container, with_daemon, Daemon, DaemonOpts};
+use cubelet_e2e::{eventually, leaks, metric, pid_per_container, with_daemon, Daemon, DaemonOpts};
 
 const PROVIDERS: [&str; 3] = ["storage", "network", "sandbox"];
 const PHASES: [&str; 3] = ["before", "during", "after"];
@@ -39,23 +44,71 @@ async fn restart_with(d: &Daemon, failpoints: &str) -> anyhow::Result<()> {
     }
 }
 
-/// The pod config of a case: the default pod (a pod-level PID namespace,
-/// so a pause container), or with `infraless` a pid-per-container pod,
-/// which gets pinned namespaces and no infra process.
-fn pod(d: &Daemon, name: &str, infraless: bool) -> PodSandboxConfig {
-    let cfg = d.pod_config(name);
-    if infraless {
-        pid_per_container(cfg)
-    } else {
-        cfg
+/// The pod of a case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pod {
+    /// The default pod: a pod-level PID namespace, so a pause container.
+    Pause,
+    /// A pid-per-container pod: pinned namespaces, no infra process.
+    Infraless,
+    /// An infraless pod with its log directory made, as kubelet makes it,
+    /// that claims a ready shell: a claim confined to its shell.
+    Claim,
+}
+
+impl Pod {
+    /// The case's suffix and the pod name's prefix letter.
+    fn tag(self) -> (&'static str, &'static str) {
+        match self {
+            Pod::Pause => ("", ""),
+            Pod::Infraless => (" (no infra)", "i"),
+            Pod::Claim => (" (confined claim)", "c"),
+        }
     }
 }
 
-async fn run(d: &Daemon, name: &str, infraless: bool) -> Result<String, tonic::Status> {
+/// The pod config of a case.
+fn pod(d: &Daemon, name: &str, kind: Pod) -> PodSandboxConfig {
+    let cfg = d.pod_config(name);
+    match kind {
+        Pod::Pause => cfg,
+        Pod::Infraless | Pod::Claim => pid_per_container(cfg),
+    }
+}
+
+/// For a [`Pod::Claim`] case, before its RunPodSandbox: makes the pod's
+/// log directory and waits for a ready shell; returns the pool's hits so
+/// far, for [`claimed`].
+async fn ready_to_claim(d: &Daemon, cfg: &PodSandboxConfig, kind: Pod) -> anyhow::Result<f64> {
+    if kind != Pod::Claim {
+        return Ok(0.0);
+    }
+    std::fs::create_dir_all(&cfg.log_directory)?;
+    eventually("a ready shell", Duration::from_secs(30), || async {
+        Ok(metric(d.metrics, "cubelet_pool_ready").await? >= 1.0)
+    })
+    .await?;
+    metric(d.metrics, "cubelet_pool_hits_total").await
+}
+
+/// For a [`Pod::Claim`] case, after its RunPodSandbox began: the pool
+/// counted its hit.
+async fn claimed(d: &Daemon, case: &str, kind: Pod, hits: f64) -> anyhow::Result<()> {
+    if kind == Pod::Claim {
+        let now = metric(d.metrics, "cubelet_pool_hits_total").await?;
+        ensure!(
+            now == hits + 1.0,
+            "{case}: no shell claimed ({hits} → {now} hits)"
+        );
+    }
+    Ok(())
+}
+
+async fn run(d: &Daemon, name: &str, kind: Pod) -> Result<String, tonic::Status> {
     d.runtime
         .clone()
         .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(pod(d, name, infraless)),
+            config: Some(pod(d, name, kind)),
             runtime_handler: String::new(),
         })
         .await
@@ -101,22 +154,19 @@ async fn step_fails(
     provider: &str,
     flow: &str,
     phase: &str,
-    infraless: bool,
+    kind: Pod,
 ) -> anyhow::Result<()> {
     let point = format!("{provider}.{flow}@{phase}");
     let once = if flow == "create" { "fail" } else { "fail:1" };
     restart_with(d, &format!("{point}={once}")).await?;
-    let (case, name) = if infraless {
-        (
-            format!("{point} (no infra)"),
-            format!("fi-{provider}-{flow}-{phase}"),
-        )
-    } else {
-        (point.clone(), format!("f-{provider}-{flow}-{phase}"))
-    };
+    let (suffix, letter) = kind.tag();
+    let case = format!("{point}{suffix}");
+    let name = format!("f{letter}-{provider}-{flow}-{phase}");
     match flow {
         "create" => {
-            let r = run(d, &name, infraless).await;
+            let hits = ready_to_claim(d, &pod(d, &name, kind), kind).await?;
+            let r = run(d, &name, kind).await;
+            claimed(d, &case, kind, hits).await?;
             ensure!(r.is_err(), "{case}: RunPodSandbox succeeded");
             ensure!(
                 d.pod_ids().await?.is_empty(),
@@ -124,7 +174,7 @@ async fn step_fails(
             );
         }
         "destroy" => {
-            let id = run(d, &name, infraless).await.context("RunPodSandbox")?;
+            let id = run(d, &name, kind).await.context("RunPodSandbox")?;
             ensure!(
                 stop(d, &id).await.is_err(),
                 "{case}: StopPodSandbox succeeded"
@@ -135,7 +185,7 @@ async fn step_fails(
             remove(d, &id).await.context("RemovePodSandbox")?;
         }
         _ => {
-            let id = run(d, &name, infraless).await.context("RunPodSandbox")?;
+            let id = run(d, &name, kind).await.context("RunPodSandbox")?;
             stop(d, &id).await.context("StopPodSandbox")?;
             ensure!(
                 remove(d, &id).await.is_err(),
@@ -154,28 +204,22 @@ async fn step_fails(
 }
 
 /// One case of the kill -9 matrix: the flow is held after `provider`'s step.
-async fn killed_after(
-    d: &Daemon,
-    provider: &str,
-    flow: &str,
-    infraless: bool,
-) -> anyhow::Result<()> {
-    let case = format!(
-        "kill -9 after {provider}.{flow}{}",
-        if infraless { " (no infra)" } else { "" }
-    );
+async fn killed_after(d: &Daemon, provider: &str, flow: &str, kind: Pod) -> anyhow::Result<()> {
+    let (suffix, letter) = kind.tag();
+    let case = format!("kill -9 after {provider}.{flow}{suffix}");
     let hold = format!("{provider}.{flow}=sleep:300s");
-    let name = format!("k{}-{provider}-{flow}", if infraless { "i" } else { "" });
+    let name = format!("k{letter}-{provider}-{flow}");
     let told = if flow == "destroy" {
         restart_with(d, &hold).await?;
-        Some(run(d, &name, infraless).await.context("RunPodSandbox")?)
+        Some(run(d, &name, kind).await.context("RunPodSandbox")?)
     } else {
         restart_with(d, &hold).await?;
         None
     };
+    let config = pod(d, &name, kind);
+    let hits = ready_to_claim(d, &config, kind).await?;
     let call = {
         let mut rt = d.runtime.clone();
-        let config = pod(d, &name, infraless);
         let id = told.clone();
         tokio::spawn(async move {
             match id {
@@ -199,6 +243,7 @@ async fn killed_after(
         !call.is_finished(),
         "{case}: the call returned before the kill"
     );
+    claimed(d, &case, kind, hits).await?;
     d.kill9().await?;
     let _ = call.await;
     restart_with(d, "").await?;
@@ -230,16 +275,27 @@ async fn matrix(d: &Daemon) -> anyhow::Result<()> {
     d.pull("127.0.0.1:5000/busybox:test").await?;
     let mut failed = Vec::new();
     // Every provider with the default (pause) pod; the sandbox step again
-    // with a pod that gets pinned namespaces instead of an infra process.
+    // with a pod that gets pinned namespaces instead of an infra process;
+    // and, for `create`, every provider with a confined claim.
     let cases = PROVIDERS
         .iter()
-        .map(|p| (*p, false))
-        .chain([("sandbox", true)])
+        .map(|p| (*p, Pod::Pause))
+        .chain([("sandbox", Pod::Infraless)])
         .collect::<Vec<_>>();
+    let claims = PROVIDERS
+        .iter()
+        .map(|p| (*p, Pod::Claim))
+        .collect::<Vec<_>>();
+    let flows = |flow| {
+        let extra = if flow == "create" { &claims[..] } else { &[] };
+        cases.iter().chain(extra).copied().collect::<Vec<_>>()
+    };
+    let (mut failures, mut kills) = (0, 0);
     for flow in ["create", "destroy", "cleanup"] {
-        for &(provider, infraless) in &cases {
+        for (provider, kind) in flows(flow) {
             for phase in PHASES {
-                if let Err(e) = step_fails(d, provider, flow, phase, infraless).await {
+                failures += 1;
+                if let Err(e) = step_fails(d, provider, flow, phase, kind).await {
                     failed.push(format!("{e:#}"));
                     d.remove_all().await.ok();
                 }
@@ -247,8 +303,9 @@ async fn matrix(d: &Daemon) -> anyhow::Result<()> {
         }
     }
     for flow in ["create", "destroy"] {
-        for &(provider, infraless) in &cases {
-            if let Err(e) = killed_after(d, provider, flow, infraless).await {
+        for (provider, kind) in flows(flow) {
+            kills += 1;
+            if let Err(e) = killed_after(d, provider, flow, kind).await {
                 failed.push(format!("{e:#}"));
                 restart_with(d, "").await.ok();
                 d.remove_all().await.ok();
@@ -257,9 +314,7 @@ async fn matrix(d: &Daemon) -> anyhow::Result<()> {
     }
     restart_with(d, "").await?;
     println!(
-        "fault matrix: {} step failures, {} kill -9 points, {} failed",
-        3 * cases.len() * PHASES.len(),
-        2 * cases.len(),
+        "fault matrix: {failures} step failures, {kills} kill -9 points, {} failed",
         failed.len()
     );
     ensure!(failed.is_empty(), "{}", failed.join("\n"));
