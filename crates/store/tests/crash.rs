@@ -24,7 +24,8 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, SystemTime};
 
 use cubelet_engine::{
-    FlowKind, FlowStart, FlowState, Journal, SandboxId, SandboxSpec, Settle, StepEntry, StepEvent,
+    FlowId, FlowKind, FlowStart, FlowState, Journal, SandboxId, SandboxSpec, Settle, StepEntry,
+    StepEvent,
 };
 use cubelet_store::{ContainerRecord, IpLease, SandboxRecord, SandboxState, ShellRecord, Store};
 
@@ -86,13 +87,7 @@ fn child() {
             println!("SANDBOX {id}");
         }
 
-        let start = FlowStart {
-            kind: FlowKind::Create,
-            sandbox_id: &sb,
-            spec: &spec,
-            compensates: None,
-            durable: true,
-        };
+        let start = create_start(&sb, &spec, true);
         let started = StepEntry {
             step: "storage",
             event: StepEvent::Started { stage: 0 },
@@ -267,15 +262,7 @@ fn parent() {
         store
             .put_sandbox(&SandboxRecord::new(sb.clone(), spec.clone()))
             .unwrap();
-        let fid = store
-            .begin(FlowStart {
-                kind: FlowKind::Create,
-                sandbox_id: &sb,
-                spec: &spec,
-                compensates: None,
-                durable: true,
-            })
-            .unwrap();
+        let fid = store.begin(create_start(&sb, &spec, true)).unwrap();
         let newest = store
             .list_flows()
             .unwrap()
@@ -543,21 +530,9 @@ fn settle_child(ready: bool) {
     store
         .put_sandbox_buffered(&SandboxRecord::new(sb.clone(), spec.clone()))
         .unwrap();
-    let start = FlowStart {
-        kind: FlowKind::Create,
-        sandbox_id: &sb,
-        spec: &spec,
-        compensates: None,
-        durable: true,
-    };
+    let start = create_start(&sb, &spec, true);
     let fid = store.begin_stage(start, &[]).unwrap();
-    let settle = Settle {
-        state: FlowState::Succeeded,
-        error: None,
-        durable: false,
-    };
-    store.record(fid, &[], Some(settle)).unwrap();
-    written(&store, &sb, ready);
+    settled_then_written(&store, fid, &sb, ready);
 }
 
 const CLAIM_TEST: &str = "a_claimed_create_started_buffered_is_lost_with_its_claim_before_ready";
@@ -606,13 +581,7 @@ fn claim_child(ready: bool) {
     store
         .claim_shell(&SandboxRecord::new(sb.clone(), spec.clone()))
         .unwrap();
-    let start = FlowStart {
-        kind: FlowKind::Create,
-        sandbox_id: &sb,
-        spec: &spec,
-        compensates: None,
-        durable: false,
-    };
+    let start = create_start(&sb, &spec, false);
     let started = [StepEntry {
         step: "storage",
         event: StepEvent::Started { stage: 0 },
@@ -626,13 +595,7 @@ fn claim_child(ready: bool) {
         },
     }];
     store.record(fid, &finished, None).unwrap();
-    let settle = Settle {
-        state: FlowState::Succeeded,
-        error: None,
-        durable: false,
-    };
-    store.record(fid, &[], Some(settle)).unwrap();
-    written(&store, &sb, ready);
+    settled_then_written(&store, fid, &sb, ready);
 }
 
 /// A child's store (at the parent's path), sandbox id and spec.
@@ -642,9 +605,17 @@ fn child_store() -> (Store, SandboxId, SandboxSpec) {
     (store, sid("s1"), spec_for("s1"))
 }
 
-/// A child's last write: the durable `Ready` record of `sb` if `ready`;
-/// then it says so and waits to be killed.
-fn written(store: &Store, sb: &SandboxId, ready: bool) {
+/// A child's last writes: flow `fid` settled as succeeded, buffered (as
+/// the engine settles a create whose caller commits), then the durable
+/// `Ready` record of `sb` if `ready`; then it says so and waits to be
+/// killed.
+fn settled_then_written(store: &Store, fid: FlowId, sb: &SandboxId, ready: bool) {
+    let settle = Settle {
+        state: FlowState::Succeeded,
+        error: None,
+        durable: false,
+    };
+    store.record(fid, &[], Some(settle)).unwrap();
     if ready {
         store
             .update_sandbox(sb, |r| r.state = SandboxState::Ready)
@@ -652,4 +623,15 @@ fn written(store: &Store, sb: &SandboxId, ready: bool) {
     }
     println!("WRITTEN");
     std::thread::sleep(Duration::from_secs(60));
+}
+
+/// The start of a `create` flow of `sb`, durable or buffered.
+fn create_start<'a>(sb: &'a SandboxId, spec: &'a SandboxSpec, durable: bool) -> FlowStart<'a> {
+    FlowStart {
+        kind: FlowKind::Create,
+        sandbox_id: sb,
+        spec,
+        compensates: None,
+        durable,
+    }
 }
