@@ -11,7 +11,8 @@
 # Prints SKIP and exits 0 when the critest binary is absent.
 #
 # Usage: hack/critest.sh [critest args, e.g. --ginkgo.focus=UserNamespaces]
-# Env: CRITEST (default ../shared/tools/critest-v1.36.0 from the repo root),
+# Env: CRITEST (default: critest on PATH, else ../shared/tools/critest-v1.36.0
+#      from the repo root),
 #      CRITEST_LOG (critest's full output, default ${CUBELET_TEST_ROOT}/critest.log)
 #      CRITEST_DROP_IN (a config drop-in for the daemon, e.g. one with
 #      `runtime: {sandbox: pause}` to run the suite in pause mode)
@@ -19,7 +20,7 @@ set -euo pipefail
 # shellcheck source=hack/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-CRITEST="${CRITEST:-${REPO_ROOT}/../shared/tools/critest-v1.36.0}"
+CRITEST="${CRITEST:-$(command -v critest || echo "${REPO_ROOT}/../shared/tools/critest-v1.36.0")}"
 CRITEST_LOG="${CRITEST_LOG:-${CUBELET_TEST_ROOT}/critest.log}"
 if [[ ! -x "$CRITEST" ]]; then
     echo "SKIP: critest not found at ${CRITEST}"
