@@ -47,7 +47,7 @@ done
 "$HACK_DIR/test-images.sh"
 
 log "chart checks"
-python3 "$HACK_DIR/check-chart.py"
+"$HACK_DIR/check-chart.sh"
 log "crate graph (docs/DESIGN.md against cargo metadata)"
 python3 "$HACK_DIR/check-crate-graph.py"
 "$HACK_DIR/build-installer-image.sh" debug >/dev/null
