@@ -18,6 +18,10 @@ cargo clippy --workspace --all-targets -- -D warnings
 # Non-test code (the daemon, its crates, the test harness library) must
 # not unwrap or expect: errors are typed and handled.
 cargo clippy --workspace --lib --bins -- -D warnings -D clippy::unwrap_used -D clippy::expect_used
+log "cargo doc (rustdoc warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+log "MSRV (rust-version)"
+"$HACK_DIR/check-msrv.sh"
 
 log "cargo deny (licenses, bans, sources; advisories need the network)"
 cargo deny --locked check licenses bans sources
