@@ -64,7 +64,7 @@ fn documented_keys(doc: &str) -> BTreeSet<String> {
         let mut last_full: Option<String> = None;
         for (i, piece) in cell.split('`').enumerate() {
             // Odd pieces are inside backticks.
-            if i % 2 == 0 || piece.is_empty() {
+            if i.is_multiple_of(2) || piece.is_empty() {
                 continue;
             }
             let key = if let Some(leaf) = piece.strip_prefix('.') {
