@@ -18,6 +18,10 @@ cargo clippy --workspace --all-targets -- -D warnings
 # Non-test code (the daemon, its crates, the test harness library) must
 # not unwrap or expect: errors are typed and handled.
 cargo clippy --workspace --lib --bins -- -D warnings -D clippy::unwrap_used -D clippy::expect_used
+log "cargo doc (rustdoc warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+log "MSRV (rust-version)"
+"$HACK_DIR/check-msrv.sh"
 
 log "cargo deny (licenses, bans, sources; advisories need the network)"
 cargo deny --locked check licenses bans sources
@@ -47,7 +51,7 @@ done
 "$HACK_DIR/test-images.sh"
 
 log "chart checks"
-python3 "$HACK_DIR/check-chart.py"
+"$HACK_DIR/check-chart.sh"
 log "crate graph (docs/DESIGN.md against cargo metadata)"
 python3 "$HACK_DIR/check-crate-graph.py"
 "$HACK_DIR/build-installer-image.sh" debug >/dev/null

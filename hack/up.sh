@@ -58,7 +58,7 @@ if ! command -v crictl >/dev/null 2>&1; then
     log "a kubelet: the Kubernetes release binaries or the project's apt repository;"
     log "  run it with containerRuntimeEndpoint: unix://${CUBELET_SOCKET} and"
     log "  --containerd=${CUBELET_TEST_CONTAINERD} --containerd-namespace=k8s.cubelet.io"
-    log "  (README, 'Clients: crictl and kubelet')."
+    log "  (docs/clients.md)."
 fi
 log "starting cubelet; CRI on ${CUBELET_SOCKET}, metrics on http://127.0.0.1:9385/metrics"
 exec "$REPO_ROOT/target/release/cubelet" --config "$CUBELET_CONFIG"

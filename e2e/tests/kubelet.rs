@@ -1015,7 +1015,7 @@ async fn summary_gaps(
         }
         if !infra && !pod["network"].is_null() {
             gaps.push(format!(
-                "{name}: network stats without an infra container (the README says none)"
+                "{name}: network stats without an infra container (docs/infraless.md says none)"
             ));
         }
         counts.push(format!("{name} {}", have.len()));

@@ -2,7 +2,7 @@
 //! the kernel would refuse (or choke on) is `InvalidArgument` naming the
 //! field, never an `Internal` error from deep inside a flow.
 //!
-//! Each rule is listed in the README's "Input validation" table; the
+//! Each rule is listed in the "Input validation" table of docs/validation.md; the
 //! property test `tests/fuzz.rs` feeds generated requests through here.
 
 use k8s_cri::v1 as cri;

@@ -4,7 +4,7 @@
 //! journalled flow history, and on-demand GC passes.
 //!
 //! The service reads the engine's limiters, the store and the journal, and
-//! triggers the agent's own [`Gc`](crate::gc::Gc); it never changes a sandbox
+//! triggers the agent's own `Gc` (`crate::gc`); it never changes a sandbox
 //! itself.
 
 use std::io;

@@ -77,8 +77,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| EnvFilter::new("info")),
         )
         // CUBELET_LOG_SPANS=1 logs each enabled span as it closes, with its
-        // busy and idle time: where a CRI call's time goes (README,
-        // "Performance").
+        // busy and idle time: where a CRI call's time goes (docs/performance.md,
+        // "Where a call's time goes").
         .with_span_events(if std::env::var_os("CUBELET_LOG_SPANS").is_some() {
             FmtSpan::CLOSE
         } else {

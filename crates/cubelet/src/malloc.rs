@@ -5,8 +5,8 @@
 //! what each arena freed. The agent's live heap at 250 pods is ~12 MiB,
 //! but its worker and blocking threads allocate and free the same request
 //! and container buffers in different arenas: with the default the
-//! anonymous RSS at 250 pods was 22 MiB, with one arena 13 MiB (README, "At
-//! 250 pods"). Small allocations stay lock-free in glibc's per-thread cache
+//! anonymous RSS at 250 pods was 22 MiB, with one arena 13 MiB (docs/performance.md,
+//! "Agent memory"). Small allocations stay lock-free in glibc's per-thread cache
 //! either way. This is the crate's only `unsafe`: `mallopt(3)` has no safe
 //! wrapper.
 

@@ -1,6 +1,6 @@
-//! The README's configuration table is the reference for operators: every
-//! key of the default configuration must appear in it, and every key it
-//! lists must exist.
+//! The configuration table of docs/configuration.md is the reference for
+//! operators: every key of the default configuration must appear in it, and
+//! every key it lists must exist.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -46,15 +46,16 @@ fn config_keys() -> BTreeSet<String> {
     keys
 }
 
-/// Keys named in the first column of the table under `## Configuration`.
+/// Keys named in the first column of the table under the first `## Configuration…`
+/// heading.
 /// A cell may list several keys; `.d` after `a.b.c` in the same cell means
 /// `a.b.d`.
-fn documented_keys(readme: &str) -> BTreeSet<String> {
-    let text = format!("\n{readme}");
+fn documented_keys(doc: &str) -> BTreeSet<String> {
+    let text = format!("\n{doc}");
     let section = text
         .split("\n## ")
         .find(|s| s.starts_with("Configuration"))
-        .expect("README has a ## Configuration section");
+        .expect("docs/configuration.md has a ## Configuration keys section");
     let mut keys = BTreeSet::new();
     for line in section.lines().filter(|l| l.starts_with('|')) {
         let Some(cell) = line.split('|').nth(1) else {
@@ -63,7 +64,7 @@ fn documented_keys(readme: &str) -> BTreeSet<String> {
         let mut last_full: Option<String> = None;
         for (i, piece) in cell.split('`').enumerate() {
             // Odd pieces are inside backticks.
-            if i % 2 == 0 || piece.is_empty() {
+            if i.is_multiple_of(2) || piece.is_empty() {
                 continue;
             }
             let key = if let Some(leaf) = piece.strip_prefix('.') {
@@ -85,34 +86,34 @@ fn documented_keys(readme: &str) -> BTreeSet<String> {
     keys
 }
 
-fn readme() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
-    std::fs::read_to_string(&path).expect("README.md at the workspace root")
+fn config_doc() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/configuration.md");
+    std::fs::read_to_string(&path).expect("docs/configuration.md in the workspace")
 }
 
 #[test]
-fn every_config_key_is_in_the_readme_table() {
-    let documented = documented_keys(&readme());
+fn every_config_key_is_in_the_docs_table() {
+    let documented = documented_keys(&config_doc());
     let missing: Vec<_> = config_keys()
         .into_iter()
         .filter(|k| !documented.contains(k))
         .collect();
     assert!(
         missing.is_empty(),
-        "keys missing from README.md's configuration table: {missing:?}"
+        "keys missing from docs/configuration.md's table: {missing:?}"
     );
 }
 
 #[test]
-fn every_key_in_the_readme_table_exists() {
+fn every_key_in_the_docs_table_exists() {
     let keys = config_keys();
-    let stale: Vec<_> = documented_keys(&readme())
+    let stale: Vec<_> = documented_keys(&config_doc())
         .into_iter()
         .filter(|k| !keys.contains(k))
         .collect();
     assert!(
         stale.is_empty(),
-        "README.md documents keys the configuration does not have: {stale:?}"
+        "docs/configuration.md documents keys the configuration does not have: {stale:?}"
     );
 }
 

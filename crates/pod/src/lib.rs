@@ -9,7 +9,7 @@
 //!
 //! It knows no wire format: the CRI edge (`cubelet-cri`) converts requests
 //! into this crate's types and its errors into gRPC statuses; the binary
-//! and the GC call it directly. With the `fake` feature, [`fake::FakeRuntime`]
+//! and the GC call it directly. With the `fake` feature, `fake::FakeRuntime`
 //! stands in for containerd so the lifecycle rules are unit-tested without
 //! root.
 

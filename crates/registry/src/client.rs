@@ -88,7 +88,7 @@ fn https_client(config: &tls::TlsConfig) -> HttpsClient {
 }
 
 impl RegistryClient {
-    /// A client for `repository` served by `hosts` (see [`hosts_for`]).
+    /// A client for `repository` served by `hosts` (see [`hosts_for`](crate::hosts::hosts_for)).
     /// Fails only if a host's TLS configuration cannot be built.
     pub fn new(
         hosts: Vec<RegistryHost>,

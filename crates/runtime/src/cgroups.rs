@@ -463,9 +463,9 @@ fn hugepage_sizes(dir: &Path) -> BTreeSet<String> {
 /// `2048` kB → `2MB`, `1048576` → `1GB`, `64` → `64KB` (the kernel's
 /// `hugetlb.<size>.*` file names, which runc writes).
 fn page_size_name(kb: u64) -> String {
-    if kb >= 1 << 20 && kb % (1 << 20) == 0 {
+    if kb >= 1 << 20 && kb.is_multiple_of(1 << 20) {
         format!("{}GB", kb >> 20)
-    } else if kb >= 1 << 10 && kb % (1 << 10) == 0 {
+    } else if kb >= 1 << 10 && kb.is_multiple_of(1 << 10) {
         format!("{}MB", kb >> 10)
     } else {
         format!("{kb}KB")

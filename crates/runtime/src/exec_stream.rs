@@ -6,7 +6,7 @@
 //! them; [`ExecProcess`] resizes its terminal (`Tasks.ResizePty`), waits for
 //! its exit code, kills it and cleans up. For attach, the container's own
 //! output is tapped from its log copier ([`ContainerRuntime::attach_output`]
-//! subscribes to the broadcast every [`LogSink`] carries) and its stdin is the
+//! subscribes to the broadcast every [`LogSink`](crate::logs::LogSink) carries) and its stdin is the
 //! FIFO held open since start ([`ContainerRuntime::open_stdin`]).
 
 use std::path::PathBuf;
@@ -44,7 +44,7 @@ pub struct OutputChunk {
     pub data: Bytes,
 }
 
-/// The broadcast half of a [`LogSink`]: output is sent here as it is read,
+/// The broadcast half of a [`LogSink`](crate::logs::LogSink): output is sent here as it is read,
 /// before it is cut into log entries.
 ///
 /// The channel exists only while someone is attached: a broadcast channel

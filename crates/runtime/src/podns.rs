@@ -172,7 +172,7 @@ impl PodNamespaces {
 
     /// Sets `hostname` in `id`'s pinned UTS namespace (a warm-pool shell's,
     /// made before its pod was known). A claim is on the pod's path, so
-    /// this runs on one long-lived thread (see [`UtsWorker`]) rather than
+    /// this runs on one long-lived thread (see `UtsWorker`) rather than
     /// on a thread started for it; if that thread is gone, on a fresh one
     /// that joins the namespace, sets the name and exits.
     pub async fn set_hostname(&self, id: &SandboxId, hostname: &str) -> Result<(), RuntimeError> {

@@ -1717,7 +1717,7 @@ mod tests {
                         // commit of each must be what the cache keeps.
                         let id = format!("c{}", (t + n) % 4);
                         let _ = store.update_container(&id, |c| c.attempt = t * 100 + n);
-                        if n % 10 == 0 {
+                        if n.is_multiple_of(10) {
                             let extra = format!("x{t}-{n}");
                             store
                                 .put_container(&ContainerRecord::new(&extra, sid("b"), "x", 0, "i"))

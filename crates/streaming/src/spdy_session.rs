@@ -313,7 +313,7 @@ where
                 // The zlib context must see every block, even of a
                 // stream we refuse.
                 let headers = codec.decode(&block)?;
-                if stream_id == 0 || stream_id % 2 == 0 {
+                if stream_id == 0 || stream_id.is_multiple_of(2) {
                     send(Frame::RstStream {
                         stream_id,
                         status: RST_PROTOCOL_ERROR,

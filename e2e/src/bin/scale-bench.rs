@@ -128,8 +128,8 @@ fn cpu_ticks() -> Option<(u64, u64)> {
 /// How many cgroups the memory controller holds (`/proc/cgroups`), removed
 /// ones it still keeps included: a container's memory cgroup lingers after
 /// its removal while page cache is charged to it, every bring-up leaves
-/// more, and the node's pod start is slower the more there are (see the
-/// README's "At 250 pods"). `None` without a memory controller.
+/// more, and the node's pod start is slower the more there are (see
+/// docs/performance.md, "At 250 pods"). `None` without a memory controller.
 fn memory_cgroups() -> Option<u64> {
     let table = std::fs::read_to_string("/proc/cgroups").ok()?;
     table.lines().find_map(|line| {

@@ -32,8 +32,8 @@
 //! With the repair off, connections reach tonic as accepted, and such clients
 //! get their streams reset.
 //!
-//! The parts: [`wire`] (frame layout, the HPACK encoder), [`rewriter`] (the
-//! sans-IO state machine), [`fix_authority`] (the connection wrapper).
+//! The parts: `wire` (frame layout, the HPACK encoder), `rewriter` (the
+//! sans-IO state machine), `fix_authority` (the connection wrapper).
 
 mod fix_authority;
 mod rewriter;

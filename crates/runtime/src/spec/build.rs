@@ -188,7 +188,7 @@ pub fn build_oci_spec(
 /// The groups of the container's process: the primary group first (as
 /// containerd puts it in `additionalGids`, so `id -G` lists it whatever the
 /// image says), the image's groups for the user (already left out under
-/// [`SupplementalGroupsPolicy::Strict`]), then the requested ones; no
+/// [`SupplementalGroupsPolicy::Strict`](super::model::SupplementalGroupsPolicy::Strict)), then the requested ones; no
 /// duplicates.
 pub fn process_groups(user: &ResolvedUser, spec: &ContainerSpec) -> Vec<u32> {
     let mut gids = vec![user.gid];

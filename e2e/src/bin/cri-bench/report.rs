@@ -1,6 +1,6 @@
 //! The tables cri-bench prints: p50 per call for every endpoint with its
 //! ratio to the baseline, and p50 / p90 / p99 per endpoint (markdown, so a
-//! run pastes into the README as it is).
+//! run pastes into docs/performance.md as it is).
 
 use std::fmt::Write as _;
 use std::time::Duration;
