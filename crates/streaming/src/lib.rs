@@ -24,6 +24,8 @@ mod error;
 #[cfg(test)]
 mod fake;
 mod http;
+mod limits;
+mod queue;
 mod request;
 mod session;
 mod spdy;
@@ -44,6 +46,12 @@ pub use self::backend::{
     OutputStream, Reader, StreamBackend, TerminalSize, Writer,
 };
 pub use self::error::StreamingError;
+use self::limits::SessionSlots;
+pub use self::limits::{
+    Limits, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_IN_FLIGHT_URLS,
+    DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_SESSIONS_PER_CONTAINER,
+    DEFAULT_STREAM_IDLE_TIMEOUT,
+};
 pub use self::request::{AttachRequest, ExecRequest, PortForwardRequest, Streams};
 pub use self::tls::TlsFiles;
 use self::tokens::TokenStore;
@@ -62,6 +70,8 @@ pub struct StreamingConfig {
     pub idle_timeout: Duration,
     /// Serve HTTPS with this certificate; `None` = plain HTTP.
     pub tls: Option<TlsFiles>,
+    /// What a client may hold and make the server buffer.
+    pub limits: Limits,
 }
 
 impl Default for StreamingConfig {
@@ -71,6 +81,7 @@ impl Default for StreamingConfig {
             port: 0,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             tls: None,
+            limits: Limits::default(),
         }
     }
 }
@@ -116,6 +127,8 @@ pub(crate) struct Shared {
     /// Present when serving HTTPS.
     tls: Option<tokio_rustls::TlsAcceptor>,
     tokens: TokenStore<Pending>,
+    limits: Limits,
+    sessions: Arc<SessionSlots>,
 }
 
 /// Handle of the streaming server: cheap to clone; the CRI edge registers
@@ -150,7 +163,9 @@ impl StreamingServer {
             shared: Arc::new(Shared {
                 addr,
                 tls,
-                tokens: TokenStore::new(config.idle_timeout),
+                tokens: TokenStore::new(config.idle_timeout, config.limits.max_in_flight_urls),
+                limits: config.limits,
+                sessions: SessionSlots::new(config.limits.max_sessions_per_container),
             }),
             listener: Arc::new(std::sync::Mutex::new(Some(listener))),
         })
