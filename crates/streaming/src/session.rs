@@ -89,6 +89,7 @@ where
                         // A client that reads nothing holds this send only
                         // until it has been idle for the timeout.
                         let sent = tokio::select! {
+                            biased;
                             r = sink.send(Message::Binary(channel::frame(ch, &data))) => r.is_ok(),
                             () = idle.expired() => false,
                         };

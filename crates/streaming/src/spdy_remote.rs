@@ -577,4 +577,125 @@ mod tests {
             Some(PORT_FORWARD_PROTOCOL)
         );
     }
+
+    use crate::fake::FakeBackend;
+    use crate::spdy::{Frame, HeaderCodec};
+
+    async fn send_frame(io: &mut tokio::io::DuplexStream, f: Frame) {
+        let mut b = BytesMut::new();
+        f.encode(&mut b);
+        let _ = io.write_all(&b).await;
+    }
+
+    async fn open(io: &mut tokio::io::DuplexStream, codec: &mut HeaderCodec, id: u32, kind: &str) {
+        let block = codec.encode(&[("streamtype", kind.as_bytes())]).unwrap();
+        send_frame(
+            io,
+            Frame::SynStream {
+                stream_id: id,
+                associated_to: 0,
+                priority: 0,
+                flags: 0,
+                block,
+            },
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn data_sent_before_the_streams_are_open_is_capped() {
+        let (mut a, b) = tokio::io::duplex(1 << 20);
+        let limits = Limits {
+            max_queued_bytes: 64 * 1024,
+            ..Limits::default()
+        };
+        let streams = Streams {
+            stdin: true,
+            stdout: true,
+            stderr: false,
+            tty: false,
+        };
+        let session = tokio::spawn(remote_command(
+            b,
+            REMOTE_COMMAND_PROTOCOLS[0],
+            Arc::new(FakeBackend::default()),
+            Command::Exec {
+                container_id: "c1".into(),
+                cmd: vec!["cat".into()],
+            },
+            streams,
+            limits,
+        ));
+        let mut codec = HeaderCodec::new();
+        open(&mut a, &mut codec, 1, "error").await;
+        open(&mut a, &mut codec, 3, "stdin").await;
+        // stdout never opens; stdin floods.
+        let flood = async {
+            for _ in 0..64 {
+                send_frame(
+                    &mut a,
+                    Frame::Data {
+                        stream_id: 3,
+                        fin: false,
+                        data: Bytes::from(vec![b'x'; 16 * 1024]),
+                    },
+                )
+                .await;
+            }
+            let mut sink = Vec::new();
+            let _ = a.read_to_end(&mut sink).await;
+        };
+        tokio::time::timeout(Duration::from_secs(5), flood)
+            .await
+            .expect("the session kept buffering before its streams were open");
+        tokio::time::timeout(Duration::from_secs(5), session)
+            .await
+            .expect("the session went on")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_endless_resize_object_is_dropped_and_later_ones_still_apply() {
+        let (ev_tx, events) = mpsc::channel(16);
+        let (in_tx, mut in_rx) = in_queue(1 << 20, true);
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let conn = Conn::start(b, &Limits::default());
+        let roles: HashMap<u32, u8> = [(5, RESIZE)].into_iter().collect();
+        let reader = tokio::spawn(read_roles(
+            events,
+            VecDeque::new(),
+            roles,
+            in_tx,
+            conn.out.clone(),
+        ));
+        let mut junk = br#"{"Width":""#.to_vec();
+        junk.extend(std::iter::repeat_n(b'x', 3 * MAX_RESIZE_OBJECT));
+        ev_tx
+            .send(Event::Data {
+                id: 5,
+                data: Bytes::from(junk),
+            })
+            .await
+            .unwrap();
+        for w in [80u16, 100, 120] {
+            let obj = format!(r#"{{"Width":{w},"Height":40}}"#);
+            ev_tx
+                .send(Event::Data {
+                    id: 5,
+                    data: Bytes::from(obj),
+                })
+                .await
+                .unwrap();
+        }
+        drop(ev_tx);
+        let mut sizes = Vec::new();
+        while let Some(m) = in_rx.recv().await {
+            if let In::Data(RESIZE, d) = m {
+                sizes.push(channel::parse_resize(&d).map(|s| s.width));
+            }
+        }
+        reader.await.unwrap();
+        assert_eq!(sizes.last(), Some(&Some(120)), "{sizes:?}");
+        drop((a, conn));
+    }
 }

@@ -251,6 +251,7 @@ impl Conn {
                         // A client that reads nothing holds this write
                         // only until it has been idle for the timeout.
                         let written = tokio::select! {
+                            biased;
                             r = wr.write_all(&buf) => r.is_ok(),
                             () = idle.expired() => false,
                         };
@@ -698,5 +699,142 @@ mod tests {
         assert_eq!(n, 200 * 1024);
         assert!(sending.await.unwrap());
         conn.shutdown().await;
+    }
+
+    fn client(io: tokio::io::DuplexStream) -> Client {
+        Client {
+            io,
+            buf: BytesMut::new(),
+            codec: HeaderCodec::new(),
+        }
+    }
+
+    /// Frames until the server closes, with a limit: a missing bound waits
+    /// for ever.
+    async fn until_closed(c: &mut Client) -> Vec<Frame> {
+        let mut got = Vec::new();
+        let all = async {
+            while let Some(f) = c.recv().await {
+                got.push(f);
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), all)
+            .await
+            .expect("the connection was kept");
+        got
+    }
+
+    #[tokio::test]
+    async fn a_data_frame_over_the_limit_ends_the_connection_with_a_goaway() {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let limits = Limits {
+            max_message_size: 64 * 1024,
+            ..Limits::default()
+        };
+        let mut conn = Conn::start(b, &limits);
+        let mut c = client(a);
+        c.open(1, "stdin").await;
+        assert!(matches!(
+            conn.events.recv().await,
+            Some(Event::Open { id: 1, .. })
+        ));
+        // Only the frame's header: it is refused before its body is buffered.
+        let mut head = BytesMut::new();
+        Frame::Data {
+            stream_id: 1,
+            fin: false,
+            data: Bytes::from(vec![0u8; 128 * 1024]),
+        }
+        .encode(&mut head);
+        c.io.write_all(&head[..8]).await.unwrap();
+        let events = tokio::spawn(async move {
+            let mut n = 0;
+            while let Some(e) = conn.events.recv().await {
+                assert!(!matches!(e, Event::Data { .. }), "{e:?}");
+                n += 1;
+            }
+            conn.shutdown().await;
+            n
+        });
+        let got = until_closed(&mut c).await;
+        assert!(
+            got.iter().any(|f| matches!(
+                f,
+                Frame::GoAway {
+                    status: GOAWAY_PROTOCOL_ERROR,
+                    ..
+                }
+            )),
+            "{got:?}"
+        );
+        assert_eq!(events.await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_ends_with_a_goaway() {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let limits = Limits {
+            stream_idle_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let mut conn = Conn::start(b, &limits);
+        let mut c = client(a);
+        c.open(1, "stdin").await;
+        assert!(matches!(
+            conn.events.recv().await,
+            Some(Event::Open { id: 1, .. })
+        ));
+        let closed = tokio::spawn(async move {
+            while conn.events.recv().await.is_some() {}
+            conn.shutdown().await;
+        });
+        let got = until_closed(&mut c).await;
+        assert!(
+            got.iter().any(|f| matches!(
+                f,
+                Frame::GoAway {
+                    status: GOAWAY_OK,
+                    ..
+                }
+            )),
+            "{got:?}"
+        );
+        closed.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn streams_past_the_cap_are_refused() {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let mut conn = Conn::start(b, &Limits::default());
+        let mut c = client(a);
+        let drain = tokio::spawn(async move {
+            let mut opened = 0;
+            while let Some(e) = conn.events.recv().await {
+                if matches!(e, Event::Open { .. }) {
+                    opened += 1;
+                }
+            }
+            opened
+        });
+        let n = u32::try_from(MAX_OPEN_STREAMS).unwrap() + 3;
+        for i in 0..n {
+            c.open(2 * i + 1, "data").await;
+        }
+        let mut refused = Vec::new();
+        let mut replies = 0;
+        while replies + refused.len() < n as usize {
+            match c.recv().await.unwrap() {
+                Frame::SynReply { .. } => replies += 1,
+                Frame::RstStream { stream_id, status } => {
+                    assert_eq!(status, RST_REFUSED_STREAM);
+                    refused.push(stream_id);
+                }
+                f => panic!("{f:?}"),
+            }
+        }
+        assert_eq!(replies, MAX_OPEN_STREAMS);
+        assert_eq!(refused.len(), 3);
+        drop(c);
+        assert_eq!(drain.await.unwrap(), MAX_OPEN_STREAMS);
     }
 }
