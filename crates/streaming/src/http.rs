@@ -159,15 +159,15 @@ fn take_session(
     shared: &Shared,
     kind: &str,
     token: &str,
-) -> Result<(Pending, SessionSlot), Response<Body>> {
+) -> Result<(Pending, SessionSlot), Box<Response<Body>>> {
     // Single use: the token is gone from here on, whatever happens next.
     let pending = match shared.tokens.take(token) {
         Some(p) if p.path() == kind => p,
         _ => {
-            return Err(text(
+            return Err(Box::new(text(
                 StatusCode::NOT_FOUND,
                 "unknown or expired streaming token",
-            ))
+            )))
         }
     };
     let key = session_key(&pending);
@@ -185,13 +185,13 @@ fn take_session(
                 max,
                 "streaming session refused: too many on this {what}"
             );
-            Err(text(
+            Err(Box::new(text(
                 StatusCode::TOO_MANY_REQUESTS,
                 format!(
                     "too many streaming sessions on {what} {key}: {max} are running \
                      (streaming.max_sessions_per_container)"
                 ),
-            ))
+            )))
         }
     }
 }
@@ -279,7 +279,7 @@ fn handle(
     };
     let (pending, session) = match take_session(shared, kind, token) {
         Ok(s) => s,
-        Err(refusal) => return refusal,
+        Err(refusal) => return *refusal,
     };
     let v5 = proto == V5;
     let tunnel = proto == SPDY_TUNNEL_PORT_FORWARD;
@@ -396,7 +396,7 @@ fn spdy_upgrade(
     };
     let (pending, session) = match take_session(shared, kind, token) {
         Ok(s) => s,
-        Err(refusal) => return refusal,
+        Err(refusal) => return *refusal,
     };
     let mut resp = Response::new(Full::new(Bytes::new()));
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;

@@ -176,8 +176,16 @@ impl StreamingConfig {
             )?,
             max_in_flight_urls: positive("streaming.max_in_flight_urls", self.max_in_flight_urls)?,
             // A client's writes come in 32 KiB pieces (Go's io.Copy).
-            max_message_size: size("streaming.max_message_size", self.max_message_size, 64 << 10)?,
-            max_queued_bytes: size("streaming.max_queued_bytes", self.max_queued_bytes, 64 << 10)?,
+            max_message_size: size(
+                "streaming.max_message_size",
+                self.max_message_size,
+                64 << 10,
+            )?,
+            max_queued_bytes: size(
+                "streaming.max_queued_bytes",
+                self.max_queued_bytes,
+                64 << 10,
+            )?,
         })
     }
 
@@ -538,10 +546,22 @@ mod tests {
         assert_eq!(l.max_sessions_per_container, 2);
         assert_eq!(l.max_in_flight_urls, 5);
         for (yaml, key) in [
-            ("streaming: { max_connections: 0 }", "streaming.max_connections"),
-            ("streaming: { max_message_size: 1Ki }", "streaming.max_message_size"),
-            ("streaming: { max_queued_bytes: 2Gi }", "streaming.max_queued_bytes"),
-            ("streaming: { header_read_timeout: 0s }", "streaming.header_read_timeout"),
+            (
+                "streaming: { max_connections: 0 }",
+                "streaming.max_connections",
+            ),
+            (
+                "streaming: { max_message_size: 1Ki }",
+                "streaming.max_message_size",
+            ),
+            (
+                "streaming: { max_queued_bytes: 2Gi }",
+                "streaming.max_queued_bytes",
+            ),
+            (
+                "streaming: { header_read_timeout: 0s }",
+                "streaming.header_read_timeout",
+            ),
         ] {
             let e = Config::from_yaml(yaml)
                 .and_then(|c| c.validate())
