@@ -22,6 +22,9 @@ pub enum CriError {
     /// The call is not supported.
     #[error("{0}")]
     Unimplemented(String),
+    /// A limit of the node is reached (e.g. too many unused streaming URLs).
+    #[error("{0}")]
+    ResourceExhausted(String),
     /// Cubelet itself failed (a bug).
     #[error("{0}")]
     Internal(String),
@@ -65,6 +68,11 @@ impl CriError {
         CriError::Pod(PodError::FailedPrecondition(why.into()))
     }
 
+    /// A limit of the node is reached.
+    pub fn resource_exhausted(why: impl Into<String>) -> Self {
+        CriError::ResourceExhausted(why.into())
+    }
+
     /// The field a request was refused for, when it was bad input.
     pub fn invalid_field(&self) -> Option<&str> {
         match self {
@@ -91,6 +99,7 @@ impl CriError {
                 PodError::Store(_) | PodError::TaskDied { .. } => Code::Internal,
             },
             CriError::Unimplemented(_) => Code::Unimplemented,
+            CriError::ResourceExhausted(_) => Code::ResourceExhausted,
             CriError::Internal(_) => Code::Internal,
         }
     }

@@ -32,13 +32,18 @@ fn check_streams(stdin: bool, stdout: bool, stderr: bool, tty: bool) -> CriResul
     })
 }
 
-/// A URL, or `FailedPrecondition` when no token could be made.
+/// A URL; `ResourceExhausted` when too many are unused (as kubelet), else
+/// `FailedPrecondition` when no token could be made.
 fn url(registered: Result<String, StreamingError>) -> CriResult<String> {
     registered.map_err(|e| {
-        CriError::precondition(format!(
+        let why = format!(
             "cannot create a streaming token: {}",
             cubelet_engine::chain(&e)
-        ))
+        );
+        match e {
+            StreamingError::TooManyInFlight { .. } => CriError::resource_exhausted(why),
+            _ => CriError::precondition(why),
+        }
     })
 }
 
@@ -166,5 +171,8 @@ mod tests {
             e.to_string().contains("cannot create a streaming token"),
             "{e}"
         );
+        let e = url(Err(StreamingError::TooManyInFlight { max: 1000 })).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.to_string().contains("max_in_flight_urls"), "{e}");
     }
 }

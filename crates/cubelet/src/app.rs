@@ -207,6 +207,7 @@ pub async fn run(config: Config) -> Result<()> {
         port: config.streaming.port,
         idle_timeout: config.streaming.idle_timeout,
         tls: config.streaming.tls()?,
+        limits: config.streaming.limits()?,
     })
     .await
     .context("bind the streaming server")?;

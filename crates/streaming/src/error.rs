@@ -29,6 +29,13 @@ pub enum StreamingError {
     /// No random bytes for a token.
     #[error("read random bytes for a streaming token")]
     Random(#[source] getrandom::Error),
+    /// `max` URLs are handed out and unused: no new one until some are used
+    /// or expire.
+    #[error("too many streaming URLs in flight: {max} are unused (streaming.max_in_flight_urls)")]
+    TooManyInFlight {
+        /// The limit.
+        max: usize,
+    },
     /// [`crate::StreamingServer::serve`] was called twice.
     #[error("the streaming server is already serving")]
     AlreadyServing,

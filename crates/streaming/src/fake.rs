@@ -3,8 +3,8 @@
 //! only (a pod namespace is refused, naming it).
 //!
 //! Commands: `echo ARGS..` prints its arguments, `cat` copies stdin to
-//! stdout until end of input, `exit N` exits with `N`; anything else fails
-//! to start.
+//! stdout until end of input, `exit N` exits with `N`, `sink` reads nothing
+//! and runs until killed; anything else fails to start.
 
 use std::io;
 use std::path::PathBuf;
@@ -80,16 +80,24 @@ impl StreamBackend for FakeBackend {
         Box::pin(async move {
             let args: Vec<String> = cmd.get(1..).unwrap_or_default().to_vec();
             let code = match cmd.first().map(String::as_str) {
-                Some("echo" | "cat") => 0,
+                Some("echo" | "cat" | "sink") => 0,
                 Some("exit") => args.first().and_then(|a| a.parse().ok()).unwrap_or(1),
                 other => return Err(format!("{other:?}: command not found").into()),
             };
             let cat = cmd[0] == "cat";
+            let sink = cmd[0] == "sink";
             let (stdin_w, mut stdin_r) = tokio::io::duplex(4096);
             let (mut stdout_w, stdout_r) = tokio::io::duplex(4096);
             let (tx, rx) = watch::channel(None);
             let kill = tx.clone();
             tokio::spawn(async move {
+                if sink {
+                    // Holds stdin unread until killed.
+                    let mut exit = tx.subscribe();
+                    let _ = exit.wait_for(Option::is_some).await;
+                    drop((stdin_r, stdout_w));
+                    return;
+                }
                 if cat {
                     let _ = tokio::io::copy(&mut stdin_r, &mut stdout_w).await;
                 } else if !args.is_empty() {

@@ -8,21 +8,36 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::channel::{self, PORT_FORWARD, SPDY_TUNNEL_PORT_FORWARD, V4, V5};
 use crate::dial::PodTarget;
+use crate::limits::{Limits, SessionSlot};
 use crate::session;
 use crate::spdy_remote::{self, Command, PORT_FORWARD_PROTOCOL, REMOTE_COMMAND_PROTOCOLS};
 use crate::{AttachRequest, ExecRequest, Pending, PortForwardRequest, Shared, StreamBackend};
 
 type Body = Full<Bytes>;
+
+/// Holds one of the `max_connections` slots: the HTTP connection and, after
+/// an upgrade, its session share it.
+type ConnSlot = Arc<OwnedSemaphorePermit>;
+
+/// What a connection over `max_connections` is told before it is closed.
+const TOO_MANY_CONNECTIONS: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+Content-Type: text/plain; charset=utf-8\r\n\
+Retry-After: 1\r\n\
+Connection: close\r\n\
+Content-Length: 77\r\n\
+\r\n\
+too many streaming connections (streaming.max_connections): try again later\r\n";
 
 /// Accepts connections until `shutdown` is cancelled.
 pub(crate) async fn serve(
@@ -32,28 +47,40 @@ pub(crate) async fn serve(
     shutdown: CancellationToken,
 ) {
     tracing::info!(addr = %shared.addr, tls = shared.tls.is_some(), "streaming server listening");
+    let slots = Arc::new(Semaphore::new(shared.limits.max_connections));
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => return,
             r = listener.accept() => match r {
                 Ok(c) => c,
                 Err(e) => {
+                    // Out of descriptors, typically: let some close
+                    // rather than spin.
                     tracing::warn!(error = %e, "streaming accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
             },
         };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            // One non-blocking write and the socket is closed: a refused
+            // client costs no task and no buffer.
+            let _ = stream.try_write(TOO_MANY_CONNECTIONS);
+            tracing::debug!(%peer, max = shared.limits.max_connections, "streaming connection refused: too many");
+            continue;
+        };
+        let slot: ConnSlot = Arc::new(slot);
         let shared = Arc::clone(&shared);
         let backend = Arc::clone(&backend);
         tokio::spawn(
             async move {
                 match shared.tls.clone() {
-                    None => serve_connection(stream, peer, shared, backend).await,
+                    None => serve_connection(stream, peer, shared, backend, slot).await,
                     Some(acceptor) => {
                         match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream))
                             .await
                         {
-                            Ok(Ok(tls)) => serve_connection(tls, peer, shared, backend).await,
+                            Ok(Ok(tls)) => serve_connection(tls, peer, shared, backend, slot).await,
                             Ok(Err(e)) => {
                                 tracing::debug!(%peer, error = %e, "streaming TLS handshake failed")
                             }
@@ -69,6 +96,10 @@ pub(crate) async fn serve(
 
 /// A client that does not finish its TLS handshake by then is dropped.
 const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Pause after a failed accept.
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
+/// Largest request head (and read buffer) of a connection.
+const MAX_HEAD: usize = 64 * 1024;
 
 /// Serves HTTP/1.1 with upgrades on one connection (plain or TLS).
 async fn serve_connection<S>(
@@ -76,20 +107,92 @@ async fn serve_connection<S>(
     peer: std::net::SocketAddr,
     shared: Arc<Shared>,
     backend: Arc<dyn StreamBackend>,
+    slot: ConnSlot,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let header_read_timeout = shared.limits.header_read_timeout;
     let svc = hyper::service::service_fn(move |req| {
         let shared = Arc::clone(&shared);
         let backend = Arc::clone(&backend);
-        async move { Ok::<_, Infallible>(handle(req, &shared, backend)) }
+        let slot = Arc::clone(&slot);
+        async move { Ok::<_, Infallible>(handle(req, &shared, backend, slot)) }
     });
+    // hyper applies the header read timeout only with a timer.
     if let Err(e) = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .max_buf_size(MAX_HEAD)
         .serve_connection(TokioIo::new(io), svc)
         .with_upgrades()
         .await
     {
         tracing::debug!(%peer, error = %e, "streaming connection ended with an error");
+    }
+}
+
+/// The WebSocket settings of a session: messages and frames capped at
+/// `max_message_size`, small buffers.
+fn ws_config(limits: &Limits) -> WebSocketConfig {
+    let max = limits.max_message_size.max(1);
+    WebSocketConfig::default()
+        .read_buffer_size(16 * 1024)
+        .write_buffer_size(16 * 1024)
+        .max_write_buffer_size(16 * 1024 + 2 * max + 64 * 1024)
+        .max_message_size(Some(max))
+        .max_frame_size(Some(max))
+}
+
+/// What a session runs on: the container (exec, attach) or the sandbox
+/// (port-forward).
+fn session_key(p: &Pending) -> &str {
+    match p {
+        Pending::Exec(r) => &r.container_id,
+        Pending::Attach(r) => &r.container_id,
+        Pending::PortForward(r) => &r.pod_sandbox_id,
+    }
+}
+
+/// Takes the token's request and a session slot of its container; the
+/// refusal to answer otherwise.
+fn take_session(
+    shared: &Shared,
+    kind: &str,
+    token: &str,
+) -> Result<(Pending, SessionSlot), Box<Response<Body>>> {
+    // Single use: the token is gone from here on, whatever happens next.
+    let pending = match shared.tokens.take(token) {
+        Some(p) if p.path() == kind => p,
+        _ => {
+            return Err(Box::new(text(
+                StatusCode::NOT_FOUND,
+                "unknown or expired streaming token",
+            )))
+        }
+    };
+    let key = session_key(&pending);
+    match shared.sessions.try_acquire(key) {
+        Some(slot) => Ok((pending, slot)),
+        None => {
+            let what = if matches!(pending, Pending::PortForward(_)) {
+                "pod sandbox"
+            } else {
+                "container"
+            };
+            let max = shared.limits.max_sessions_per_container;
+            tracing::info!(
+                key,
+                max,
+                "streaming session refused: too many on this {what}"
+            );
+            Err(Box::new(text(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "too many streaming sessions on {what} {key}: {max} are running \
+                     (streaming.max_sessions_per_container)"
+                ),
+            )))
+        }
     }
 }
 
@@ -131,6 +234,7 @@ fn handle(
     req: Request<Incoming>,
     shared: &Shared,
     backend: Arc<dyn StreamBackend>,
+    conn: ConnSlot,
 ) -> Response<Body> {
     let path = req.uri().path().to_owned();
     let mut parts = path.trim_start_matches('/').splitn(2, '/');
@@ -146,7 +250,7 @@ fn handle(
         .join(",")
         .to_ascii_lowercase();
     if upgrade.contains("spdy") {
-        return spdy_upgrade(req, kind, token, &upgrade, shared, backend);
+        return spdy_upgrade(req, kind, token, &upgrade, shared, backend, conn);
     }
     if !upgrade.contains("websocket") {
         return text(
@@ -173,10 +277,9 @@ fn handle(
         Ok(p) => p,
         Err(e) => return text(StatusCode::BAD_REQUEST, e),
     };
-    // Single use: the token is gone from here on, whatever happens next.
-    let pending = match shared.tokens.take(token) {
-        Some(p) if p.path() == kind => p,
-        _ => return text(StatusCode::NOT_FOUND, "unknown or expired streaming token"),
+    let (pending, session) = match take_session(shared, kind, token) {
+        Ok(s) => s,
+        Err(refusal) => return *refusal,
     };
     let v5 = proto == V5;
     let tunnel = proto == SPDY_TUNNEL_PORT_FORWARD;
@@ -196,8 +299,11 @@ fn handle(
         );
     }
     let span = pending.span();
+    let limits = shared.limits;
     tokio::spawn(
         async move {
+            // Held until the session ends.
+            let _held = (conn, session);
             let upgraded = match hyper::upgrade::on(req).await {
                 Ok(u) => u,
                 Err(e) => {
@@ -205,18 +311,22 @@ fn handle(
                     return;
                 }
             };
-            let ws =
-                WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+            let ws = WebSocketStream::from_raw_socket(
+                TokioIo::new(upgraded),
+                Role::Server,
+                Some(ws_config(&limits)),
+            )
+            .await;
             match pending {
                 Pending::Exec(ExecRequest {
                     container_id,
                     cmd,
                     streams,
-                }) => session::exec(ws, v5, backend, container_id, cmd, streams).await,
+                }) => session::exec(ws, v5, backend, container_id, cmd, streams, limits).await,
                 Pending::Attach(AttachRequest {
                     container_id,
                     streams,
-                }) => session::attach(ws, v5, backend, container_id, streams).await,
+                }) => session::attach(ws, v5, backend, container_id, streams, limits).await,
                 Pending::PortForward(PortForwardRequest {
                     pod_sandbox_id: sandbox_id,
                     netns,
@@ -226,10 +336,10 @@ fn handle(
                     if tunnel {
                         // The ports come in the SPDY streams' headers.
                         let io = session::ws_byte_stream(ws);
-                        spdy_remote::port_forward(io, sandbox_id, target).await;
+                        spdy_remote::port_forward(io, sandbox_id, target, limits).await;
                     } else {
                         let ports = if ports.is_empty() { req_ports } else { ports };
-                        session::port_forward(ws, sandbox_id, target, ports).await;
+                        session::port_forward(ws, sandbox_id, target, ports, limits).await;
                     }
                 }
             }
@@ -251,6 +361,7 @@ fn spdy_upgrade(
     upgrade: &str,
     shared: &Shared,
     backend: Arc<dyn StreamBackend>,
+    conn: ConnSlot,
 ) -> Response<Body> {
     if !upgrade.split(',').any(|u| u.trim() == "spdy/3.1") {
         return text(
@@ -283,9 +394,9 @@ fn spdy_upgrade(
     } else {
         proto
     };
-    let pending = match shared.tokens.take(token) {
-        Some(p) if p.path() == kind => p,
-        _ => return text(StatusCode::NOT_FOUND, "unknown or expired streaming token"),
+    let (pending, session) = match take_session(shared, kind, token) {
+        Ok(s) => s,
+        Err(refusal) => return *refusal,
     };
     let mut resp = Response::new(Full::new(Bytes::new()));
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
@@ -297,8 +408,11 @@ fn spdy_upgrade(
     }
     let proto = proto.to_owned();
     let span = pending.span();
+    let limits = shared.limits;
     tokio::spawn(
         async move {
+            // Held until the session ends.
+            let _held = (conn, session);
             let upgraded = match hyper::upgrade::on(req).await {
                 Ok(u) => TokioIo::new(u),
                 Err(e) => {
@@ -313,14 +427,16 @@ fn spdy_upgrade(
                     streams,
                 }) => {
                     let c = Command::Exec { container_id, cmd };
-                    spdy_remote::remote_command(upgraded, &proto, backend, c, streams).await;
+                    spdy_remote::remote_command(upgraded, &proto, backend, c, streams, limits)
+                        .await;
                 }
                 Pending::Attach(AttachRequest {
                     container_id,
                     streams,
                 }) => {
                     let c = Command::Attach { container_id };
-                    spdy_remote::remote_command(upgraded, &proto, backend, c, streams).await;
+                    spdy_remote::remote_command(upgraded, &proto, backend, c, streams, limits)
+                        .await;
                 }
                 Pending::PortForward(PortForwardRequest {
                     pod_sandbox_id: sandbox_id,
@@ -328,7 +444,7 @@ fn spdy_upgrade(
                     ..
                 }) => {
                     let target = PodTarget { netns, backend };
-                    spdy_remote::port_forward(upgraded, sandbox_id, target).await
+                    spdy_remote::port_forward(upgraded, sandbox_id, target, limits).await
                 }
             }
         }

@@ -24,6 +24,8 @@ mod error;
 #[cfg(test)]
 mod fake;
 mod http;
+mod limits;
+mod queue;
 mod request;
 mod session;
 mod spdy;
@@ -44,6 +46,12 @@ pub use self::backend::{
     OutputStream, Reader, StreamBackend, TerminalSize, Writer,
 };
 pub use self::error::StreamingError;
+use self::limits::SessionSlots;
+pub use self::limits::{
+    Limits, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_IN_FLIGHT_URLS,
+    DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_SESSIONS_PER_CONTAINER,
+    DEFAULT_STREAM_IDLE_TIMEOUT,
+};
 pub use self::request::{AttachRequest, ExecRequest, PortForwardRequest, Streams};
 pub use self::tls::TlsFiles;
 use self::tokens::TokenStore;
@@ -62,6 +70,8 @@ pub struct StreamingConfig {
     pub idle_timeout: Duration,
     /// Serve HTTPS with this certificate; `None` = plain HTTP.
     pub tls: Option<TlsFiles>,
+    /// What a client may hold and make the server buffer.
+    pub limits: Limits,
 }
 
 impl Default for StreamingConfig {
@@ -71,6 +81,7 @@ impl Default for StreamingConfig {
             port: 0,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             tls: None,
+            limits: Limits::default(),
         }
     }
 }
@@ -116,6 +127,8 @@ pub(crate) struct Shared {
     /// Present when serving HTTPS.
     tls: Option<tokio_rustls::TlsAcceptor>,
     tokens: TokenStore<Pending>,
+    limits: Limits,
+    sessions: Arc<SessionSlots>,
 }
 
 /// Handle of the streaming server: cheap to clone; the CRI edge registers
@@ -150,7 +163,9 @@ impl StreamingServer {
             shared: Arc::new(Shared {
                 addr,
                 tls,
-                tokens: TokenStore::new(config.idle_timeout),
+                tokens: TokenStore::new(config.idle_timeout, config.limits.max_in_flight_urls),
+                limits: config.limits,
+                sessions: SessionSlots::new(config.limits.max_sessions_per_container),
             }),
             listener: Arc::new(std::sync::Mutex::new(Some(listener))),
         })
@@ -215,14 +230,23 @@ mod tests {
     use futures::{SinkExt, StreamExt};
     use std::sync::atomic::Ordering;
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    use tokio_tungstenite::tungstenite::protocol::CloseFrame;
     use tokio_tungstenite::tungstenite::Message;
 
     type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 
     async fn served() -> (StreamingServer, Arc<FakeBackend>, CancellationToken) {
-        let server = StreamingServer::bind(&StreamingConfig::default())
-            .await
-            .unwrap();
+        served_with(Limits::default()).await
+    }
+
+    async fn served_with(limits: Limits) -> (StreamingServer, Arc<FakeBackend>, CancellationToken) {
+        let server = StreamingServer::bind(&StreamingConfig {
+            limits,
+            ..StreamingConfig::default()
+        })
+        .await
+        .unwrap();
         let backend = Arc::new(FakeBackend::default());
         let stop = CancellationToken::new();
         let s = server.clone();
@@ -410,5 +434,251 @@ mod tests {
                 server.serve(Arc::clone(&backend), stop.clone()).await
             } => assert!(matches!(r, Err(StreamingError::AlreadyServing)), "{r:?}"),
         }
+    }
+
+    /// Everything the server sends on `tcp` until it closes it (none after
+    /// `limit`: an error).
+    async fn read_to_close(tcp: &mut tokio::net::TcpStream, limit: Duration) -> Result<String, ()> {
+        use tokio::io::AsyncReadExt;
+        let mut got = Vec::new();
+        match tokio::time::timeout(limit, tcp.read_to_end(&mut got)).await {
+            Ok(_) => Ok(String::from_utf8_lossy(&got).into_owned()),
+            Err(_) => Err(()),
+        }
+    }
+
+    const SHORT: Duration = Duration::from_millis(300);
+    /// Far longer than any limit the tests set: only a missing limit waits
+    /// this long.
+    const PATIENCE: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn a_silent_or_partial_request_head_is_closed_after_the_header_timeout() {
+        use tokio::io::AsyncWriteExt;
+        let (server, _backend, stop) = served_with(Limits {
+            header_read_timeout: SHORT,
+            ..Limits::default()
+        })
+        .await;
+        let mut silent = tokio::net::TcpStream::connect(server.local_addr())
+            .await
+            .unwrap();
+        let mut partial = tokio::net::TcpStream::connect(server.local_addr())
+            .await
+            .unwrap();
+        partial
+            .write_all(b"GET /exec/x HTTP/1.1\r\nHost: a\r\n")
+            .await
+            .unwrap();
+        assert!(
+            read_to_close(&mut silent, PATIENCE).await.is_ok(),
+            "silent connection kept"
+        );
+        let answer = read_to_close(&mut partial, PATIENCE).await;
+        assert!(answer.is_ok(), "partial head kept");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_cap_are_answered_503_and_closed() {
+        let (server, _backend, stop) = served_with(Limits {
+            max_connections: 2,
+            ..Limits::default()
+        })
+        .await;
+        let _a = tokio::net::TcpStream::connect(server.local_addr())
+            .await
+            .unwrap();
+        let _b = tokio::net::TcpStream::connect(server.local_addr())
+            .await
+            .unwrap();
+        let mut c = tokio::net::TcpStream::connect(server.local_addr())
+            .await
+            .unwrap();
+        let answer = read_to_close(&mut c, PATIENCE)
+            .await
+            .expect("a third connection was kept");
+        assert!(answer.starts_with("HTTP/1.1 503 "), "{answer}");
+        assert!(answer.contains("streaming.max_connections"), "{answer}");
+        // The answer is well-formed: its length is what it says.
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.contains(&format!("Content-Length: {}", body.len())),
+            "{answer}"
+        );
+        // A slot frees when a connection closes.
+        drop(_a);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let url = server.exec(exec(&["echo", "again"], false)).unwrap();
+        let msgs = drain(&mut connect(&url, channel::V5).await.unwrap()).await;
+        assert_eq!(on(&msgs, channel::STDOUT), b"again\n");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn sessions_over_the_per_container_cap_are_answered_429() {
+        let (server, _backend, stop) = served_with(Limits {
+            max_sessions_per_container: 1,
+            ..Limits::default()
+        })
+        .await;
+        // A session that runs until its stdin ends.
+        let url = server.exec(exec(&["cat"], true)).unwrap();
+        let mut first = connect(&url, channel::V5).await.unwrap();
+        let url = server.exec(exec(&["echo", "x"], false)).unwrap();
+        match connect(&url, channel::V5).await {
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+                assert_eq!(r.status(), 429);
+                let body =
+                    String::from_utf8_lossy(r.body().as_deref().unwrap_or_default()).into_owned();
+                assert!(
+                    body.contains("streaming.max_sessions_per_container"),
+                    "{body}"
+                );
+            }
+            other => panic!("a second session of c1: {other:?}"),
+        }
+        let mut other = exec(&["echo", "y"], false);
+        other.container_id = "c2".into();
+        let msgs = drain(
+            &mut connect(&server.exec(other).unwrap(), channel::V5)
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(
+            on(&msgs, channel::STDOUT),
+            b"y\n",
+            "another container is served"
+        );
+        first
+            .send(Message::Binary(channel::frame(
+                channel::CLOSE,
+                &[channel::STDIN],
+            )))
+            .await
+            .unwrap();
+        drain(&mut first).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let url = server.exec(exec(&["echo", "z"], false)).unwrap();
+        let msgs = drain(&mut connect(&url, channel::V5).await.unwrap()).await;
+        assert_eq!(on(&msgs, channel::STDOUT), b"z\n", "the slot is free again");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn unused_urls_are_capped() {
+        let (server, _backend, stop) = served_with(Limits {
+            max_in_flight_urls: 2,
+            ..Limits::default()
+        })
+        .await;
+        let first = server.exec(exec(&["echo", "1"], false)).unwrap();
+        server.exec(exec(&["echo", "2"], false)).unwrap();
+        let e = server.exec(exec(&["echo", "3"], false)).unwrap_err();
+        assert!(
+            matches!(e, StreamingError::TooManyInFlight { max: 2 }),
+            "{e}"
+        );
+        drain(&mut connect(&first, channel::V5).await.unwrap()).await;
+        server.exec(exec(&["echo", "4"], false)).unwrap();
+        stop.cancel();
+    }
+
+    /// The close frame the server ends with (`None`: no close frame).
+    async fn close_frame(ws: &mut Ws) -> Option<CloseFrame> {
+        while let Some(Ok(m)) = ws.next().await {
+            if let Message::Close(f) = m {
+                return f;
+            }
+        }
+        None
+    }
+
+    #[tokio::test]
+    async fn a_websocket_message_over_the_limit_ends_the_session_with_1009() {
+        let (server, backend, stop) = served_with(Limits {
+            max_message_size: 64 * 1024,
+            ..Limits::default()
+        })
+        .await;
+        let url = server.exec(exec(&["cat"], true)).unwrap();
+        let mut ws = connect(&url, channel::V5).await.unwrap();
+        let big = vec![b'x'; 128 * 1024];
+        let _ = ws
+            .send(Message::Binary(channel::frame(channel::STDIN, &big)))
+            .await;
+        let f = tokio::time::timeout(PATIENCE, close_frame(&mut ws))
+            .await
+            .expect("the session went on")
+            .expect("no close frame");
+        assert_eq!(f.code, CloseCode::Size, "{f:?}");
+        assert!(f.reason.contains("streaming.max_message_size"), "{f:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            backend.cleaned_up.load(Ordering::SeqCst),
+            1,
+            "process cleaned up"
+        );
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn an_idle_session_is_closed_with_a_reason_and_its_process_killed() {
+        let (server, backend, stop) = served_with(Limits {
+            stream_idle_timeout: SHORT,
+            ..Limits::default()
+        })
+        .await;
+        let url = server.exec(exec(&["cat"], true)).unwrap();
+        let mut ws = connect(&url, channel::V5).await.unwrap();
+        let f = tokio::time::timeout(PATIENCE, close_frame(&mut ws))
+            .await
+            .expect("an idle session was kept")
+            .expect("no close frame");
+        assert_eq!(f.code, CloseCode::Policy, "{f:?}");
+        assert!(f.reason.contains("streaming.stream_idle_timeout"), "{f:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(backend.cleaned_up.load(Ordering::SeqCst), 1);
+        stop.cancel();
+    }
+
+    /// The data a departed client sent sits in the socket before its FIN,
+    /// and a session blocked on a process that reads nothing cannot see
+    /// past it: the idle timeout ends it, with the process stuck in a
+    /// stdin write (before the bounds it hung until the process exited).
+    #[tokio::test]
+    async fn a_flooded_exec_whose_process_reads_nothing_ends_once_idle() {
+        let (server, backend, stop) = served_with(Limits {
+            max_queued_bytes: 64 * 1024,
+            stream_idle_timeout: Duration::from_secs(1),
+            ..Limits::default()
+        })
+        .await;
+        let url = server.exec(exec(&["sink"], true)).unwrap();
+        let mut ws = connect(&url, channel::V5).await.unwrap();
+        // More than the queue, the pipe and the socket buffers hold: the
+        // sends stop once the server stops reading.
+        let chunk = channel::frame(channel::STDIN, &vec![b'x'; 32 * 1024]);
+        let flood = async {
+            loop {
+                if ws.send(Message::Binary(chunk.clone())).await.is_err() {
+                    break;
+                }
+            }
+        };
+        // Flood until the server stops reading (or for half a second).
+        let _ = tokio::time::timeout(Duration::from_millis(500), flood).await;
+        drop(ws);
+        let cleaned = async {
+            while backend.cleaned_up.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        assert!(
+            tokio::time::timeout(PATIENCE, cleaned).await.is_ok(),
+            "the session outlived its client"
+        );
+        stop.cancel();
     }
 }

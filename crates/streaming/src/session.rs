@@ -18,13 +18,15 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 use tracing::Instrument;
 
 use crate::backend::{chain, Lagged};
 use crate::channel::{self, CLOSE, ERROR, RESIZE, STDERR, STDIN, STDOUT};
 use crate::dial::PodTarget;
+use crate::limits::{Idle, Limits};
+use crate::queue::{in_queue, InRx};
 use crate::{ExecOptions, OutputChunk, OutputStream, StreamBackend, Streams, TerminalSize};
 
 /// How long output may still flow after the process exited (a background
@@ -52,42 +54,91 @@ pub(crate) enum In {
 }
 
 pub(crate) type Tx = mpsc::Sender<Out>;
-pub(crate) type Rx = mpsc::Receiver<In>;
+pub(crate) type Rx = InRx;
+
+/// How a transport's reader ended a session on its own: the close frame
+/// the writer sends instead of a normal closure.
+type CloseReason = Arc<std::sync::Mutex<Option<CloseFrame>>>;
 
 /// Adapts `ws` to the neutral messages: a writer task fed by the returned
 /// sender (it sends a close frame once every sender is gone) and a reader
 /// task feeding the returned receiver (v5 close messages become
-/// [`In::End`]).
-fn ws_adapt<S>(ws: WebSocketStream<S>, v5: bool) -> (Tx, Rx, JoinHandle<()>, JoinHandle<()>)
+/// [`In::End`]). The reader ends the session (the receiver reports the
+/// sender gone) when the client leaves, sends a message over
+/// `max_message_size`, or moves no byte for the idle timeout; the close
+/// frame then says why.
+fn ws_adapt<S>(
+    ws: WebSocketStream<S>,
+    v5: bool,
+    limits: Limits,
+    coalesce_resizes: bool,
+) -> (Tx, Rx, JoinHandle<()>, JoinHandle<()>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (mut sink, mut stream) = ws.split();
+    let idle = Idle::new(limits.stream_idle_timeout);
+    let reason: CloseReason = Arc::default();
     let (tx, mut rx) = mpsc::channel::<Out>(64);
-    let writer = tokio::spawn(
-        async move {
-            while let Some(m) = rx.recv().await {
-                if let Out::Data(ch, data) = m {
-                    if sink
-                        .send(Message::Binary(channel::frame(ch, &data)))
-                        .await
-                        .is_err()
-                    {
-                        return;
+    let writer = {
+        let (idle, reason) = (idle.clone(), Arc::clone(&reason));
+        tokio::spawn(
+            async move {
+                while let Some(m) = rx.recv().await {
+                    if let Out::Data(ch, data) = m {
+                        // A client that reads nothing holds this send only
+                        // until it has been idle for the timeout.
+                        let sent = tokio::select! {
+                            biased;
+                            r = sink.send(Message::Binary(channel::frame(ch, &data))) => r.is_ok(),
+                            () = idle.expired() => false,
+                        };
+                        if !sent {
+                            return;
+                        }
+                        idle.touch();
                     }
                 }
+                let close = reason
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .map_or_else(normal_close, |f| Message::Close(Some(f)));
+                let _ = sink.send(close).await;
+                let _ = sink.flush().await;
             }
-            let _ = sink.send(normal_close()).await;
-            let _ = sink.flush().await;
-        }
-        .in_current_span(),
-    );
-    let (in_tx, in_rx) = mpsc::channel::<In>(64);
+            .in_current_span(),
+        )
+    };
+    let (in_tx, in_rx) = in_queue(limits.max_queued_bytes, coalesce_resizes);
     let reader = tokio::spawn(
         async move {
-            loop {
-                let m = match stream.next().await {
-                    None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return,
+            // The client's next message, read while the session was still
+            // busy with the one before (so a departure is seen at once).
+            let mut peeked = None;
+            let why = loop {
+                let next = match peeked.take() {
+                    Some(n) => n,
+                    None => tokio::select! {
+                        m = stream.next() => m,
+                        () = idle.expired() => break Some(idle_close(idle.timeout())),
+                    },
+                };
+                idle.touch();
+                let m = match next {
+                    None | Some(Ok(Message::Close(_))) => break None,
+                    Some(Err(WsError::Capacity(e))) => {
+                        tracing::info!(error = %e, "streaming client sent a message over the limit");
+                        break Some(CloseFrame {
+                            code: CloseCode::Size,
+                            reason: format!(
+                                "{e} (streaming.max_message_size is {} bytes)",
+                                limits.max_message_size
+                            )
+                            .into(),
+                        });
+                    }
+                    Some(Err(_)) => break None,
                     Some(Ok(Message::Binary(b))) => match channel::parse(&b) {
                         Some((CLOSE, rest)) if v5 => match rest.first() {
                             Some(&ch) => In::End(ch),
@@ -98,14 +149,46 @@ where
                     },
                     Some(Ok(_)) => continue,
                 };
-                if in_tx.send(m).await.is_err() {
-                    return;
+                let send = in_tx.send(m);
+                tokio::pin!(send);
+                let ended = loop {
+                    tokio::select! {
+                        r = &mut send => break r.is_err().then_some(None),
+                        n = stream.next(), if peeked.is_none() => {
+                            let last = matches!(n, None | Some(Err(_)) | Some(Ok(Message::Close(_))));
+                            peeked = Some(n);
+                            if last {
+                                // Handled (and reported) by the outer loop.
+                                break None;
+                            }
+                        }
+                        () = idle.expired() => break Some(Some(idle_close(idle.timeout()))),
+                    }
+                };
+                if let Some(why) = ended {
+                    break why;
                 }
+            };
+            if let Some(f) = why {
+                *reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
             }
         }
         .in_current_span(),
     );
     (tx, in_rx, writer, reader)
+}
+
+/// The close frame of a session ended for silence.
+fn idle_close(timeout: Duration) -> CloseFrame {
+    tracing::info!(?timeout, "streaming session idle: ending it");
+    CloseFrame {
+        code: CloseCode::Policy,
+        reason: format!(
+            "no data in either direction for {}s (streaming.stream_idle_timeout)",
+            timeout.as_secs()
+        )
+        .into(),
+    }
 }
 
 /// A normal-closure close frame: client-go's WebSocket clients treat any
@@ -165,13 +248,18 @@ where
 }
 
 /// Runs a neutral session core over `ws`.
-async fn over_ws<S, F, Fut>(ws: WebSocketStream<S>, v5: bool, core: F)
-where
+async fn over_ws<S, F, Fut>(
+    ws: WebSocketStream<S>,
+    v5: bool,
+    limits: Limits,
+    coalesce_resizes: bool,
+    core: F,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     F: FnOnce(Tx, Rx) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let (tx, rx, writer, reader) = ws_adapt(ws, v5);
+    let (tx, rx, writer, reader) = ws_adapt(ws, v5, limits, coalesce_resizes);
     core(tx, rx).await;
     reader.abort();
     let _ = writer.await;
@@ -230,10 +318,11 @@ pub(crate) async fn exec<S>(
     container_id: String,
     cmd: Vec<String>,
     streams: Streams,
+    limits: Limits,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    over_ws(ws, v5, |tx, rx| {
+    over_ws(ws, v5, limits, true, |tx, rx| {
         exec_core(tx, rx, backend, container_id, cmd, streams)
     })
     .await;
@@ -288,8 +377,13 @@ pub(crate) async fn exec_core(
                     None => break None,
                     Some(In::Data(STDIN, data)) => {
                         if let Some(w) = stdin.as_mut() {
-                            if w.write_all(&data).await.is_err() {
-                                stdin = None;
+                            // A process that does not read blocks this
+                            // write (and so the client): it must still
+                            // exit, and the client still leave.
+                            tokio::select! {
+                                r = w.write_all(&data) => if r.is_err() { stdin = None },
+                                r = &mut wait => break Some(r),
+                                () = incoming.closed() => break None,
                             }
                         }
                     }
@@ -371,10 +465,11 @@ pub(crate) async fn attach<S>(
     backend: Arc<dyn StreamBackend>,
     container_id: String,
     streams: Streams,
+    limits: Limits,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    over_ws(ws, v5, |tx, rx| {
+    over_ws(ws, v5, limits, true, |tx, rx| {
         attach_core(tx, rx, backend, container_id, streams)
     })
     .await;
@@ -436,8 +531,16 @@ pub(crate) async fn attach_core(
                     }
                     Some(In::Data(STDIN, data)) => {
                         if let Some(w) = stdin.as_mut() {
-                            if w.write_all(&data).await.is_err() {
-                                stdin = None;
+                            tokio::select! {
+                                r = w.write_all(&data) => if r.is_err() { stdin = None },
+                                r = &mut wait => break Some(r),
+                                () = incoming.closed() => {
+                                    if input_open {
+                                        stdin = None;
+                                        end_input(&*backend, &container_id).await;
+                                    }
+                                    break None;
+                                }
                             }
                         }
                     }
@@ -489,10 +592,11 @@ pub(crate) async fn port_forward<S>(
     sandbox_id: String,
     target: PodTarget,
     ports: Vec<u16>,
+    limits: Limits,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    over_ws(ws, false, |tx, rx| {
+    over_ws(ws, false, limits, false, |tx, rx| {
         port_forward_ws(tx, rx, sandbox_id, target, ports)
     })
     .await;
@@ -530,7 +634,7 @@ async fn port_forward_ws(
             }
         }
     }
-    while let Some(m) = incoming.recv().await {
+    'session: while let Some(m) = incoming.recv().await {
         let In::Data(ch, data) = m else { continue };
         let i = usize::from(ch / 2);
         if ch % 2 != 0 {
@@ -538,8 +642,11 @@ async fn port_forward_ws(
         }
         if let Some(slot) = writers.get_mut(i) {
             if let Some(w) = slot.as_mut() {
-                if w.write_all(&data).await.is_err() {
-                    *slot = None;
+                // A pod that does not read must not keep a departed
+                // client's session.
+                tokio::select! {
+                    r = w.write_all(&data) => if r.is_err() { *slot = None },
+                    () = incoming.closed() => break 'session,
                 }
             }
         }

@@ -19,6 +19,9 @@ pub(crate) const SETTINGS_INITIAL_WINDOW_SIZE: u32 = 7;
 const MAX_FRAME: usize = 1 << 24;
 /// Largest decompressed header block we accept.
 const MAX_HEADER_BLOCK: usize = 256 * 1024;
+/// Largest control frame we accept: a compressed header block can be a
+/// little larger than the block itself.
+pub(crate) const MAX_CONTROL_FRAME: usize = MAX_HEADER_BLOCK + 1024;
 
 /// RST_STREAM status: protocol error.
 pub(crate) const RST_PROTOCOL_ERROR: u32 = 1;
@@ -38,12 +41,25 @@ pub(crate) enum SpdyError {
     /// A frame broke the framing rules.
     #[error("spdy protocol error: {0}")]
     Protocol(String),
+    /// A frame is larger than allowed.
+    #[error(
+        "spdy frame of {len} bytes exceeds the limit of {max} bytes (streaming.max_message_size)"
+    )]
+    TooLarge {
+        /// Its announced length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// A header block did not inflate.
     #[error("spdy header block: {0}")]
     Inflate(#[source] flate2::DecompressError),
     /// A header block did not deflate.
     #[error("spdy header block: {0}")]
     Deflate(#[source] flate2::CompressError),
+    /// Nothing moved either way for this long.
+    #[error("no frame in either direction for {}s (streaming.stream_idle_timeout)", .0.as_secs())]
+    Idle(std::time::Duration),
     /// The connection failed.
     #[error("spdy connection: {0}")]
     Io(#[source] std::io::Error),
@@ -218,7 +234,18 @@ impl Frame {
 
     /// Takes one whole frame off the front of `buf`; `Ok(None)` when more
     /// bytes are needed.
+    #[cfg(test)]
     pub(crate) fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, SpdyError> {
+        Self::decode_limited(buf, MAX_FRAME)
+    }
+
+    /// [`Frame::decode`], refusing a DATA frame of more than `max_data`
+    /// bytes (and a control frame of more than [`MAX_CONTROL_FRAME`]) as
+    /// soon as its header is read, before buffering it.
+    pub(crate) fn decode_limited(
+        buf: &mut BytesMut,
+        max_data: usize,
+    ) -> Result<Option<Frame>, SpdyError> {
         if buf.len() < 8 {
             return Ok(None);
         }
@@ -226,8 +253,13 @@ impl Frame {
         let w2 = u32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]);
         let flags = (w2 >> 24) as u8;
         let len = (w2 & 0x00ff_ffff) as usize;
-        if len >= MAX_FRAME {
-            return Err(SpdyError::Protocol(format!("frame of {len} bytes")));
+        let max = if w1 & 0x8000_0000 == 0 {
+            max_data.min(MAX_FRAME - 1)
+        } else {
+            MAX_CONTROL_FRAME
+        };
+        if len > max {
+            return Err(SpdyError::TooLarge { len, max });
         }
         if buf.len() < 8 + len {
             buf.reserve(8 + len - buf.len());

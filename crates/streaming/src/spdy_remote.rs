@@ -18,12 +18,14 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::channel::{self, ERROR, RESIZE, STDERR, STDIN, STDOUT};
 use crate::dial::PodTarget;
+use crate::limits::Limits;
+use crate::queue::{in_queue, InTx};
 use crate::session::{self, In, Out};
 use crate::spdy::header;
 use crate::spdy_session::{Conn, Event, Sender};
@@ -42,6 +44,16 @@ pub(crate) const PORT_FORWARD_PROTOCOL: &str = "portforward.k8s.io";
 /// How long the client has to open the streams of a remote command
 /// (kubelet's default stream creation timeout).
 const STREAM_CREATION_TIMEOUT: Duration = Duration::from_secs(30);
+/// Events a client may send before its remote command's streams are open.
+const MAX_EARLY_EVENTS: usize = 256;
+/// Longest incomplete resize object kept (a real one is ~30 bytes).
+const MAX_RESIZE_OBJECT: usize = 4096;
+/// Forwarded connections (and half-opened ones) of one port-forward
+/// session at once.
+pub(crate) const MAX_PORT_FORWARDS: usize = 128;
+
+/// Client data for a pod, holding its share of the connection's budget.
+type Queued = (Bytes, OwnedSemaphorePermit);
 
 /// What a remote command session runs.
 #[derive(Debug)]
@@ -134,15 +146,17 @@ pub(crate) async fn remote_command<S>(
     backend: Arc<dyn StreamBackend>,
     command: Command,
     streams: Streams,
+    limits: Limits,
 ) where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     let v4 = protocol == REMOTE_COMMAND_PROTOCOLS[0];
-    let mut conn = Conn::start(io);
+    let mut conn = Conn::start(io, &limits);
     // Stream id by role, role by stream id; events for the opened streams
     // that arrive before the set is complete wait in `early`.
     let mut ids: HashMap<u8, u32> = HashMap::new();
     let mut early = VecDeque::new();
+    let mut early_bytes = 0usize;
     let want = expected(streams);
     let deadline = tokio::time::sleep(STREAM_CREATION_TIMEOUT);
     tokio::pin!(deadline);
@@ -166,16 +180,33 @@ pub(crate) async fn remote_command<S>(
                         None => tracing::debug!(id, "spdy: stream of unknown type"),
                     }
                 }
-                Some(ev) => early.push_back(ev),
+                Some(ev) => {
+                    if let Event::Data { data, .. } = &ev {
+                        early_bytes += data.len();
+                    }
+                    if early_bytes > limits.max_queued_bytes || early.len() >= MAX_EARLY_EVENTS {
+                        tracing::info!(
+                            bytes = early_bytes,
+                            events = early.len(),
+                            max_bytes = limits.max_queued_bytes,
+                            "spdy remote command: too much sent before the session's streams \
+                             were open (streaming.max_queued_bytes): ending it"
+                        );
+                        conn.shutdown().await;
+                        return;
+                    }
+                    early.push_back(ev);
+                }
             }
         }
     }
     let roles: HashMap<u32, u8> = ids.iter().map(|(r, id)| (*id, *r)).collect();
     let (tx, out_rx) = mpsc::channel::<Out>(64);
-    let (in_tx, rx) = mpsc::channel::<In>(64);
+    let (in_tx, rx) = in_queue(limits.max_queued_bytes, true);
     let writer = tokio::spawn(write_roles(conn.out.clone(), out_rx, ids, v4).in_current_span());
     let events = std::mem::replace(&mut conn.events, mpsc::channel(1).1);
-    let reader = tokio::spawn(read_roles(events, early, roles, in_tx).in_current_span());
+    let reader =
+        tokio::spawn(read_roles(events, early, roles, in_tx, conn.out.clone()).in_current_span());
     match command {
         Command::Exec { container_id, cmd } => {
             session::exec_core(tx, rx, backend, container_id, cmd, streams).await;
@@ -235,7 +266,8 @@ async fn read_roles(
     mut events: mpsc::Receiver<Event>,
     mut early: VecDeque<Event>,
     mut roles: HashMap<u32, u8>,
-    tx: mpsc::Sender<In>,
+    tx: InTx,
+    conn: Sender,
 ) {
     let mut resize = BytesMut::new();
     loop {
@@ -257,9 +289,19 @@ async fn read_roles(
                 Some(&STDIN) => vec![In::Data(STDIN, data)],
                 Some(&RESIZE) => {
                     resize.extend_from_slice(&data);
-                    resize_objects(&mut resize)
-                        .into_iter()
+                    let objs = resize_objects(&mut resize);
+                    if resize.len() > MAX_RESIZE_OBJECT {
+                        tracing::debug!(
+                            bytes = resize.len(),
+                            "spdy: resize object too long, dropped"
+                        );
+                        resize.clear();
+                    }
+                    // Only the newest size matters.
+                    objs.into_iter()
+                        .last()
                         .map(|o| In::Data(RESIZE, o))
+                        .into_iter()
                         .collect()
                 }
                 _ => continue,
@@ -270,8 +312,11 @@ async fn read_roles(
             },
         };
         for m in msgs {
-            if tx.send(m).await.is_err() {
-                return;
+            // The core may be stuck on a process that reads nothing: the
+            // client's departure must still end the session.
+            tokio::select! {
+                r = tx.send(m) => if r.is_err() { return },
+                () = conn.closed() => return,
             }
         }
     }
@@ -286,14 +331,16 @@ struct Pair {
 
 /// Serves port forwarding into `netns` on a SPDY connection until the
 /// client leaves.
-pub(crate) async fn port_forward<S>(io: S, sandbox_id: String, target: PodTarget)
+pub(crate) async fn port_forward<S>(io: S, sandbox_id: String, target: PodTarget, limits: Limits)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let mut conn = Conn::start(io);
+    let mut conn = Conn::start(io, &limits);
     let mut pairs: HashMap<String, Pair> = HashMap::new();
     // Client data stream id -> the pair task's input.
-    let mut inputs: HashMap<u32, mpsc::Sender<Option<Bytes>>> = HashMap::new();
+    let mut inputs: HashMap<u32, mpsc::Sender<Option<Queued>>> = HashMap::new();
+    // Bytes on their way to the pod, over all the connection's pairs.
+    let budget = Arc::new(Semaphore::new(limits.max_queued_bytes.max(1)));
     let mut tasks: Vec<JoinHandle<()>> = Vec::new();
     while let Some(ev) = conn.events.recv().await {
         match ev {
@@ -307,6 +354,13 @@ where
                     None => id.to_string(),
                 };
                 let port = header(&headers, "port").and_then(|p| p.parse::<u16>().ok());
+                if !pairs.contains_key(&request) && pairs.len() >= MAX_PORT_FORWARDS {
+                    tracing::debug!(
+                        id,
+                        "port-forward: too many half-opened requests, ignoring one"
+                    );
+                    continue;
+                }
                 let pair = pairs.entry(request.clone()).or_default();
                 match kind {
                     "error" => pair.error = Some(id),
@@ -322,9 +376,20 @@ where
                 if let (Some(error), Some(data)) = (pair.error, pair.data) {
                     let port = pair.port;
                     pairs.remove(&request);
+                    tasks.retain(|t| !t.is_finished());
+                    if tasks.len() >= MAX_PORT_FORWARDS {
+                        let msg = format!(
+                            "too many forwarded connections on this port-forward session \
+                             ({MAX_PORT_FORWARDS} at once)"
+                        );
+                        tracing::info!("{msg}");
+                        conn.out.data(error, Bytes::from(msg.into_bytes())).await;
+                        conn.out.fin(data).await;
+                        conn.out.fin(error).await;
+                        continue;
+                    }
                     let (in_tx, in_rx) = mpsc::channel(16);
                     inputs.insert(data, in_tx);
-                    tasks.retain(|t| !t.is_finished());
                     tasks.push(tokio::spawn(
                         forward_pair(
                             conn.out.clone(),
@@ -341,7 +406,21 @@ where
             }
             Event::Data { id, data } => {
                 if let Some(tx) = inputs.get(&id) {
-                    if tx.send(Some(data)).await.is_err() {
+                    // Wait for the pods to take what is queued first.
+                    let n = u32::try_from(data.len().clamp(1, limits.max_queued_bytes.max(1)))
+                        .unwrap_or(u32::MAX);
+                    // A pod that does not read must not keep a departed
+                    // client's session.
+                    let permit = tokio::select! {
+                        p = Arc::clone(&budget).acquire_many_owned(n) => p.ok(),
+                        () = conn.out.closed() => None,
+                    };
+                    let Some(permit) = permit else { break };
+                    let sent = tokio::select! {
+                        r = tx.send(Some((data, permit))) => r.is_ok(),
+                        () = conn.out.closed() => break,
+                    };
+                    if !sent {
                         inputs.remove(&id);
                     }
                 }
@@ -370,7 +449,7 @@ async fn forward_pair(
     port: Option<u16>,
     sandbox_id: String,
     target: PodTarget,
-    mut input: mpsc::Receiver<Option<Bytes>>,
+    mut input: mpsc::Receiver<Option<Queued>>,
 ) {
     let result = match port.filter(|p| *p > 0) {
         None => Err("missing or invalid port header".to_owned()),
@@ -381,7 +460,7 @@ async fn forward_pair(
             Ok(stream) => {
                 let (mut r, mut w) = stream.into_split();
                 let upstream = async {
-                    while let Some(Some(b)) = input.recv().await {
+                    while let Some(Some((b, _permit))) = input.recv().await {
                         if w.write_all(&b).await.is_err() {
                             return;
                         }
@@ -497,5 +576,129 @@ mod tests {
             negotiate(&["portforward.k8s.io"], &[PORT_FORWARD_PROTOCOL]),
             Some(PORT_FORWARD_PROTOCOL)
         );
+    }
+
+    use crate::fake::FakeBackend;
+    use crate::spdy::{Frame, HeaderCodec};
+
+    async fn send_frame(io: &mut tokio::io::DuplexStream, f: Frame) {
+        let mut b = BytesMut::new();
+        f.encode(&mut b);
+        let _ = io.write_all(&b).await;
+    }
+
+    async fn open(io: &mut tokio::io::DuplexStream, codec: &mut HeaderCodec, id: u32, kind: &str) {
+        let block = codec.encode(&[("streamtype", kind.as_bytes())]).unwrap();
+        send_frame(
+            io,
+            Frame::SynStream {
+                stream_id: id,
+                associated_to: 0,
+                priority: 0,
+                flags: 0,
+                block,
+            },
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn data_sent_before_the_streams_are_open_is_capped() {
+        let (mut a, b) = tokio::io::duplex(1 << 20);
+        let limits = Limits {
+            max_queued_bytes: 64 * 1024,
+            ..Limits::default()
+        };
+        let streams = Streams {
+            stdin: true,
+            stdout: true,
+            stderr: false,
+            tty: false,
+        };
+        let session = tokio::spawn(remote_command(
+            b,
+            REMOTE_COMMAND_PROTOCOLS[0],
+            Arc::new(FakeBackend::default()),
+            Command::Exec {
+                container_id: "c1".into(),
+                cmd: vec!["cat".into()],
+            },
+            streams,
+            limits,
+        ));
+        let mut codec = HeaderCodec::new();
+        open(&mut a, &mut codec, 1, "error").await;
+        open(&mut a, &mut codec, 3, "stdin").await;
+        // stdout never opens; stdin floods.
+        let flood = async {
+            for _ in 0..64 {
+                send_frame(
+                    &mut a,
+                    Frame::Data {
+                        stream_id: 3,
+                        fin: false,
+                        data: Bytes::from(vec![b'x'; 16 * 1024]),
+                    },
+                )
+                .await;
+            }
+            let mut sink = Vec::new();
+            let _ = a.read_to_end(&mut sink).await;
+        };
+        tokio::time::timeout(Duration::from_secs(5), flood)
+            .await
+            .expect("the session kept buffering before its streams were open");
+        tokio::time::timeout(Duration::from_secs(5), session)
+            .await
+            .expect("the session went on")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_endless_resize_object_is_dropped_and_later_ones_still_apply() {
+        let (ev_tx, events) = mpsc::channel(16);
+        let (in_tx, mut in_rx) = in_queue(1 << 20, true);
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let conn = Conn::start(b, &Limits::default());
+        let roles: HashMap<u32, u8> = [(5, RESIZE)].into_iter().collect();
+        let reader = tokio::spawn(read_roles(
+            events,
+            VecDeque::new(),
+            roles,
+            in_tx,
+            conn.out.clone(),
+        ));
+        // A valid prefix that never ends (whitespace), then its end: the
+        // object is over the limit, so its tail is junk, not a size.
+        let mut junk = br#"{"Width":"#.to_vec();
+        junk.extend(std::iter::repeat_n(b' ', 3 * MAX_RESIZE_OBJECT));
+        ev_tx
+            .send(Event::Data {
+                id: 5,
+                data: Bytes::from(junk),
+            })
+            .await
+            .unwrap();
+        for obj in [r#"1,"Height":2}"#, r#"{"Width":120,"Height":40}"#] {
+            ev_tx
+                .send(Event::Data {
+                    id: 5,
+                    data: Bytes::from(obj),
+                })
+                .await
+                .unwrap();
+        }
+        drop(ev_tx);
+        let mut sizes = Vec::new();
+        while let Some(m) = in_rx.recv().await {
+            if let In::Data(RESIZE, d) = m {
+                sizes.push(channel::parse_resize(&d).map(|s| s.width));
+            }
+        }
+        reader.await.unwrap();
+        // (A bare `1` may pass as a value; it is no size.)
+        let sizes: Vec<u16> = sizes.into_iter().flatten().collect();
+        assert_eq!(sizes, vec![120]);
+        drop((a, conn));
     }
 }

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::limits::{Idle, Limits};
 use crate::spdy::{Frame, HeaderCodec, HeaderList, SpdyError};
 use crate::spdy::{INITIAL_WINDOW, RST_PROTOCOL_ERROR, SETTINGS_INITIAL_WINDOW_SIZE};
 
@@ -29,6 +30,18 @@ use crate::spdy::{INITIAL_WINDOW, RST_PROTOCOL_ERROR, SETTINGS_INITIAL_WINDOW_SI
 pub(crate) const NO_FLOW_CONTROL_GRACE: Duration = Duration::from_millis(500);
 /// Largest DATA payload we send.
 const MAX_DATA: usize = 16 * 1024;
+/// Client stream events waiting for the session (each a frame of at most
+/// `max_message_size`, or a header block).
+const EVENTS_QUEUED: usize = 4;
+/// Streams a client may have open on one connection (we have not sent our
+/// FIN yet); more are refused with RST_STREAM.
+pub(crate) const MAX_OPEN_STREAMS: usize = 512;
+/// RST_STREAM status: refused.
+const RST_REFUSED_STREAM: u32 = 3;
+/// GOAWAY status: ok.
+const GOAWAY_OK: u32 = 0;
+/// GOAWAY status: protocol error.
+const GOAWAY_PROTOCOL_ERROR: u32 = 1;
 
 /// What the client did on one of its streams.
 #[derive(Debug)]
@@ -155,8 +168,26 @@ impl Sender {
         true
     }
 
-    /// Half-closes stream `id` from our side (empty DATA with FIN).
+    /// Resolves once the connection is gone (the client left, broke the
+    /// protocol, or was idle too long).
+    pub(crate) async fn closed(&self) {
+        loop {
+            let notified = self.flow.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.flow.lock().closed {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Half-closes stream `id` from our side (empty DATA with FIN); its
+    /// window is forgotten, as nothing more is sent on it.
     pub(crate) async fn fin(&self, id: u32) -> bool {
+        self.flow.update(|st| {
+            st.streams.remove(&id);
+        });
         let frame = Frame::Data {
             stream_id: id,
             fin: true,
@@ -178,14 +209,19 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// Starts serving SPDY on `io` (already switched protocols).
-    pub(crate) fn start<S>(io: S) -> Conn
+    /// Starts serving SPDY on `io` (already switched protocols): DATA
+    /// frames over `limits.max_message_size` end the connection with a
+    /// GOAWAY (protocol error), and so does `limits.stream_idle_timeout`
+    /// without a frame in either direction (GOAWAY ok).
+    pub(crate) fn start<S>(io: S, limits: &Limits) -> Conn
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
         let (rd, mut wr) = tokio::io::split(io);
+        let idle = Idle::new(limits.stream_idle_timeout);
+        let max_data = limits.max_message_size;
         let (frames_tx, mut frames_rx) = mpsc::channel::<Frame>(64);
-        let (events_tx, events) = mpsc::channel::<Event>(64);
+        let (events_tx, events) = mpsc::channel::<Event>(EVENTS_QUEUED);
         let flow = Arc::new(Flow {
             st: Mutex::new(FlowState {
                 session: i64::from(INITIAL_WINDOW),
@@ -197,35 +233,68 @@ impl Conn {
             }),
             notify: Notify::new(),
         });
-        let writer = tokio::spawn(
-            async move {
-                let mut buf = BytesMut::with_capacity(MAX_DATA + 64);
-                while let Some(f) = frames_rx.recv().await {
-                    buf.clear();
-                    f.encode(&mut buf);
-                    // Coalesce what is already queued into one write.
-                    while buf.len() < 64 * 1024 {
-                        match frames_rx.try_recv() {
-                            Ok(f) => f.encode(&mut buf),
-                            Err(_) => break,
+        let writer = {
+            let idle = idle.clone();
+            tokio::spawn(
+                async move {
+                    let mut buf = BytesMut::with_capacity(MAX_DATA + 64);
+                    while let Some(f) = frames_rx.recv().await {
+                        buf.clear();
+                        f.encode(&mut buf);
+                        // Coalesce what is already queued into one write.
+                        while buf.len() < 64 * 1024 {
+                            match frames_rx.try_recv() {
+                                Ok(f) => f.encode(&mut buf),
+                                Err(_) => break,
+                            }
                         }
+                        // A client that reads nothing holds this write
+                        // only until it has been idle for the timeout.
+                        let written = tokio::select! {
+                            biased;
+                            r = wr.write_all(&buf) => r.is_ok(),
+                            () = idle.expired() => false,
+                        };
+                        if !written {
+                            return;
+                        }
+                        idle.touch();
                     }
-                    if wr.write_all(&buf).await.is_err() {
-                        return;
-                    }
+                    let _ = wr.flush().await;
+                    let _ = wr.shutdown().await;
                 }
-                let _ = wr.flush().await;
-                let _ = wr.shutdown().await;
-            }
-            .in_current_span(),
-        );
+                .in_current_span(),
+            )
+        };
         let reader = {
             let frames = frames_tx.clone();
             let flow = Arc::clone(&flow);
             tokio::spawn(
                 async move {
-                    if let Err(e) = read_loop(rd, &frames, &events_tx, &flow).await {
-                        tracing::debug!(error = %e, "spdy connection ended");
+                    let ended = tokio::select! {
+                        r = read_loop(rd, &frames, &events_tx, &flow, &idle, max_data) => r,
+                        () = idle.expired() => Err(SpdyError::Idle(idle.timeout())),
+                    };
+                    if let Err(e) = ended {
+                        let status = match e {
+                            SpdyError::Idle(_) => {
+                                tracing::info!(error = %e, "spdy session ended");
+                                GOAWAY_OK
+                            }
+                            SpdyError::TooLarge { .. } => {
+                                tracing::info!(error = %e, "spdy session ended");
+                                GOAWAY_PROTOCOL_ERROR
+                            }
+                            _ => {
+                                tracing::debug!(error = %e, "spdy connection ended");
+                                GOAWAY_PROTOCOL_ERROR
+                            }
+                        };
+                        // Never wait on a writer a client does not drain.
+                        let _ = frames.try_send(Frame::GoAway {
+                            last_good: 0,
+                            status,
+                        });
                     }
                     flow.update(|st| st.closed = true);
                 }
@@ -278,6 +347,8 @@ async fn read_loop<R>(
     frames: &mpsc::Sender<Frame>,
     events: &mpsc::Sender<Event>,
     flow: &Flow,
+    idle: &Idle,
+    max_data: usize,
 ) -> Result<(), SpdyError>
 where
     R: AsyncRead + Unpin,
@@ -292,7 +363,7 @@ where
     };
     loop {
         let frame = loop {
-            if let Some(f) = Frame::decode(&mut buf)? {
+            if let Some(f) = Frame::decode_limited(&mut buf, max_data)? {
                 break f;
             }
             if buf.capacity() - buf.len() < 4096 {
@@ -302,6 +373,7 @@ where
             if n == 0 {
                 return Ok(());
             }
+            idle.touch();
         };
         match frame {
             Frame::SynStream {
@@ -317,6 +389,15 @@ where
                     send(Frame::RstStream {
                         stream_id,
                         status: RST_PROTOCOL_ERROR,
+                    })
+                    .await?;
+                    continue;
+                }
+                if flow.lock().streams.len() >= MAX_OPEN_STREAMS {
+                    tracing::debug!(stream_id, "spdy: too many open streams, refusing one");
+                    send(Frame::RstStream {
+                        stream_id,
+                        status: RST_REFUSED_STREAM,
                     })
                     .await?;
                     continue;
@@ -473,7 +554,7 @@ mod tests {
     #[tokio::test]
     async fn replies_pings_windows_and_data() {
         let (a, b) = tokio::io::duplex(1 << 20);
-        let mut conn = Conn::start(b);
+        let mut conn = Conn::start(b, &Limits::default());
         let mut c = Client {
             io: a,
             buf: BytesMut::new(),
@@ -588,7 +669,7 @@ mod tests {
     #[tokio::test]
     async fn a_client_without_flow_control_still_gets_everything() {
         let (a, b) = tokio::io::duplex(1 << 20);
-        let mut conn = Conn::start(b);
+        let mut conn = Conn::start(b, &Limits::default());
         let mut c = Client {
             io: a,
             buf: BytesMut::new(),
@@ -618,5 +699,142 @@ mod tests {
         assert_eq!(n, 200 * 1024);
         assert!(sending.await.unwrap());
         conn.shutdown().await;
+    }
+
+    fn client(io: tokio::io::DuplexStream) -> Client {
+        Client {
+            io,
+            buf: BytesMut::new(),
+            codec: HeaderCodec::new(),
+        }
+    }
+
+    /// Frames until the server closes, with a limit: a missing bound waits
+    /// for ever.
+    async fn until_closed(c: &mut Client) -> Vec<Frame> {
+        let mut got = Vec::new();
+        let all = async {
+            while let Some(f) = c.recv().await {
+                got.push(f);
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), all)
+            .await
+            .expect("the connection was kept");
+        got
+    }
+
+    #[tokio::test]
+    async fn a_data_frame_over_the_limit_ends_the_connection_with_a_goaway() {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let limits = Limits {
+            max_message_size: 64 * 1024,
+            ..Limits::default()
+        };
+        let mut conn = Conn::start(b, &limits);
+        let mut c = client(a);
+        c.open(1, "stdin").await;
+        assert!(matches!(
+            conn.events.recv().await,
+            Some(Event::Open { id: 1, .. })
+        ));
+        // Only the frame's header: it is refused before its body is buffered.
+        let mut head = BytesMut::new();
+        Frame::Data {
+            stream_id: 1,
+            fin: false,
+            data: Bytes::from(vec![0u8; 128 * 1024]),
+        }
+        .encode(&mut head);
+        c.io.write_all(&head[..8]).await.unwrap();
+        let events = tokio::spawn(async move {
+            let mut n = 0;
+            while let Some(e) = conn.events.recv().await {
+                assert!(!matches!(e, Event::Data { .. }), "{e:?}");
+                n += 1;
+            }
+            conn.shutdown().await;
+            n
+        });
+        let got = until_closed(&mut c).await;
+        assert!(
+            got.iter().any(|f| matches!(
+                f,
+                Frame::GoAway {
+                    status: GOAWAY_PROTOCOL_ERROR,
+                    ..
+                }
+            )),
+            "{got:?}"
+        );
+        assert_eq!(events.await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_ends_with_a_goaway() {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let limits = Limits {
+            stream_idle_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let mut conn = Conn::start(b, &limits);
+        let mut c = client(a);
+        c.open(1, "stdin").await;
+        assert!(matches!(
+            conn.events.recv().await,
+            Some(Event::Open { id: 1, .. })
+        ));
+        let closed = tokio::spawn(async move {
+            while conn.events.recv().await.is_some() {}
+            conn.shutdown().await;
+        });
+        let got = until_closed(&mut c).await;
+        assert!(
+            got.iter().any(|f| matches!(
+                f,
+                Frame::GoAway {
+                    status: GOAWAY_OK,
+                    ..
+                }
+            )),
+            "{got:?}"
+        );
+        closed.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn streams_past_the_cap_are_refused() {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let mut conn = Conn::start(b, &Limits::default());
+        let mut c = client(a);
+        let drain = tokio::spawn(async move {
+            let mut opened = 0;
+            while let Some(e) = conn.events.recv().await {
+                if matches!(e, Event::Open { .. }) {
+                    opened += 1;
+                }
+            }
+            opened
+        });
+        let n = u32::try_from(MAX_OPEN_STREAMS).unwrap() + 3;
+        for i in 0..n {
+            c.open(2 * i + 1, "data").await;
+        }
+        let mut refused = Vec::new();
+        let mut replies = 0;
+        while replies + refused.len() < n as usize {
+            match c.recv().await.unwrap() {
+                Frame::SynReply { .. } => replies += 1,
+                Frame::RstStream { stream_id, status } => {
+                    assert_eq!(status, RST_REFUSED_STREAM);
+                    refused.push(stream_id);
+                }
+                f => panic!("{f:?}"),
+            }
+        }
+        assert_eq!(replies, MAX_OPEN_STREAMS);
+        assert_eq!(refused.len(), 3);
+        drop(c);
+        assert_eq!(drain.await.unwrap(), MAX_OPEN_STREAMS);
     }
 }

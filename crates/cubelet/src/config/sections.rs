@@ -84,21 +84,111 @@ pub struct StreamingConfig {
     pub tls_cert_file: Option<PathBuf>,
     /// PEM private key of `tls_cert_file`.
     pub tls_key_file: Option<PathBuf>,
+    /// How long a connection may take to send its request head (10s).
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// Connections open at once, sessions included (2048); more get 503.
+    pub max_connections: usize,
+    /// Sessions at once on one container or pod sandbox (64); more get 429.
+    pub max_sessions_per_container: usize,
+    /// A session silent in both directions this long is ended (4h, as
+    /// kubelet's streaming server).
+    #[serde(with = "humantime_serde")]
+    pub stream_idle_timeout: Duration,
+    /// Exec/Attach/PortForward URLs handed out and not used yet (1000, as
+    /// kubelet); more fail with `ResourceExhausted`.
+    pub max_in_flight_urls: usize,
+    /// Largest WebSocket message or frame, and SPDY DATA frame, a client
+    /// may send (1Mi).
+    pub max_message_size: ByteSize,
+    /// Client input one stream may have queued for a process or port that
+    /// does not read it (1Mi); the client is then not read from.
+    pub max_queued_bytes: ByteSize,
 }
 
 impl Default for StreamingConfig {
     fn default() -> Self {
+        let limits = cubelet_streaming::Limits::default();
         Self {
             address: IpAddr::V4(Ipv4Addr::LOCALHOST),
             port: 0,
             idle_timeout: Duration::from_secs(4 * 60),
             tls_cert_file: None,
             tls_key_file: None,
+            header_read_timeout: limits.header_read_timeout,
+            max_connections: limits.max_connections,
+            max_sessions_per_container: limits.max_sessions_per_container,
+            stream_idle_timeout: limits.stream_idle_timeout,
+            max_in_flight_urls: limits.max_in_flight_urls,
+            max_message_size: ByteSize(limits.max_message_size as u64),
+            max_queued_bytes: ByteSize(limits.max_queued_bytes as u64),
         }
     }
 }
 
 impl StreamingConfig {
+    /// The streaming server's limits; an error naming the key of a value
+    /// out of range.
+    pub fn limits(&self) -> Result<cubelet_streaming::Limits, ConfigError> {
+        let positive = |key: &'static str, n: usize| {
+            if n == 0 {
+                Err(ConfigError::Invalid {
+                    key,
+                    message: "must be at least 1".into(),
+                })
+            } else {
+                Ok(n)
+            }
+        };
+        let nonzero = |key: &'static str, d: Duration| {
+            if d.is_zero() {
+                Err(ConfigError::Invalid {
+                    key,
+                    message: "must not be zero".into(),
+                })
+            } else {
+                Ok(d)
+            }
+        };
+        let size = |key: &'static str, b: ByteSize, min: u64| {
+            if b.0 < min || b.0 > 1 << 30 {
+                Err(ConfigError::Invalid {
+                    key,
+                    message: format!("{b} is out of range ({min} bytes to 1Gi)"),
+                })
+            } else {
+                Ok(usize::try_from(b.0).unwrap_or(usize::MAX))
+            }
+        };
+        Ok(cubelet_streaming::Limits {
+            header_read_timeout: nonzero(
+                "streaming.header_read_timeout",
+                self.header_read_timeout,
+            )?,
+            max_connections: positive("streaming.max_connections", self.max_connections)?,
+            max_sessions_per_container: positive(
+                "streaming.max_sessions_per_container",
+                self.max_sessions_per_container,
+            )?,
+            stream_idle_timeout: nonzero(
+                "streaming.stream_idle_timeout",
+                self.stream_idle_timeout,
+            )?,
+            max_in_flight_urls: positive("streaming.max_in_flight_urls", self.max_in_flight_urls)?,
+            // A client's writes come in 32 KiB pieces (Go's io.Copy).
+            max_message_size: size(
+                "streaming.max_message_size",
+                self.max_message_size,
+                64 << 10,
+            )?,
+            max_queued_bytes: size(
+                "streaming.max_queued_bytes",
+                self.max_queued_bytes,
+                64 << 10,
+            )?,
+        })
+    }
+
     /// The TLS files, when both are set; an error naming the missing key
     /// when only one is.
     pub fn tls(&self) -> Result<Option<cubelet_streaming::TlsFiles>, ConfigError> {
@@ -435,6 +525,50 @@ mod tests {
             .to_string();
         assert!(e.starts_with("streaming.tls_key_file"), "{e}");
         assert_eq!(Config::default().streaming.tls().unwrap(), None);
+    }
+
+    #[test]
+    fn streaming_limits_default_to_the_servers_and_are_range_checked() {
+        let d = Config::default().streaming.limits().unwrap();
+        assert_eq!(d, cubelet_streaming::Limits::default());
+        let c = Config::from_yaml(
+            "streaming: { max_connections: 10, header_read_timeout: 3s, \
+             stream_idle_timeout: 1h, max_message_size: 256Ki, max_queued_bytes: 2Mi, \
+             max_sessions_per_container: 2, max_in_flight_urls: 5 }",
+        )
+        .unwrap();
+        let l = c.streaming.limits().unwrap();
+        assert_eq!(l.max_connections, 10);
+        assert_eq!(l.header_read_timeout, std::time::Duration::from_secs(3));
+        assert_eq!(l.stream_idle_timeout, std::time::Duration::from_secs(3600));
+        assert_eq!(l.max_message_size, 256 << 10);
+        assert_eq!(l.max_queued_bytes, 2 << 20);
+        assert_eq!(l.max_sessions_per_container, 2);
+        assert_eq!(l.max_in_flight_urls, 5);
+        for (yaml, key) in [
+            (
+                "streaming: { max_connections: 0 }",
+                "streaming.max_connections",
+            ),
+            (
+                "streaming: { max_message_size: 1Ki }",
+                "streaming.max_message_size",
+            ),
+            (
+                "streaming: { max_queued_bytes: 2Gi }",
+                "streaming.max_queued_bytes",
+            ),
+            (
+                "streaming: { header_read_timeout: 0s }",
+                "streaming.header_read_timeout",
+            ),
+        ] {
+            let e = Config::from_yaml(yaml)
+                .and_then(|c| c.validate())
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(key), "{yaml}: {e}");
+        }
     }
 
     #[test]

@@ -22,6 +22,7 @@ impl Config {
         abs("state_dir", &self.state_dir)?;
         abs("containerd.address", &self.containerd.address)?;
         self.streaming.tls()?;
+        self.streaming.limits()?;
         if self.containerd.namespace.is_empty() {
             return Err(ConfigError::Invalid {
                 key: "containerd.namespace",
