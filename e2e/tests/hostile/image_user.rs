@@ -83,7 +83,10 @@ async fn create_as_uid_1000(d: &Daemon, image: &str) -> anyhow::Result<()> {
     }
     let lookup_dir = d.state_dir.join("runtime").join("user-lookup");
     let left = mounts_under(&[&lookup_dir, &d.state_dir.join("runtime").join("mnt")]);
-    ensure!(left.is_empty(), "{image}: user-lookup mounts left: {left:?}");
+    ensure!(
+        left.is_empty(),
+        "{image}: user-lookup mounts left: {left:?}"
+    );
     Ok(())
 }
 

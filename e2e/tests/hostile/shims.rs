@@ -62,14 +62,21 @@ async fn fake_shims_are_left_alone(d: &Daemon) -> anyhow::Result<()> {
         ..Default::default()
     }];
     let (_pod, _cid) = d.pod_with("fake-shims", cfg).await?;
-    let started = cubelet_e2e::eventually("both fake shims run", Duration::from_secs(20), || async {
-        Ok(fakes(d).len() == 2)
-    })
-    .await;
+    let started =
+        cubelet_e2e::eventually("both fake shims run", Duration::from_secs(20), || async {
+            Ok(fakes(d).len() == 2)
+        })
+        .await;
     if let Err(e) = started {
-        let log = cubelet_e2e::run("sh", &["-c", &format!("cat $(find {} -name 'faker*.log')", d.log_base.display())])
-            .await
-            .unwrap_or_default();
+        let log = cubelet_e2e::run(
+            "sh",
+            &[
+                "-c",
+                &format!("cat $(find {} -name 'faker*.log')", d.log_base.display()),
+            ],
+        )
+        .await
+        .unwrap_or_default();
         anyhow::bail!("{e:#}; the pod's log: {log}");
     }
     let before: Vec<u32> = fakes(d).iter().map(|(p, _)| *p).collect();
@@ -91,7 +98,10 @@ async fn fake_shims_are_left_alone(d: &Daemon) -> anyhow::Result<()> {
         "RSS grew by more than 20 %: {rss_before} -> {rss_after} KiB"
     );
     let now: Vec<u32> = fakes(d).iter().map(|(p, _)| *p).collect();
-    ensure!(now == before, "the fake shims were touched: {before:?} -> {now:?}");
+    ensure!(
+        now == before,
+        "the fake shims were touched: {before:?} -> {now:?}"
+    );
 
     let t = Instant::now();
     let code = tokio::time::timeout(Duration::from_secs(10), d.stop())
@@ -111,9 +121,11 @@ async fn fake_shims_are_left_alone(d: &Daemon) -> anyhow::Result<()> {
         "the fake shims were touched by the restart: {before:?} -> {now:?}"
     );
     d.remove_all().await?;
-    cubelet_e2e::eventually("the fakes end with their pod", Duration::from_secs(20), || async {
-        Ok(fakes(d).is_empty())
-    })
+    cubelet_e2e::eventually(
+        "the fakes end with their pod",
+        Duration::from_secs(20),
+        || async { Ok(fakes(d).is_empty()) },
+    )
     .await
 }
 
