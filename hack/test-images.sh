@@ -7,6 +7,9 @@
 #   ${REGISTRY_ADDR}/busybox-oci:test    OCI manifest (user "tester"), same layers
 #   ${REGISTRY_ADDR}/busybox-multi:test  manifest list: linux/amd64 + a bogus linux/arm64
 #   ${REGISTRY_ADDR}/pause:test          cubelet-pause (sandbox image of containerd's CRI)
+#   ${REGISTRY_ADDR}/hostile-user-{zero,fifo,hostetc}:test
+#                                        /etc/passwd and /etc/group -> /dev/zero, FIFOs,
+#                                        and /etc -> /etc (e2e/tests/hostile/image_user.rs)
 #
 # Tars are deterministic (fixed mtimes, owners), so re-running pushes nothing
 # new: blobs already present are skipped and manifests are re-put unchanged.
@@ -57,6 +60,15 @@ def tar_of(entries):
             if kind == "dir":
                 ti.type = tarfile.DIRTYPE
                 ti.mode = e[2]
+                t.addfile(ti)
+            elif kind == "fifo":
+                ti.type = tarfile.FIFOTYPE
+                ti.mode = 0o644
+                t.addfile(ti)
+            elif kind == "chr":
+                ti.type = tarfile.CHRTYPE
+                ti.mode = 0o666
+                ti.devmajor, ti.devminor = e[2]
                 t.addfile(ti)
             elif kind == "sym":
                 ti.type = tarfile.SYMTYPE
@@ -147,6 +159,30 @@ ld, ls_ = put(ldata)
 out["busybox-multi"] = {"media_type": DOCKER["list"], "digest": ld, "size": ls_, "data": ldata,
                         "blobs": amd["blobs"] + arm["blobs"], "children": [arm, amd]}
 
+# Hostile images (e2e/tests/hostile/image_user.rs): the user lookup of a
+# container with runAsUser and no runAsGroup must stay inside the rootfs and
+# read only regular files. One layer each: busybox and a crafted /etc.
+hostile_base = [("dir", "bin", 0o755), ("file", "bin/busybox", bb, 0o755),
+                ("sym", "bin/sh", "busybox"), ("sym", "bin/sleep", "busybox"),
+                ("dir", "tmp", 0o1777)]
+hostile = {
+    # /etc/passwd and /etc/group -> /dev/zero, and the image's own /dev/zero.
+    "hostile-user-zero": [("dir", "dev", 0o755), ("chr", "dev/zero", (1, 5)),
+                          ("dir", "etc", 0o755),
+                          ("sym", "etc/passwd", "/dev/zero"), ("sym", "etc/group", "/dev/zero")],
+    # Both FIFOs: an open for reading blocks until a writer comes.
+    "hostile-user-fifo": [("dir", "etc", 0o755), ("fifo", "etc/passwd"), ("fifo", "etc/group")],
+    # /etc -> /etc: read from the host's root, the host's files.
+    "hostile-user-hostetc": [("sym", "etc", "/etc")],
+}
+for repo, entries in hostile.items():
+    diff_id, gz = tar_of(hostile_base + entries)
+    digest, size = put(gz)
+    lay = [{"digest": digest, "size": size, "diff_id": diff_id}]
+    cfg = config("amd64", "", ["sleep", "3600"], "CUBELET_TEST=" + repo)
+    cfg["rootfs"]["diff_ids"] = [diff_id]
+    out[repo] = manifest(OCI, cfg, lay)
+
 pause_bin = open(pause, "rb").read()
 pdiff, pgz = tar_of([("file", "pause", pause_bin, 0o755)])
 pd, ps = put(pgz)
@@ -196,4 +232,4 @@ while read -r kind repo a b c; do
         manifest) push_manifest "$repo" "$a" "$b" "$c" ;;
     esac
 done <"$WORK/plan.txt"
-log "test images pushed to ${REGISTRY_ADDR}: busybox:test busybox-oci:test busybox-multi:test pause:test"
+log "test images pushed to ${REGISTRY_ADDR}: busybox:test busybox-oci:test busybox-multi:test pause:test hostile-user-{zero,fifo,hostetc}:test"

@@ -16,10 +16,12 @@
 //!    whole: no pass takes the directory, netns or lease of a sandbox whose
 //!    create began during it.
 //!
-//! 5. A shim process of the daemon's containerd namespace whose id containerd
-//!    has no task for (what a kill -9 mid-create used to leave behind) is
-//!    stopped by the GC and counted as `kind="shim"`; a shim whose id is a
-//!    live task is left alone. Two orphans: a real `containerd-shim-runc-v2`
+//! 5. A shim process of the daemon's containerd namespace that the daemon's
+//!    shim ledger records (as it records each shim it starts) and whose id
+//!    containerd has no task for (what a kill -9 mid-create used to leave
+//!    behind) is stopped by the GC and counted as `kind="shim"`; a shim
+//!    whose id is a live task is left alone, and so is a process with a
+//!    shim's command line the ledger does not record. Two orphans: a real `containerd-shim-runc-v2`
 //!    started as containerd starts one (`start` in a bundle), its bundle then
 //!    deleted as a rolled-back create leaves it, is stopped by its own ttrpc
 //!    `Shutdown` and its socket file removed; a stand-in that has no socket
@@ -364,6 +366,21 @@ async fn real_orphan_shim(
     Ok((pid, socket, reader))
 }
 
+/// Writes the daemon's shim-ledger record of task `id`: the shim `pid`
+/// with its start time (field 22 of `/proc/<pid>/stat`), as the daemon
+/// writes it once containerd has started a task's shim.
+fn record_shim(d: &Daemon, id: &str, pid: u32) -> anyhow::Result<()> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let start = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(19))
+        .context("no start time in /proc/<pid>/stat")?;
+    let dir = d.state_dir.join("runtime").join("shims");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join(id), format!("shim {pid} {start}\n"))?;
+    Ok(())
+}
+
 /// The daemon's log line saying shim `id` was stopped, if there is one.
 fn shim_stop_line(d: &Daemon, id: &str) -> anyhow::Result<Option<String>> {
     let log = std::fs::read_to_string(&d.daemon_log)?;
@@ -386,6 +403,14 @@ async fn gc_reaps_orphan_shims(d: &Daemon) -> anyhow::Result<()> {
     let (real_pid, real_socket, _log_reader) = real_orphan_shim(d, &real).await?;
     let mut orphan = fake_shim(d, &ghost)?;
     let mut live = fake_shim(d, &pod)?;
+    // Not recorded in the agent's ledger: only its command line says
+    // shim, so it is not the agent's and must be left alone.
+    let stranger_id = format!("{:0>64}", "5a20");
+    let mut stranger = fake_shim(d, &stranger_id)?;
+    // The agent's own ledger records the shims it starts (pid and start
+    // time); the two orphans are recorded as a killed create leaves them.
+    record_shim(d, &real, real_pid)?;
+    record_shim(d, &ghost, orphan.id().context("stand-in pid")?)?;
     let since = std::time::Instant::now();
     loop {
         let found = cubelet_e2e::shims(&d.namespace);
@@ -448,7 +473,12 @@ async fn gc_reaps_orphan_shims(d: &Daemon) -> anyhow::Result<()> {
         live.try_wait()?.is_none(),
         "the GC stopped the shim of a live task"
     );
+    ensure!(
+        stranger.try_wait()?.is_none(),
+        "the GC stopped a process the agent never started because of its command line"
+    );
     live.kill().await?;
+    stranger.kill().await?;
     d.remove_all().await
 }
 

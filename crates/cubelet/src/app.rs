@@ -34,8 +34,10 @@ use crate::network::PodNetwork;
 /// Provider names the flows may use.
 pub const PROVIDERS: [&str; 3] = ["storage", "network", "sandbox"];
 
-/// How long shutdown waits for in-flight requests.
-const GRACE: Duration = Duration::from_secs(10);
+/// How long shutdown waits for in-flight requests: with the second the
+/// async runtime then gets (`main`), SIGTERM stops the agent within 10 s
+/// whatever it is doing.
+const GRACE: Duration = Duration::from_secs(8);
 
 /// Everything the running agent holds.
 pub(crate) struct Parts {
@@ -92,7 +94,7 @@ pub async fn run(config: Config) -> Result<()> {
     let failpoints = Failpoints::from_env().map_err(anyhow::Error::msg)?;
     let shutdown = CancellationToken::new();
     for dir in [&config.root_dir, &config.state_dir] {
-        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        ensure_agent_dir(dir).with_context(|| format!("create {}", dir.display()))?;
     }
 
     let store = Arc::new(Store::open(&config.root_dir.join("cubelet.redb"))?);
@@ -113,7 +115,10 @@ pub async fn run(config: Config) -> Result<()> {
         &config.images.pause_image,
         pause_binary(&config)?,
     ));
-    let mut rt_config = RuntimeConfig::new(config.state_dir.join("runtime"));
+    let runtime_state = config.state_dir.join("runtime");
+    ensure_agent_dir(&runtime_state)
+        .with_context(|| format!("create {}", runtime_state.display()))?;
+    let mut rt_config = RuntimeConfig::new(runtime_state);
     rt_config.handlers = config
         .runtime
         .handlers
@@ -358,6 +363,27 @@ pub async fn run(config: Config) -> Result<()> {
     Ok(())
 }
 
+/// Mode of `root_dir` and `state_dir`, as containerd's root and state:
+/// only root lists or writes them; others may only traverse them (a pod in
+/// its own user namespace reaches its sandbox files through them).
+pub(crate) const AGENT_DIR_MODE: u32 = 0o711;
+
+/// Creates `dir` (and its parents) with [`AGENT_DIR_MODE`], and tightens
+/// the mode of one an older version made wider (0755).
+pub(crate) fn ensure_agent_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(AGENT_DIR_MODE)
+        .create(dir)?;
+    let mode = std::fs::metadata(dir)?.permissions().mode() & 0o7777;
+    if mode & !AGENT_DIR_MODE != 0 {
+        info!(dir = %dir.display(), from = format!("{mode:o}"), to = format!("{AGENT_DIR_MODE:o}"), "tightening the mode of an agent directory");
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & AGENT_DIR_MODE))?;
+    }
+    Ok(())
+}
+
 async fn wait_for_signal(shutdown: &CancellationToken) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
@@ -426,5 +452,33 @@ async fn event_loop(parts: Arc<Parts>, monitor: EventMonitor, shutdown: Cancella
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// `root_dir` and `state_dir` were 0755 (anyone listed every sandbox
+    /// and pin); they are made 0711 as containerd's root and state, and an
+    /// existing 0755 one is tightened at start-up.
+    #[test]
+    fn agent_dirs_are_made_and_tightened_to_0711() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mode =
+            |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        let fresh = tmp.path().join("a/b");
+        ensure_agent_dir(&fresh).unwrap();
+        assert_eq!(mode(&fresh), 0o711);
+        let old = tmp.path().join("old");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+        ensure_agent_dir(&old).unwrap();
+        assert_eq!(mode(&old), 0o711);
+        // Narrower is left narrower.
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o700)).unwrap();
+        ensure_agent_dir(&old).unwrap();
+        assert_eq!(mode(&old), 0o700);
     }
 }

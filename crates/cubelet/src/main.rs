@@ -124,7 +124,12 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(cubelet::run(config)) {
+    let result = runtime.block_on(cubelet::run(config));
+    // A blocking thread stuck in a system call (a read on something a pod
+    // controls that no timeout could interrupt) must not keep the agent
+    // from exiting: the runtime is given a moment, then left behind.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("cubelet: {e:#}");

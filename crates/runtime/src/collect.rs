@@ -1,5 +1,5 @@
-//! The runtime as a garbage collector: shims whose task containerd forgot,
-//! and the namespace pins of sandboxes without an infra process that no
+//! The runtime as a garbage collector: shims it started whose task
+//! containerd forgot, user-lookup mounts a crash left, and the namespace pins of sandboxes without an infra process that no
 //! sandbox owns any more.
 
 use async_trait::async_trait;
@@ -21,6 +21,11 @@ impl Collector for ContainerRuntime {
         match self.reap_orphan_shims().await {
             Ok(n) => report.add("shim", n),
             Err(e) => report.fail("shim", &e),
+        }
+        let runtime = self;
+        match cubelet_engine::blocking(|| runtime.clean_user_lookup_mounts()) {
+            Ok(n) => report.add("user-lookup-mount", n),
+            Err(e) => report.fail("user-lookup-mount", &e),
         }
         report
     }

@@ -25,6 +25,7 @@ pub mod io;
 pub mod logs;
 pub mod pause;
 pub mod podns;
+pub mod safe_read;
 pub mod sandbox;
 pub mod shims;
 pub mod spec;

@@ -7,6 +7,7 @@
 //! ends, as containerd does. Both streams of a container share one
 //! [`LogSink`], which can reopen its file after kubelet rotated it.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -96,17 +97,35 @@ async fn open_log(path: &Path) -> Result<tokio::fs::File, RuntimeError> {
                 source,
             })?;
     }
-    tokio::fs::OpenOptions::new()
+    let io = |op: &'static str| {
+        let path = path.display().to_string();
+        move |source| RuntimeError::Io { op, path, source }
+    };
+    let file = tokio::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(LOG_FILE_MODE)
         .open(path)
         .await
-        .map_err(|source| RuntimeError::Io {
-            op: "open log file",
-            path: path.display().to_string(),
-            source,
-        })
+        .map_err(io("open log file"))?;
+    // One an older version made 0644 is tightened.
+    let mode = file
+        .metadata()
+        .await
+        .map_err(io("stat log file"))?
+        .permissions()
+        .mode();
+    if mode & 0o777 & !LOG_FILE_MODE != 0 {
+        file.set_permissions(std::fs::Permissions::from_mode(LOG_FILE_MODE))
+            .await
+            .map_err(io("set mode of log file"))?;
+    }
+    Ok(file)
 }
+
+/// Mode of a container's CRI log file (as containerd's): owner writes,
+/// group (the log collector's) reads, others nothing.
+pub const LOG_FILE_MODE: u32 = 0o640;
 
 impl LogSink {
     /// Opens (creating, appending) the log at `path`; `None` discards output.
@@ -252,6 +271,20 @@ mod tests {
         assert_eq!(rfc3339_nano(UNIX_EPOCH), "1970-01-01T00:00:00Z");
         let leap = UNIX_EPOCH + Duration::new(951_782_400, 1); // 2000-02-29
         assert_eq!(rfc3339_nano(leap), "2000-02-29T00:00:00.000000001Z");
+    }
+
+    /// Logs were 0644 (any local user read every container's output);
+    /// now 0640 as containerd's, and an older 0644 one is tightened.
+    #[tokio::test]
+    async fn log_files_are_0640() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.log");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        drop(LogSink::open(Some(path.clone())).await.unwrap());
+        assert_eq!(mode(&path), LOG_FILE_MODE);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        drop(LogSink::open(Some(path.clone())).await.unwrap());
+        assert_eq!(mode(&path), 0o640);
     }
 
     #[tokio::test]

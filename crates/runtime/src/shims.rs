@@ -4,14 +4,31 @@
 //! per task. When the agent is killed in the middle of a create, the restart
 //! rolls the create back and containerd holds no task any more, yet the shim
 //! can still be running with its bundle deleted: the node keeps a process
-//! nobody will ever stop. The reaper finds the shims of the agent's
-//! namespace in `/proc` (by their arguments, never by name alone), asks
-//! containerd which tasks it has, and stops every shim whose id is not one
-//! of them, as containerd itself would: by the shim's own ttrpc
-//! `containerd.task.v2.Task/Shutdown` where it still answers (its socket
-//! found as containerd finds it: the `address` file in its bundle, else the
-//! path containerd derives from its `-address`, namespace and id), else by
-//! its pid: `SIGTERM` first, `SIGKILL` if it is still there after
+//! nobody will ever stop.
+//!
+//! **Ownership, not shape.** A command line proves nothing: any pod can run
+//! a process whose argv reads like a shim's. A shim is the agent's only if
+//! the agent recorded it when it started it, in its *shim ledger* (one file
+//! per task id under `<runtime state dir>/shims/`, see [`ShimLedger`]):
+//! before `tasks.create` an *intent* (the boot-clock time it asked), after it
+//! the shim's identity (its pid and its start time from `/proc/<pid>/stat`,
+//! the shim being the parent of the task's init process). A process is that
+//! shim if its pid and start time match the identity; or, when only the
+//! intent was written (the agent was killed inside `tasks.create`), if it
+//! started within [`INTENT_WINDOW`] after the intent, in the agent's own pid
+//! namespace, with the task id of the intent. Anything else is left alone,
+//! whatever its arguments say.
+//!
+//! The reaper lists the shims of the agent's namespace in `/proc` (their
+//! `cmdline` and `stat`, read with the guards of [`crate::safe_read`], on a
+//! blocking thread under [`SCAN_TIMEOUT`]), asks containerd which tasks it
+//! has, and stops every shim of its own whose id is not one of them, as
+//! containerd itself would: by the shim's own ttrpc
+//! `containerd.task.v2.Task/Shutdown` where it still answers (on the socket
+//! containerd derives from its `-address`, namespace and id, under
+//! [`SHIM_SOCKET_DIR`]; nothing is ever read through the shim's
+//! `/proc/<pid>/cwd` or `root`), else by a pidfd opened after its identity
+//! was checked again: `SIGTERM` first, `SIGKILL` if it is still there after
 //! [`SHUTDOWN_GRACE`]. Each stop is logged with the way it went
 //! (`shim stopped by its own shutdown` / `shim stopped by signal`); a socket
 //! file the shim left behind is removed once nobody listens on it.
@@ -20,16 +37,15 @@
 //! shims older than [`ORPHAN_MIN_AGE`] are candidates, and the shims are
 //! listed before the tasks.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use containerd_client::services::v1::ListTasksRequest;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 
 use crate::container::ContainerRuntime;
 use crate::error::RuntimeError;
+use crate::safe_read::read_no_follow;
 use crate::ttrpc::{self, SocketAddress};
 
 /// A shim younger than this may be one whose task containerd is still
@@ -43,23 +59,63 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// How long a shim's `Shutdown` call may take (connect, request, answer).
 pub const SHUTDOWN_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long listing the shims in `/proc` may take; past it the pass fails
+/// (and readiness never waits on it longer).
+pub const SCAN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long containerd's task list may take.
+pub const TASKS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long after an intent a shim may start and still be the one that
+/// intent announced (containerd starts the shim first thing in
+/// `tasks.create`).
+pub const INTENT_WINDOW: Duration = Duration::from_secs(60);
+
+/// The ledger's directory under the runtime's state directory.
+pub const LEDGER_DIR: &str = "shims";
+
+/// Most of a `/proc/<pid>/cmdline` read (a shim's is a few hundred bytes).
+const CMDLINE_CAP: u64 = 64 * 1024;
+/// Most of a `/proc/<pid>/stat` or a ledger file read.
+const STAT_CAP: u64 = 4096;
+
 /// Where containerd (1.5 and later) puts shim sockets:
 /// `<state root>/s/<sha256 of "<containerd address>/<namespace>/<id>">`.
 /// The shim derives it from the compiled-in state root, whatever
 /// containerd's own `state` setting, so this is that constant.
 pub const SHIM_SOCKET_DIR: &str = "/run/containerd/s";
 
+/// Who a process is: its pid and its start time (clock ticks after boot,
+/// field 22 of `/proc/<pid>/stat`), which together never name two
+/// processes of one boot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessIdentity {
+    /// Its pid.
+    pub pid: i32,
+    /// When it started, in clock ticks after boot.
+    pub start_ticks: u64,
+}
+
 /// A containerd shim process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Shim {
-    /// Its pid.
-    pub pid: i32,
+    /// Its pid and start time.
+    pub identity: ProcessIdentity,
     /// The task id it serves (`-id`).
     pub id: String,
     /// How long it has been running.
     pub age: Duration,
     /// containerd's socket it was started for (`-address`), if given.
     pub containerd_address: Option<String>,
+    /// Whether it runs in the agent's own pid namespace.
+    pub in_our_pid_ns: bool,
+}
+
+impl Shim {
+    /// Its pid.
+    pub fn pid(&self) -> i32 {
+        self.identity.pid
+    }
 }
 
 /// What a shim's command line says about it.
@@ -125,64 +181,322 @@ pub fn parse_cmdline(cmdline: &[u8]) -> Option<ShimArgs> {
 /// `shim.SocketAddress`: the hex SHA-256 of the three joined as a path,
 /// under [`SHIM_SOCKET_DIR`]).
 pub fn derived_socket(containerd_address: &str, namespace: &str, id: &str) -> PathBuf {
+    derived_socket_in(
+        Path::new(SHIM_SOCKET_DIR),
+        containerd_address,
+        namespace,
+        id,
+    )
+}
+
+fn derived_socket_in(dir: &Path, containerd_address: &str, namespace: &str, id: &str) -> PathBuf {
     use sha2::Digest;
     let joined = Path::new(containerd_address).join(namespace).join(id);
     let digest = sha2::Sha256::digest(joined.as_os_str().as_encoded_bytes());
-    Path::new(SHIM_SOCKET_DIR).join(hex::encode(digest))
+    dir.join(hex::encode(digest))
 }
 
-/// Where shim `shim` of `namespace` may listen, in the order containerd
-/// looks: the `address` its bundle (its working directory) holds, then the
-/// derived path when that socket file exists. Empty when neither is there
-/// (a shim whose bundle is gone and whose socket was removed).
-pub fn shim_sockets(shim: &Shim, namespace: &str) -> Vec<SocketAddress> {
-    let mut found = Vec::new();
-    if let Some(a) = std::fs::read_to_string(format!("/proc/{}/cwd/address", shim.pid))
-        .ok()
-        .and_then(|a| SocketAddress::parse(&a))
-    {
-        found.push(a);
+/// Where shim `shim` of `namespace` may listen: the socket containerd
+/// derives for it under `socket_dir`, when a socket file is there. Nothing
+/// the shim's own directory holds is read: its working directory may be a
+/// pod's.
+pub fn shim_sockets(shim: &Shim, namespace: &str, socket_dir: &Path) -> Vec<SocketAddress> {
+    use std::os::unix::fs::FileTypeExt;
+    let Some(containerd) = &shim.containerd_address else {
+        return Vec::new();
+    };
+    let path = derived_socket_in(socket_dir, containerd, namespace, &shim.id);
+    let is_socket = std::fs::symlink_metadata(&path)
+        .map(|m| m.file_type().is_socket())
+        .unwrap_or(false);
+    if is_socket {
+        vec![SocketAddress::Path(path)]
+    } else {
+        Vec::new()
     }
-    if let Some(containerd) = &shim.containerd_address {
-        let path = derived_socket(containerd, namespace, &shim.id);
-        let derived = SocketAddress::Path(path.clone());
-        if path.exists() && !found.contains(&derived) {
-            found.push(derived);
+}
+
+/// The fields after the command name of a `/proc/<pid>/stat` (which is in
+/// parentheses and may hold spaces and parentheses itself).
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    Some(stat[stat.rfind(')')? + 1..].split_whitespace().collect())
+}
+
+fn read_stat(pid: i32) -> Option<String> {
+    let bytes = read_no_follow(Path::new(&format!("/proc/{pid}/stat")), STAT_CAP).ok()?;
+    String::from_utf8(bytes).ok()
+}
+
+/// The identity of process `pid` now, if it exists and is not a zombie.
+pub fn identity(pid: i32) -> Option<ProcessIdentity> {
+    let stat = read_stat(pid)?;
+    let fields = stat_fields(&stat)?;
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    Some(ProcessIdentity {
+        pid,
+        start_ticks: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// The parent of process `pid`.
+fn parent(pid: i32) -> Option<i32> {
+    stat_fields(&read_stat(pid)?)?.get(1)?.parse().ok()
+}
+
+fn pid_ns(pid: &str) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()
+}
+
+/// Clock ticks since boot now (the clock of `/proc/<pid>/stat` start
+/// times).
+fn now_ticks() -> Option<u64> {
+    let up = read_uptime()?;
+    Some((up * clock_ticks() as f64) as u64)
+}
+
+/// One task id's record in the [`ShimLedger`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LedgerEntry {
+    /// The agent asked containerd to create the task at this time (clock
+    /// ticks after boot); the shim it starts starts after it.
+    Intent {
+        /// The earliest start time of the announced shim.
+        not_before: u64,
+    },
+    /// The shim the task got.
+    Shim(ProcessIdentity),
+}
+
+impl LedgerEntry {
+    fn encode(&self) -> String {
+        match self {
+            LedgerEntry::Intent { not_before } => format!("intent {not_before}\n"),
+            LedgerEntry::Shim(i) => format!("shim {} {}\n", i.pid, i.start_ticks),
         }
     }
-    found
+
+    fn parse(text: &str) -> Option<LedgerEntry> {
+        let mut words = text.split_whitespace();
+        match words.next()? {
+            "intent" => Some(LedgerEntry::Intent {
+                not_before: words.next()?.parse().ok()?,
+            }),
+            "shim" => Some(LedgerEntry::Shim(ProcessIdentity {
+                pid: words.next()?.parse().ok()?,
+                start_ticks: words.next()?.parse().ok()?,
+            })),
+            _ => None,
+        }
+    }
 }
 
-/// The shims of containerd namespace `namespace` running on this host.
+/// The shims this agent started, by task id: one small file per id under
+/// its own state directory (volatile, as the shims themselves: a reboot
+/// ends both). See the module documentation.
+#[derive(Debug, Clone)]
+pub struct ShimLedger {
+    dir: PathBuf,
+}
+
+/// Whether `id` can name a ledger file (Cubelet's ids are hex; anything
+/// else is never recorded, so never reaped).
+fn ledger_name_ok(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+impl ShimLedger {
+    /// The ledger in `dir` (made on the first record, mode 0700).
+    pub fn new(dir: PathBuf) -> Self {
+        Self { dir }
+    }
+
+    /// Its directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn write(&self, id: &str, entry: LedgerEntry) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        if !ledger_name_ok(id) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("task id {id:?} cannot name a ledger file"),
+            ));
+        }
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)?;
+        let tmp = self.dir.join(format!(".{id}.tmp"));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        f.write_all(entry.encode().as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, self.dir.join(id))
+    }
+
+    /// Records that the agent is about to have containerd create task
+    /// `id` (and so start its shim).
+    pub fn intend(&self, id: &str) -> std::io::Result<()> {
+        let now = now_ticks().ok_or_else(|| std::io::Error::other("no /proc/uptime"))?;
+        // One second of slack for the rounding of uptime and start times.
+        let not_before = now.saturating_sub(clock_ticks());
+        self.write(id, LedgerEntry::Intent { not_before })
+    }
+
+    /// Records the shim of task `id` now that containerd created it: the
+    /// parent of the task's init process `task_pid`, if it is a shim for
+    /// `id` in `namespace`. Otherwise (a runtime whose processes are not
+    /// children of a shim) the intent stays.
+    pub fn record_task(&self, id: &str, namespace: &str, task_pid: u32) -> std::io::Result<()> {
+        let not_a_shim =
+            || std::io::Error::other(format!("no shim of task {id} above pid {task_pid}"));
+        let pid = i32::try_from(task_pid).map_err(|_| not_a_shim())?;
+        let shim = parent(pid).ok_or_else(not_a_shim)?;
+        let cmdline = read_no_follow(Path::new(&format!("/proc/{shim}/cmdline")), CMDLINE_CAP)
+            .map_err(|_| not_a_shim())?;
+        let args = parse_cmdline(&cmdline).ok_or_else(not_a_shim)?;
+        if args.namespace != namespace || args.id != id {
+            return Err(not_a_shim());
+        }
+        let identity = identity(shim).ok_or_else(not_a_shim)?;
+        self.write(id, LedgerEntry::Shim(identity))
+    }
+
+    /// Records shim `identity` for task `id` directly.
+    pub fn record(&self, id: &str, identity: ProcessIdentity) -> std::io::Result<()> {
+        self.write(id, LedgerEntry::Shim(identity))
+    }
+
+    /// Every record, by task id (an unreadable one is skipped).
+    pub fn entries(&self) -> BTreeMap<String, LedgerEntry> {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return BTreeMap::new();
+        };
+        rd.flatten()
+            .filter_map(|e| {
+                let id = e.file_name().into_string().ok()?;
+                if !ledger_name_ok(&id) {
+                    return None;
+                }
+                let text = read_no_follow(&e.path(), STAT_CAP).ok()?;
+                let entry = LedgerEntry::parse(std::str::from_utf8(&text).ok()?)?;
+                Some((id, entry))
+            })
+            .collect()
+    }
+
+    /// Removes the record of `id`.
+    pub fn forget(&self, id: &str) {
+        if ledger_name_ok(id) {
+            let _ = std::fs::remove_file(self.dir.join(id));
+        }
+    }
+
+    /// Removes records that can name no running process any more: a shim
+    /// that is gone, an intent older than [`INTENT_WINDOW`] that no
+    /// running shim of `shims` fits.
+    fn prune(&self, entries: &BTreeMap<String, LedgerEntry>, shims: &[Shim], now: u64) {
+        let window = INTENT_WINDOW.as_secs() * clock_ticks();
+        for (id, entry) in entries {
+            let stale = match entry {
+                LedgerEntry::Shim(i) => identity(i.pid) != Some(*i),
+                LedgerEntry::Intent { not_before } => {
+                    now > not_before.saturating_add(window)
+                        && !shims.iter().any(|s| owns(Some(entry), s))
+                }
+            };
+            if stale {
+                self.forget(id);
+            }
+        }
+    }
+}
+
+/// Whether the ledger `entry` of a shim's task id says the agent started
+/// that shim.
+pub fn owns(entry: Option<&LedgerEntry>, shim: &Shim) -> bool {
+    match entry {
+        Some(LedgerEntry::Shim(i)) => *i == shim.identity,
+        Some(LedgerEntry::Intent { not_before }) => {
+            let window = INTENT_WINDOW.as_secs() * clock_ticks();
+            shim.in_our_pid_ns
+                && shim.identity.start_ticks >= *not_before
+                && shim.identity.start_ticks <= not_before.saturating_add(window)
+        }
+        None => false,
+    }
+}
+
+/// The processes whose command line says they are shims of containerd
+/// namespace `namespace` (which proves nothing about who started them).
 pub fn list_shims(namespace: &str) -> Vec<Shim> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let uptime = read_uptime();
+    let Some(now) = now_ticks() else {
+        return Vec::new();
+    };
     let ticks = clock_ticks();
+    let ours = pid_ns("self");
     entries
         .flatten()
         .filter_map(|e| {
             let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = read_no_follow(&e.path().join("cmdline"), CMDLINE_CAP).ok()?;
             let args = parse_cmdline(&cmdline)?;
             if args.namespace != namespace {
                 return None;
             }
-            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            let age = process_age(&stat, uptime?, ticks)?;
+            let identity = identity(pid)?;
+            let age = Duration::from_secs_f64(
+                now.saturating_sub(identity.start_ticks) as f64 / ticks as f64,
+            );
             Some(Shim {
-                pid,
+                identity,
                 id: args.id,
                 age,
                 containerd_address: args.containerd_address,
+                in_our_pid_ns: ours.is_some() && pid_ns(&pid.to_string()) == ours,
             })
         })
         .collect()
 }
 
+/// The shims of `namespace` old enough to be orphans, each with whether the
+/// agent's ledger says it started it; prunes the ledger on the way.
+fn scan(namespace: &str, ledger: &ShimLedger) -> Vec<(Shim, bool)> {
+    let shims = list_shims(namespace);
+    let entries = ledger.entries();
+    if let Some(now) = now_ticks() {
+        ledger.prune(&entries, &shims, now);
+    }
+    shims
+        .into_iter()
+        .filter(|s| s.age >= ORPHAN_MIN_AGE)
+        .map(|s| {
+            let owned = owns(entries.get(&s.id), &s);
+            (s, owned)
+        })
+        .collect()
+}
+
 fn read_uptime() -> Option<f64> {
-    std::fs::read_to_string("/proc/uptime")
+    let text = read_no_follow(Path::new("/proc/uptime"), STAT_CAP).ok()?;
+    std::str::from_utf8(&text)
         .ok()?
         .split_whitespace()
         .next()?
@@ -201,89 +515,114 @@ fn clock_ticks() -> u64 {
 
 /// Age of a process from its `/proc/<pid>/stat` (start time, field 22, in
 /// clock ticks since boot) and the host's uptime in seconds.
+#[cfg(test)]
 fn process_age(stat: &str, uptime: f64, ticks: u64) -> Option<Duration> {
-    // The command name (field 2) is in parentheses and may hold spaces.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let start: u64 = rest.split_whitespace().nth(19)?.parse().ok()?;
+    let start: u64 = stat_fields(stat)?.get(19)?.parse().ok()?;
     let started = start as f64 / ticks as f64;
     Some(Duration::from_secs_f64((uptime - started).max(0.0)))
 }
 
-fn alive(pid: i32) -> bool {
-    kill(Pid::from_raw(pid), None).is_ok()
-        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| {
-                let rest = &s[s.rfind(')')? + 1..];
-                rest.split_whitespace().next().map(|state| state != "Z")
-            })
-            .unwrap_or(false)
+/// Whether the process `identity` names is still running.
+fn alive(identity: ProcessIdentity) -> bool {
+    self::identity(identity.pid) == Some(identity)
 }
 
 impl ContainerRuntime {
+    /// The ledger of the shims this agent started.
+    pub fn shim_ledger(&self) -> ShimLedger {
+        ShimLedger::new(self.config().state_dir.join(LEDGER_DIR))
+    }
+
     /// Stops the shims of the agent's namespace older than
-    /// [`ORPHAN_MIN_AGE`] whose task containerd does not know; returns how
-    /// many it stopped.
+    /// [`ORPHAN_MIN_AGE`] that the agent started (its ledger says so) and
+    /// whose task containerd does not know; returns how many it stopped.
+    /// Processes that only look like shims are left alone.
     pub async fn reap_orphan_shims(&self) -> Result<usize, RuntimeError> {
         let namespace = self.client().namespace().to_owned();
+        let ledger = self.shim_ledger();
         // Shims first, tasks after: a task created in between is listed.
-        let shims: Vec<Shim> = list_shims(&namespace)
-            .into_iter()
-            .filter(|s| s.age >= ORPHAN_MIN_AGE)
-            .collect();
-        if shims.is_empty() {
+        let ns = namespace.clone();
+        let scanned = tokio::time::timeout(
+            SCAN_TIMEOUT,
+            tokio::task::spawn_blocking(move || scan(&ns, &ledger)),
+        )
+        .await
+        .map_err(|_| RuntimeError::Timeout {
+            op: "shim scan",
+            id: namespace.clone(),
+            timeout: SCAN_TIMEOUT,
+        })?
+        .map_err(|e| RuntimeError::FailedPrecondition(format!("shim scan task failed: {e}")))?;
+        if scanned.is_empty() {
             return Ok(0);
         }
         let client = self.client();
-        let tasks: BTreeSet<String> = client
-            .tasks()
-            .list(client.request(ListTasksRequest::default()))
-            .await
-            .map_err(|s| RuntimeError::containerd("tasks.list", s))?
-            .into_inner()
-            .tasks
-            .into_iter()
-            .map(|t| t.id)
-            .collect();
+        let tasks: BTreeSet<String> = tokio::time::timeout(
+            TASKS_TIMEOUT,
+            client
+                .tasks()
+                .list(client.request(ListTasksRequest::default())),
+        )
+        .await
+        .map_err(|_| RuntimeError::Timeout {
+            op: "tasks.list",
+            id: namespace.clone(),
+            timeout: TASKS_TIMEOUT,
+        })?
+        .map_err(|s| RuntimeError::containerd("tasks.list", s))?
+        .into_inner()
+        .tasks
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
         let mut reaped = 0;
-        for shim in shims.iter().filter(|s| !tasks.contains(&s.id)) {
-            tracing::info!(pid = shim.pid, id = %shim.id, age = ?shim.age, "stopping a shim containerd has no task for");
-            if stop_shim(shim, &namespace).await.is_some() {
+        for (shim, owned) in scanned.iter().filter(|(s, _)| !tasks.contains(&s.id)) {
+            if !owned {
+                tracing::debug!(pid = shim.pid(), id = %shim.id, "a process with a shim's command line this agent did not start: left alone");
+                continue;
+            }
+            tracing::info!(pid = shim.pid(), id = %shim.id, age = ?shim.age, "stopping a shim containerd has no task for");
+            if stop_shim(shim, &namespace, Path::new(SHIM_SOCKET_DIR))
+                .await
+                .is_some()
+            {
                 reaped += 1;
+                self.shim_ledger().forget(&shim.id);
             }
         }
         Ok(reaped)
     }
 }
 
-/// Stops `shim`: its own `Shutdown` where it answers and then exits, else
-/// by its pid. How it went, or `None` if it is still running.
-pub async fn stop_shim(shim: &Shim, namespace: &str) -> Option<Stopped> {
-    let sockets = shim_sockets(shim, namespace);
+/// Stops `shim`: its own `Shutdown` (on its socket under `socket_dir`)
+/// where it answers and then exits, else by a pidfd. How it went, or `None`
+/// if it is still running.
+pub async fn stop_shim(shim: &Shim, namespace: &str, socket_dir: &Path) -> Option<Stopped> {
+    let sockets = shim_sockets(shim, namespace, socket_dir);
     let mut how = None;
     for socket in &sockets {
         match ttrpc::shutdown_shim(socket, namespace, &shim.id, SHUTDOWN_CALL_TIMEOUT).await {
             Ok(()) => {
-                if exits_within(shim.pid, SHUTDOWN_GRACE).await {
+                if exits_within(shim.identity, SHUTDOWN_GRACE).await {
                     how = Some(Stopped::Shutdown);
                 } else {
                     // The runc shim answers but stays while it still serves
                     // a container.
-                    tracing::warn!(pid = shim.pid, id = %shim.id, "shim answered shutdown but is still running; signalling it");
+                    tracing::warn!(pid = shim.pid(), id = %shim.id, "shim answered shutdown but is still running; signalling it");
                 }
                 break;
             }
             Err(e) => {
-                tracing::debug!(pid = shim.pid, id = %shim.id, socket = %socket.display(), error = %e, "shim did not take a shutdown")
+                tracing::debug!(pid = shim.pid(), id = %shim.id, socket = %socket.display(), error = %e, "shim did not take a shutdown")
             }
         }
     }
-    if how.is_none() && stop(shim.pid).await {
+    if how.is_none() && stop(shim.identity).await {
         how = Some(Stopped::Signal);
     }
     let how = how?;
     tracing::info!(
-        pid = shim.pid,
+        pid = shim.pid(),
         id = %shim.id,
         how = how.as_str(),
         "shim stopped by {}",
@@ -304,11 +643,11 @@ pub async fn stop_shim(shim: &Shim, namespace: &str) -> Option<Stopped> {
     Some(how)
 }
 
-/// Whether process `pid` is gone within `limit`.
-async fn exits_within(pid: i32, limit: Duration) -> bool {
+/// Whether the process `identity` names is gone within `limit`.
+async fn exits_within(identity: ProcessIdentity, limit: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        if !alive(pid) {
+        if !alive(identity) {
             return true;
         }
         if tokio::time::Instant::now() >= deadline {
@@ -318,28 +657,30 @@ async fn exits_within(pid: i32, limit: Duration) -> bool {
     }
 }
 
-/// `SIGTERM`, then `SIGKILL` after [`SHUTDOWN_GRACE`]; whether it is gone.
-async fn stop(pid: i32) -> bool {
-    let pid_t = Pid::from_raw(pid);
-    if kill(pid_t, Signal::SIGTERM).is_err() {
-        return !alive(pid);
+/// A pidfd of the process `identity` names, opened and then checked to
+/// still be that process (so a recycled pid is never signalled).
+fn pidfd(identity: ProcessIdentity) -> Option<std::os::fd::OwnedFd> {
+    let pid = rustix::process::Pid::from_raw(identity.pid)?;
+    let fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()?;
+    alive(identity).then_some(fd)
+}
+
+/// `SIGTERM`, then `SIGKILL` after [`SHUTDOWN_GRACE`], through a pidfd;
+/// whether it is gone.
+async fn stop(identity: ProcessIdentity) -> bool {
+    use rustix::process::{pidfd_send_signal, Signal};
+    let Some(fd) = pidfd(identity) else {
+        return !alive(identity);
+    };
+    if pidfd_send_signal(&fd, Signal::TERM).is_err() {
+        return !alive(identity);
     }
-    let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
-    while tokio::time::Instant::now() < deadline {
-        if !alive(pid) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    if exits_within(identity, SHUTDOWN_GRACE).await {
+        return true;
     }
-    tracing::warn!(pid, "shim ignored SIGTERM; killing it");
-    let _ = kill(pid_t, Signal::SIGKILL);
-    for _ in 0..20 {
-        if !alive(pid) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
+    tracing::warn!(pid = identity.pid, "shim ignored SIGTERM; killing it");
+    let _ = pidfd_send_signal(&fd, Signal::KILL);
+    exits_within(identity, Duration::from_secs(1)).await
 }
 
 #[cfg(test)]
@@ -387,9 +728,14 @@ mod tests {
 
     #[test]
     fn this_process_is_alive_and_no_shim() {
-        assert!(alive(std::process::id() as i32));
-        let me = std::fs::read(format!("/proc/{}/cmdline", std::process::id())).unwrap();
-        assert_eq!(parse_cmdline(&me), None);
+        let me = identity(std::process::id() as i32).unwrap();
+        assert!(alive(me));
+        assert!(!alive(ProcessIdentity {
+            start_ticks: me.start_ticks + 1,
+            ..me
+        }));
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", std::process::id())).unwrap();
+        assert_eq!(parse_cmdline(&cmdline), None);
     }
 
     #[test]
@@ -408,25 +754,127 @@ mod tests {
         );
     }
 
+    #[test]
+    fn ledger_entries_read_back_and_bad_ids_are_never_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = ShimLedger::new(dir.path().join("shims"));
+        let me = identity(std::process::id() as i32).unwrap();
+        ledger.record("abc", me).unwrap();
+        ledger.intend("def").unwrap();
+        assert!(ledger.record("../escape", me).is_err());
+        assert!(ledger.record(".hidden", me).is_err());
+        let entries = ledger.entries();
+        assert_eq!(entries.get("abc"), Some(&LedgerEntry::Shim(me)));
+        assert!(matches!(
+            entries.get("def"),
+            Some(LedgerEntry::Intent { .. })
+        ));
+        assert_eq!(entries.len(), 2);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(ledger.dir())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        // A record whose process is gone is pruned; a live one stays.
+        ledger
+            .record(
+                "gone",
+                ProcessIdentity {
+                    start_ticks: me.start_ticks + 1,
+                    ..me
+                },
+            )
+            .unwrap();
+        let entries = ledger.entries();
+        ledger.prune(&entries, &[], now_ticks().unwrap());
+        let left = ledger.entries();
+        assert!(left.contains_key("abc") && left.contains_key("def"));
+        assert!(!left.contains_key("gone"));
+    }
+
+    fn shim(identity: ProcessIdentity, id: &str) -> Shim {
+        Shim {
+            identity,
+            id: id.into(),
+            age: ORPHAN_MIN_AGE,
+            containerd_address: Some("/nonexistent/containerd.sock".into()),
+            in_our_pid_ns: true,
+        }
+    }
+
+    /// The attack: a process that has a shim's command line for a task id
+    /// the ledger has no shim of is not the agent's; one whose pid or start
+    /// time differ from the record is not either; only the recorded one is.
+    #[test]
+    fn only_a_shim_the_agent_recorded_is_its_own() {
+        let me = identity(std::process::id() as i32).unwrap();
+        let s = shim(me, "abc");
+        assert!(!owns(None, &s), "a command line alone proves nothing");
+        assert!(owns(Some(&LedgerEntry::Shim(me)), &s));
+        let recycled = ProcessIdentity {
+            start_ticks: me.start_ticks + 5,
+            ..me
+        };
+        assert!(!owns(Some(&LedgerEntry::Shim(recycled)), &s));
+        // An intent: a shim started after it, in our pid namespace, only.
+        let intent = |not_before| LedgerEntry::Intent { not_before };
+        assert!(owns(Some(&intent(me.start_ticks)), &s));
+        assert!(!owns(Some(&intent(me.start_ticks + 1)), &s));
+        let late = INTENT_WINDOW.as_secs() * clock_ticks() + 1;
+        assert!(!owns(
+            Some(&intent(me.start_ticks.saturating_sub(late))),
+            &s
+        ));
+        let other_ns = Shim {
+            in_our_pid_ns: false,
+            ..s.clone()
+        };
+        assert!(!owns(Some(&intent(me.start_ticks)), &other_ns));
+    }
+
     /// Held by each test that starts a stand-in shim, for all of it. A
     /// child forked by a test on another thread holds a copy of every fd of
     /// this process until it execs, so a listener one test drops could still
     /// take connections for that moment and its socket would not look stale.
     static STAND_INS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-    /// A stand-in shim: `sleep` running in `bundle`, reaped by a thread so
-    /// that it does not stay a zombie.
-    fn stand_in(bundle: &Path) -> (i32, std::thread::JoinHandle<()>) {
-        let mut child = std::process::Command::new("sleep")
-            .arg("600")
-            .current_dir(bundle)
+    /// A stand-in shim: a sleeping python running in `cwd` with the command line of a
+    /// shim of `namespace` for task `id`, reaped by a thread so that it does
+    /// not stay a zombie.
+    fn stand_in(
+        cwd: &Path,
+        namespace: &str,
+        id: &str,
+    ) -> (ProcessIdentity, std::thread::JoinHandle<()>) {
+        use std::os::unix::process::CommandExt;
+        // Debian's interpreter itself, which ignores the extra arguments.
+        let mut child = std::process::Command::new("/usr/bin/python3")
+            .arg0("containerd-shim-runc-v2")
+            .args(["-c", "import time; time.sleep(600)"])
+            .args(["-namespace", namespace, "-id", id])
+            .args(["-address", "/nonexistent/containerd.sock"])
+            .current_dir(cwd)
             .spawn()
             .unwrap();
         let pid = child.id() as i32;
         let waiter = std::thread::spawn(move || {
             let _ = child.wait();
         });
-        (pid, waiter)
+        // Until it has exec'd and has the shim's command line.
+        let cmdline = format!("/proc/{pid}/cmdline");
+        for _ in 0..100 {
+            if std::fs::read(&cmdline)
+                .ok()
+                .and_then(|c| parse_cmdline(&c))
+                .is_some()
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let identity = identity(pid).unwrap();
+        (identity, waiter)
     }
 
     #[tokio::test]
@@ -434,14 +882,16 @@ mod tests {
         let _serial = STAND_INS.lock().await;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let bundle = tempfile::tempdir().unwrap();
-        let socket = bundle.path().join("s.sock");
-        std::fs::write(
-            bundle.path().join("address"),
-            format!("unix://{}", socket.display()),
-        )
-        .unwrap();
+        let sockets = tempfile::tempdir().unwrap();
+        let socket = derived_socket_in(
+            sockets.path(),
+            "/nonexistent/containerd.sock",
+            "ns",
+            "orphan",
+        );
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
-        let (pid, waiter) = stand_in(bundle.path());
+        let (me, waiter) = stand_in(bundle.path(), "ns", "orphan");
+        let pid = me.pid;
         // The fake shim: answers Shutdown for the right id, then exits (its
         // process is killed, its listener dropped, its socket file left).
         let server = tokio::spawn(async move {
@@ -463,19 +913,21 @@ mod tests {
             frame.extend(reply);
             conn.write_all(&frame).await.unwrap();
             drop(listener);
-            kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .unwrap();
         });
-        let shim = Shim {
-            pid,
-            id: "orphan".into(),
-            age: ORPHAN_MIN_AGE,
-            containerd_address: Some("/nonexistent/containerd.sock".into()),
-        };
+        let shim = shim(me, "orphan");
         assert_eq!(
-            shim_sockets(&shim, "ns"),
+            shim_sockets(&shim, "ns", sockets.path()),
             vec![SocketAddress::Path(socket.clone())]
         );
-        assert_eq!(stop_shim(&shim, "ns").await, Some(Stopped::Shutdown));
+        assert_eq!(
+            stop_shim(&shim, "ns", sockets.path()).await,
+            Some(Stopped::Shutdown)
+        );
         server.await.unwrap();
         waiter.join().unwrap();
         assert!(!socket.exists(), "the socket the shim left is removed");
@@ -485,35 +937,61 @@ mod tests {
     async fn a_shim_without_a_socket_is_stopped_by_its_pid() {
         let _serial = STAND_INS.lock().await;
         let bundle = tempfile::tempdir().unwrap();
-        let (pid, waiter) = stand_in(bundle.path());
-        let shim = Shim {
-            pid,
-            id: "orphan".into(),
-            age: ORPHAN_MIN_AGE,
-            containerd_address: Some("/nonexistent/containerd.sock".into()),
-        };
-        assert!(shim_sockets(&shim, "ns").is_empty());
-        assert_eq!(stop_shim(&shim, "ns").await, Some(Stopped::Signal));
+        let sockets = tempfile::tempdir().unwrap();
+        let (me, waiter) = stand_in(bundle.path(), "ns", "orphan");
+        let shim = shim(me, "orphan");
+        assert!(shim_sockets(&shim, "ns", sockets.path()).is_empty());
+        assert_eq!(
+            stop_shim(&shim, "ns", sockets.path()).await,
+            Some(Stopped::Signal)
+        );
         waiter.join().unwrap();
     }
 
+    /// The attack of issue 30: a fake shim whose working directory holds an
+    /// `address` that is a FIFO (the old reaper blocked for ever opening it)
+    /// or a symlink to `/dev/zero` (it read without end). The scan returns
+    /// at once, the fake is not the agent's, and it is left running.
     #[tokio::test]
-    async fn a_shim_whose_socket_does_not_answer_is_stopped_by_its_pid() {
+    async fn a_fake_shim_with_a_fifo_or_dev_zero_address_is_listed_fast_and_left_alone() {
         let _serial = STAND_INS.lock().await;
-        let bundle = tempfile::tempdir().unwrap();
-        let socket = bundle.path().join("s.sock");
-        // A socket file nobody listens on: the shim's server is gone.
-        drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-        std::fs::write(bundle.path().join("address"), socket.display().to_string()).unwrap();
-        let (pid, waiter) = stand_in(bundle.path());
-        let shim = Shim {
-            pid,
-            id: "orphan".into(),
-            age: ORPHAN_MIN_AGE,
-            containerd_address: None,
-        };
-        assert_eq!(stop_shim(&shim, "ns").await, Some(Stopped::Signal));
-        waiter.join().unwrap();
-        assert!(!socket.exists(), "the stale socket is removed");
+        let namespace = format!("fake-shim-test-{}", std::process::id());
+        let fifo_dir = tempfile::tempdir().unwrap();
+        nix::unistd::mkfifo(
+            &fifo_dir.path().join("address"),
+            nix::sys::stat::Mode::S_IRWXU,
+        )
+        .unwrap();
+        let zero_dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/dev/zero", zero_dir.path().join("address")).unwrap();
+        let (fifo_shim, w1) = stand_in(fifo_dir.path(), &namespace, "fifo");
+        let (zero_shim, w2) = stand_in(zero_dir.path(), &namespace, "zero");
+        let state = tempfile::tempdir().unwrap();
+        let ledger = ShimLedger::new(state.path().join(LEDGER_DIR));
+        let ns = namespace.clone();
+        let found = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::task::spawn_blocking(move || list_shims(&ns)),
+        )
+        .await
+        .expect("listing shims does not hang on a FIFO")
+        .unwrap();
+        assert_eq!(found.len(), 2, "{found:?}");
+        for s in &found {
+            assert!(s.in_our_pid_ns);
+            assert!(!owns(ledger.entries().get(&s.id), s), "{s:?}");
+            // The only socket tried is containerd's derived one.
+            assert!(shim_sockets(s, &namespace, state.path()).is_empty());
+        }
+        assert!(alive(fifo_shim) && alive(zero_shim));
+        for me in [fifo_shim, zero_shim] {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(me.pid),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .unwrap();
+        }
+        w1.join().unwrap();
+        w2.join().unwrap();
     }
 }

@@ -108,6 +108,15 @@ pub enum StoreError {
         /// Sandbox holding it.
         holder: SandboxId,
     },
+    /// The database file could not be created with, or set to, mode 0600.
+    #[error("cannot create store file {path} with mode 0600")]
+    CreateFile {
+        /// The database file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl StoreError {

@@ -52,6 +52,8 @@ const RESERVED_META: [&str; 2] = [META_SCHEMA, META_LAST_FLOW];
 /// Page cache for the database. Node state is small (a few MiB at most);
 /// redb's default of 1 GiB would only matter for a much larger file.
 const CACHE_BYTES: usize = 64 * 1024 * 1024;
+/// Mode of the database file (as containerd's `meta.db`).
+const STORE_FILE_MODE: u32 = 0o600;
 
 /// Durable node state in one redb file: sandboxes, containers, IP leases,
 /// the flow journal (see the [`cubelet_engine::Journal`] impl) and a small
@@ -107,6 +109,27 @@ impl Store {
                 path: dir.to_owned(),
                 source,
             })?;
+        }
+        // Created 0600 before redb opens it, and an older, wider one
+        // tightened: the store holds every pod's configuration.
+        {
+            use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(STORE_FILE_MODE)
+                .open(path)
+                .map_err(|source| StoreError::CreateFile {
+                    path: path.to_owned(),
+                    source,
+                })?;
+            file.set_permissions(std::fs::Permissions::from_mode(STORE_FILE_MODE))
+                .map_err(|source| StoreError::CreateFile {
+                    path: path.to_owned(),
+                    source,
+                })?;
         }
         let db = Database::builder()
             .set_cache_size(CACHE_BYTES)
@@ -944,6 +967,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("state").join("cubelet.redb")).unwrap();
         (dir, store)
+    }
+
+    /// The store holds every pod's configuration: 0600, as containerd's
+    /// `meta.db` (it was 0644), and an older 0644 file is tightened.
+    #[test]
+    fn the_store_file_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, store) = open_tmp();
+        let path = dir.path().join("state").join("cubelet.redb");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        drop(store);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let store = Store::open(&path).unwrap();
+        assert_eq!(mode(&path), 0o600);
+        drop(store);
     }
 
     #[test]

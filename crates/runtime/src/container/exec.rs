@@ -12,15 +12,27 @@ use crate::error::{cd, cd_process, RuntimeError};
 use crate::io::{self as fifo_io, Fifos};
 use tracing::Instrument;
 
-/// Most output `exec_sync` keeps per stream (as containerd's CRI plugin).
-pub const MAX_EXEC_OUTPUT: usize = 16 * 1024 * 1024;
+/// Most output `exec_sync` keeps per stream: 8 MiB less 4 KiB, so that
+/// both streams, the truncation marker and the message framing stay below
+/// the 16 MiB gRPC message limit of the CRI socket (and kubelet's). What
+/// is past it is read and dropped, so the process never blocks on a full
+/// pipe and is reaped as any other.
+pub const MAX_EXEC_OUTPUT: usize = 8 * 1024 * 1024 - 4096;
+
+/// The line appended to stderr when a stream was cut at
+/// [`MAX_EXEC_OUTPUT`]: `[cubelet: exec stdout truncated: kept 8384512 of
+/// 20971520 bytes]`.
+pub fn truncation_marker(stream: &str, total: u64) -> String {
+    format!("\n[cubelet: exec {stream} truncated: kept {MAX_EXEC_OUTPUT} of {total} bytes]\n")
+}
 
 /// Output of [`ContainerRuntime::exec_sync`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecOutput {
     /// Standard output (capped at [`MAX_EXEC_OUTPUT`]).
     pub stdout: Vec<u8>,
-    /// Standard error (capped at [`MAX_EXEC_OUTPUT`]).
+    /// Standard error (capped at [`MAX_EXEC_OUTPUT`], then a
+    /// [`truncation_marker`] line for each stream that was cut).
     pub stderr: Vec<u8>,
     /// Exit code.
     pub exit_code: i32,
@@ -150,8 +162,9 @@ impl ContainerRuntime {
         let stdout = collect(out).await;
         let stderr = match err {
             Some(e) => collect(e).await,
-            None => Vec::new(),
+            None => Captured::default(),
         };
+        let (stdout, stderr) = join_output(stdout, stderr);
         Ok(ExecOutput {
             stdout,
             stderr,
@@ -160,30 +173,89 @@ impl ContainerRuntime {
     }
 }
 
-async fn read_capped(mut r: tokio::net::unix::pipe::Receiver) -> Vec<u8> {
-    let mut out = Vec::new();
+/// One stream's output: its first [`MAX_EXEC_OUTPUT`] bytes and how many
+/// it wrote in all.
+#[derive(Debug, Default)]
+struct Captured {
+    kept: Vec<u8>,
+    total: u64,
+}
+
+async fn read_capped<R: tokio::io::AsyncRead + Unpin>(mut r: R) -> Captured {
+    let mut out = Captured::default();
     let mut buf = vec![0u8; 32 * 1024];
     loop {
         match r.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                let room = MAX_EXEC_OUTPUT.saturating_sub(out.len());
-                out.extend_from_slice(&buf[..n.min(room)]);
+                let room = MAX_EXEC_OUTPUT.saturating_sub(out.kept.len());
+                out.kept.extend_from_slice(&buf[..n.min(room)]);
+                out.total = out.total.saturating_add(n as u64);
             }
         }
     }
     out
 }
 
-async fn collect(mut h: JoinHandle<Vec<u8>>) -> Vec<u8> {
+/// stdout and stderr as returned: stderr ends with a marker line for each
+/// stream that was cut.
+fn join_output(stdout: Captured, stderr: Captured) -> (Vec<u8>, Vec<u8>) {
+    let mut err = stderr.kept;
+    for (name, c) in [("stdout", stdout.total), ("stderr", stderr.total)] {
+        if c > MAX_EXEC_OUTPUT as u64 {
+            tracing::info!(
+                stream = name,
+                total = c,
+                kept = MAX_EXEC_OUTPUT,
+                "exec output truncated"
+            );
+            err.extend_from_slice(truncation_marker(name, c).as_bytes());
+        }
+    }
+    (stdout.kept, err)
+}
+
+async fn collect(mut h: JoinHandle<Captured>) -> Captured {
     // Output ends when the shim closes the FIFOs after the process exits; a
     // background child still holding them must not hang the call.
     match tokio::time::timeout(Duration::from_secs(5), &mut h).await {
         Ok(Ok(v)) => v,
-        Ok(Err(_)) => Vec::new(),
+        Ok(Err(_)) => Captured::default(),
         Err(_) => {
             h.abort();
-            Vec::new()
+            Captured::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 20 MiB on each stream (the old code kept 16 MiB of each: 32 MiB, past
+    /// the 16 MiB gRPC limit, so the answer was never delivered): both are
+    /// cut, everything is still read (the writer never blocks), the cut is
+    /// said on stderr, and the answer fits in a 16 MiB message.
+    #[tokio::test]
+    async fn output_is_capped_below_the_grpc_limit_and_the_cut_is_visible() {
+        let big = 20 * 1024 * 1024;
+        let out = read_capped(tokio::io::repeat(b'o').take(big)).await;
+        let err = read_capped(tokio::io::repeat(b'e').take(big)).await;
+        assert_eq!((out.total, err.total), (big, big));
+        let (stdout, stderr) = join_output(out, err);
+        assert_eq!(stdout.len(), MAX_EXEC_OUTPUT);
+        let text = String::from_utf8_lossy(&stderr[MAX_EXEC_OUTPUT..]).into_owned();
+        assert!(text.contains("exec stdout truncated"), "{text}");
+        assert!(text.contains("exec stderr truncated"), "{text}");
+        // The CRI answer: two length-delimited byte fields and an int.
+        let message = stdout.len() + stderr.len() + 32;
+        assert!(message < 16 * 1024 * 1024, "{message} bytes");
+    }
+
+    #[tokio::test]
+    async fn output_under_the_cap_is_kept_whole_without_a_marker() {
+        let out = read_capped(&b"hello"[..]).await;
+        let err = read_capped(&b"oops"[..]).await;
+        assert_eq!(join_output(out, err), (b"hello".to_vec(), b"oops".to_vec()));
     }
 }

@@ -26,7 +26,8 @@ mod exec;
 mod record;
 mod task;
 
-pub use exec::{ExecOutput, MAX_EXEC_OUTPUT};
+pub use exec::{truncation_marker, ExecOutput, MAX_EXEC_OUTPUT};
+pub use record::{USER_FILE_CAP, USER_LOOKUP_DIR, USER_LOOKUP_TIMEOUT};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -192,6 +193,9 @@ pub struct ContainerRuntime {
     /// create lease, with that lease's expiry: until then containerd's GC
     /// cannot collect the snapshot, whatever else references it.
     leased: Arc<Mutex<HashMap<String, SystemTime>>>,
+    /// Containers whose rootfs is mounted for a user lookup right now
+    /// (under [`USER_LOOKUP_DIR`]); the GC unmounts every other entry there.
+    user_lookups: Arc<Mutex<HashSet<String>>>,
 }
 
 /// A task being retired: its exit (status, time), and a receiver that turns
@@ -260,6 +264,7 @@ impl ContainerRuntime {
             create_lease: tokio::sync::Mutex::default(),
             leased: Arc::default(),
             usage: crate::stats::SnapshotUsageCache::default(),
+            user_lookups: Arc::default(),
         }
     }
 

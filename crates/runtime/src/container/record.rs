@@ -36,6 +36,15 @@ const CREATE_LEASE_RENEW: Duration = Duration::from_secs(600);
 /// A removal relies on a snapshot's create lease only with this much of the
 /// lease left.
 const LEASE_MARGIN: Duration = Duration::from_secs(60);
+
+/// The directory (under the runtime's state directory) where a container's
+/// rootfs is mounted for the moment of its user lookup.
+pub const USER_LOOKUP_DIR: &str = "user-lookup";
+/// Most of an image's `/etc/passwd` or `/etc/group` read; a larger file is
+/// refused (InvalidArgument).
+pub const USER_FILE_CAP: u64 = 4 * 1024 * 1024;
+/// How long a user lookup (mount, two reads, unmount) may take.
+pub const USER_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 use crate::io as fifo_io;
 use crate::spec::{
     build_oci_spec, linux_resources, resolve_user, user_needs_lookup, ContainerSpec, ResolvedUser,
@@ -355,20 +364,81 @@ impl ContainerRuntime {
     }
 
     /// Mounts the prepared rootfs read-only for a moment to read
-    /// `/etc/passwd` and `/etc/group`.
+    /// `/etc/passwd` and `/etc/group`, confined to it (see
+    /// [`crate::safe_read`]), on a blocking thread under
+    /// [`USER_LOOKUP_TIMEOUT`]. The mount is under [`USER_LOOKUP_DIR`],
+    /// where the GC unmounts whatever a crash or a timeout left.
     #[tracing::instrument(name = "user_lookup", level = "debug", skip_all)]
     async fn read_user_files(
         &self,
         id: &str,
         mounts: &[containerd_client::types::Mount],
     ) -> Result<(String, String), RuntimeError> {
-        let target = self.config.state_dir.join("mnt").join(id);
+        let target = self.user_lookup_dir().join(id);
         let mounts = mounts.to_vec();
-        tokio::task::spawn_blocking(move || read_user_files_blocking(&target, &mounts))
-            .await
-            .map_err(|e| {
+        lock_map(&self.user_lookups).insert(id.to_owned());
+        let lookups = std::sync::Arc::clone(&self.user_lookups);
+        let owner = id.to_owned();
+        let task = tokio::task::spawn_blocking(move || {
+            let out = read_user_files_blocking(&target, &mounts);
+            lock_map(&lookups).remove(&owner);
+            out
+        });
+        match tokio::time::timeout(USER_LOOKUP_TIMEOUT, task).await {
+            Ok(joined) => joined.map_err(|e| {
                 RuntimeError::FailedPrecondition(format!("user lookup task failed: {e}"))
-            })?
+            })?,
+            Err(_) => Err(RuntimeError::Timeout {
+                op: "reading the image's /etc/passwd and /etc/group",
+                id: id.to_owned(),
+                timeout: USER_LOOKUP_TIMEOUT,
+            }),
+        }
+    }
+
+    /// Where user lookups mount rootfs: `<state dir>/user-lookup/<id>`.
+    pub fn user_lookup_dir(&self) -> PathBuf {
+        self.config.state_dir.join(USER_LOOKUP_DIR)
+    }
+
+    /// Unmounts and removes every user-lookup mount point no lookup of this
+    /// process is using (what a crash or a timed-out lookup left), also in
+    /// the directory older versions used (`mnt`). How many it removed.
+    pub fn clean_user_lookup_mounts(&self) -> Result<usize, RuntimeError> {
+        let mut removed = 0;
+        for dir in [self.user_lookup_dir(), self.config.state_dir.join("mnt")] {
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(source) => {
+                    return Err(RuntimeError::Io {
+                        op: "list",
+                        path: dir.display().to_string(),
+                        source,
+                    })
+                }
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if lock_map(&self.user_lookups).contains(&name) {
+                    continue;
+                }
+                let path = entry.path();
+                // Not a mount point (EINVAL) or already gone: fine.
+                let _ = nix::mount::umount2(&path, nix::mount::MntFlags::MNT_DETACH);
+                match std::fs::remove_dir(&path) {
+                    Ok(()) => {
+                        tracing::info!(path = %path.display(), "removed a leftover user-lookup mount point");
+                        removed += 1;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "removing a leftover user-lookup mount point failed")
+                    }
+                }
+            }
+        }
+        Ok(removed)
     }
 
     /// Deletes the containerd container record (its task must be gone).
@@ -437,7 +507,7 @@ impl ContainerRuntime {
         self.usage_cache().forget(id);
         self.forget_retired(id);
         fifo_io::remove_dir(&self.io_dir(id))?;
-        let mnt = self.config.state_dir.join("mnt").join(id);
+        let mnt = self.user_lookup_dir().join(id);
         match std::fs::remove_dir(&mnt) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -661,7 +731,14 @@ fn read_user_files_blocking(
         let path = p.display().to_string();
         move |source: std::io::Error| RuntimeError::Io { op, path, source }
     };
-    std::fs::create_dir_all(target).map_err(io("create", target))?;
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(target)
+            .map_err(io("create", target))?;
+    }
     let [m] = mounts else {
         return Err(RuntimeError::FailedPrecondition(format!(
             "expected one rootfs mount, containerd returned {}",
@@ -689,17 +766,34 @@ fn read_user_files_blocking(
             Some(m.source.as_str()),
             target,
             Some(m.r#type.as_str()),
-            MsFlags::MS_RDONLY,
+            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
             Some(data.as_str()),
         )
     };
     res.map_err(|e| io("mount rootfs", target)(std::io::Error::from(e)))?;
-    let read = |name: &str| std::fs::read_to_string(target.join(name)).unwrap_or_default();
-    let out = (read("etc/passwd"), read("etc/group"));
-    umount2(target, MntFlags::MNT_DETACH)
-        .map_err(|e| io("unmount rootfs", target)(std::io::Error::from(e)))?;
+    let out = read_user_files_in(target);
+    let unmounted = umount2(target, MntFlags::MNT_DETACH)
+        .map_err(|e| io("unmount rootfs", target)(std::io::Error::from(e)));
     let _ = std::fs::remove_dir(target);
+    let out = out?;
+    unmounted?;
     Ok(out)
+}
+
+/// The `/etc/passwd` and `/etc/group` of the rootfs at `root`, each resolved
+/// inside it, a regular file of at most [`USER_FILE_CAP`] bytes; a missing
+/// one reads as empty. Anything else is the image's fault: InvalidArgument.
+fn read_user_files_in(root: &Path) -> Result<(String, String), RuntimeError> {
+    use crate::safe_read::{read_in_root, SafeReadError};
+    let read = |name: &str| match read_in_root(root, name, USER_FILE_CAP) {
+        Ok(bytes) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+        Err(SafeReadError::NotFound { .. }) => Ok(String::new()),
+        Err(e) => Err(RuntimeError::InvalidArgument {
+            field: format!("image {name}"),
+            reason: cubelet_engine::chain(&e),
+        }),
+    };
+    Ok((read("/etc/passwd")?, read("/etc/group")?))
 }
 
 #[cfg(test)]
@@ -716,5 +810,95 @@ mod tests {
         assert_eq!(recorded_exit(&labels("7 0")), (Some(7), None));
         assert_eq!(recorded_exit(&labels("junk")), (None, None));
         assert_eq!(recorded_exit(&HashMap::new()), (None, None));
+    }
+
+    /// The attacks of issue 30 on the user lookup, each an image rootfs:
+    /// `/etc/passwd` a symlink to `/dev/zero` (the old code read without
+    /// end), a FIFO (it blocked for ever), `/etc -> /etc` (it read the
+    /// host's files); each answers at once, with InvalidArgument or the
+    /// image's own (here: no) content, never the host's.
+    #[test]
+    fn the_user_lookup_stays_in_the_rootfs_and_reads_only_regular_files() {
+        let run = |root: &Path| {
+            let root = root.to_owned();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(read_user_files_in(&root));
+            });
+            rx.recv_timeout(Duration::from_secs(10))
+                .expect("the user lookup answers within 10 s")
+        };
+        let zero = tempfile::tempdir().unwrap();
+        std::fs::create_dir(zero.path().join("etc")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", zero.path().join("etc/passwd")).unwrap();
+        // /dev/zero of the image (absent): no passwd, never the host's zero.
+        assert_eq!(run(zero.path()).unwrap(), (String::new(), String::new()));
+        std::fs::create_dir(zero.path().join("dev")).unwrap();
+        // A device node of the image itself (root may make one) is refused
+        // by its type, or by the open where the mount is nodev.
+        let made = nix::sys::stat::mknod(
+            &zero.path().join("dev/zero"),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(1, 5),
+        );
+        assert!(
+            made.is_err()
+                || matches!(
+                    run(zero.path()),
+                    Err(RuntimeError::InvalidArgument { field, .. }) if field == "image /etc/passwd"
+                )
+        );
+
+        let fifo = tempfile::tempdir().unwrap();
+        std::fs::create_dir(fifo.path().join("etc")).unwrap();
+        std::fs::write(
+            fifo.path().join("etc/passwd"),
+            "app:x:1000:1000::/:/bin/sh\n",
+        )
+        .unwrap();
+        nix::unistd::mkfifo(
+            &fifo.path().join("etc/group"),
+            nix::sys::stat::Mode::S_IRWXU,
+        )
+        .unwrap();
+        let err = run(fifo.path()).unwrap_err();
+        assert!(
+            matches!(&err, RuntimeError::InvalidArgument { field, reason } if field == "image /etc/group" && reason.contains("fifo")),
+            "{err}"
+        );
+
+        let host = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/etc", host.path().join("etc")).unwrap();
+        let got = run(host.path());
+        assert!(
+            matches!(&got, Err(RuntimeError::InvalidArgument { .. })),
+            "the host's /etc is never read: {got:?}"
+        );
+
+        let big = tempfile::tempdir().unwrap();
+        std::fs::create_dir(big.path().join("etc")).unwrap();
+        let f = std::fs::File::create(big.path().join("etc/passwd")).unwrap();
+        f.set_len(USER_FILE_CAP + 1).unwrap();
+        assert!(matches!(
+            run(big.path()),
+            Err(RuntimeError::InvalidArgument { .. })
+        ));
+
+        let good = tempfile::tempdir().unwrap();
+        std::fs::create_dir(good.path().join("etc")).unwrap();
+        std::fs::write(
+            good.path().join("etc/passwd"),
+            "app:x:1000:1000::/:/bin/sh\n",
+        )
+        .unwrap();
+        std::fs::write(good.path().join("etc/group"), "app:x:1000:\n").unwrap();
+        assert_eq!(
+            run(good.path()).unwrap(),
+            (
+                "app:x:1000:1000::/:/bin/sh\n".to_owned(),
+                "app:x:1000:\n".to_owned()
+            )
+        );
     }
 }

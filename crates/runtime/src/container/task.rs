@@ -87,6 +87,13 @@ impl ContainerRuntime {
         let keepers = fifos.keep_open()?;
         let (stdin_path, stdout_path, stderr_path) = fifos.wire();
         let options = container.runtime.as_ref().and_then(|r| r.options.clone());
+        // The shim containerd is about to start is this agent's: the
+        // ledger says so before it exists (a kill inside tasks.create),
+        // and by its pid and start time once it does.
+        let ledger = self.shim_ledger();
+        if let Err(e) = cubelet_engine::blocking(|| ledger.intend(id)) {
+            tracing::warn!(container_id = id, error = %e, "recording the shim intent failed; an orphan shim of this task would not be reaped");
+        }
         let created = self
             .client
             .tasks()
@@ -110,6 +117,11 @@ impl ContainerRuntime {
                 return Err(e);
             }
         };
+        let namespace = self.client.namespace().to_owned();
+        if let Err(e) = cubelet_engine::blocking(|| ledger.record_task(id, &namespace, created.pid))
+        {
+            tracing::debug!(container_id = id, error = %e, "the shim of the task not recorded; its intent stays");
+        }
         // The task's mount namespace holds its own copy of staged mounts:
         // the node's can go, so they keep no volume busy after the task.
         if let Err(e) = self.unstage_mounts(id).await {
