@@ -1229,11 +1229,16 @@ mod tests {
                 &[("Location", &format!("http://{to}/blob"))],
                 b"",
             ),
+            Some(BASIC) => manifest_reply(),
             _ => challenge(r#"Basic realm="r""#),
         })
         .await;
         let a = registry.authority();
         let c = client(&a, &format!("server = \"http://{a}\"\n"), Some(creds(&a)));
+        // Authorised with the registry first, so the blob request carries
+        // its Authorization and the redirect target's 401 is the first
+        // challenge of that request.
+        assert!(c.manifest(0, "t").await.unwrap().is_some());
         let digest = format!("sha256:{}", "0".repeat(64));
         let err = c.blob_bytes(0, &digest, 10).await.unwrap_err();
         assert!(matches!(err, RegistryError::Unauthorized { .. }), "{err:?}");
