@@ -43,12 +43,14 @@ fn reply(status: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
 }
 
 type Handler = Arc<dyn Fn(&str) -> Reply + Send + Sync>;
+/// Each request's path and `Authorization` header.
+type Seen = Arc<Mutex<Vec<(String, Option<String>)>>>;
 
 /// A fake registry on 127.0.0.1; records each request's path and
 /// `Authorization` header. Stops when dropped.
 struct Fake {
     port: u16,
-    seen: Arc<Mutex<Vec<(String, Option<String>)>>>,
+    seen: Seen,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -56,7 +58,7 @@ impl Fake {
     async fn start(handler: Handler) -> anyhow::Result<Fake> {
         let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let port = listener.local_addr()?.port();
-        let seen: Arc<Mutex<Vec<(String, Option<String>)>>> = Arc::default();
+        let seen = Seen::default();
         let log = seen.clone();
         let task = tokio::spawn(async move {
             while let Ok((mut conn, _)) = listener.accept().await {
