@@ -345,6 +345,7 @@ async fn bad_registry_scenario(d: &Daemon) -> anyhow::Result<()> {
             msg.contains("pull_progress_timeout"),
             "{image}: the message does not name the setting: {msg}"
         );
+        ensure!(msg.starts_with("DeadlineExceeded"), "{image}: {msg}");
         still_serving(d).await?;
     }
     // Larger than declared: refused, and nothing of it is kept.
