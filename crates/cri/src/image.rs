@@ -155,6 +155,7 @@ impl Cri {
             auth: a.auth,
             identity_token: a.identity_token,
             registry_token: a.registry_token,
+            server_address: a.server_address,
         });
         let pulled = self.deps().images.pull(&reference, auth).await;
         // Even a failed pull may leave content behind.

@@ -106,10 +106,10 @@ pub async fn run(config: Config) -> Result<()> {
     let admin_task = tokio::spawn(admin.serve(shutdown.clone()).in_current_span());
 
     let cd = connect_containerd(&config, &readiness).await?;
-    let images = Arc::new(ImageService::new(
-        cd.clone(),
-        &config.images.registry_config_dir,
-    ));
+    let images = Arc::new(
+        ImageService::new(cd.clone(), &config.images.registry_config_dir)
+            .with_pull_progress_timeout(config.images.pull_progress_timeout),
+    );
     let pause = Arc::new(PauseImage::configured(
         (*images).clone(),
         &config.images.pause_image,

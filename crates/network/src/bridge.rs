@@ -257,7 +257,9 @@ impl BridgeNetwork {
         std::fs::write(fwd, b"1").map_err(|e| NetworkError::io("enable forwarding in", fwd, e))?;
         // Host ports on 127.0.0.1: locally generated traffic from a loopback
         // source may only leave through the bridge with route_localnet; the
-        // postrouting rule then masquerades it to the bridge address.
+        // postrouting rule then masquerades it to the bridge address. The
+        // `localnet` chain of `ensure_base` drops what route_localnet would
+        // otherwise let in: packets for 127.0.0.0/8 from anywhere but `lo`.
         let localnet = PathBuf::from(format!("/proc/sys/net/ipv4/conf/{name}/route_localnet"));
         std::fs::write(&localnet, b"1")
             .map_err(|e| NetworkError::io("enable route_localnet in", &localnet, e))?;

@@ -1,5 +1,14 @@
 //! nftables rules through the `nft` binary: masquerade and forwarding for the
-//! bridge subnet, and DNAT rules for host ports.
+//! bridge subnet, DNAT rules for host ports, and the loopback guard.
+//!
+//! The bridge has `route_localnet` on (host ports on 127.0.0.1 need it), so
+//! the guard drops, before any DNAT, every packet that arrives on an
+//! interface other than `lo` for 127.0.0.0/8: a pod crafting packets to
+//! the node's 127.0.0.1 (CVE-2020-8558) gets no answer, and a host port on
+//! 127.0.0.1 is reachable from the node only, never from a pod or an L2
+//! neighbour. Replies to the node's own connections to such a host port
+//! still arrive addressed to the bridge (they are un-NATed later), so they
+//! pass.
 //!
 //! Everything lives in one table per bridge (`cubelet_<bridge>`), so
 //! configurations (and tests) with different bridges never touch each other's
@@ -73,8 +82,9 @@ async fn run(
 }
 
 /// Installs (or refreshes) the base chains: masquerade for traffic leaving
-/// the subnet and for pod-to-host-port-to-pod (hairpin) traffic, forwarding to and from the bridge, and the jumps into the
-/// host-port chain. Host-port rules already present are kept, so a restart
+/// the subnet and for pod-to-host-port-to-pod (hairpin) traffic, forwarding
+/// to and from the bridge, the loopback guard (priority -150: after
+/// conntrack, before DNAT), and the jumps into the host-port chain. Host-port rules already present are kept, so a restart
 /// does not cut running pods off.
 pub(crate) async fn ensure_base(
     nft: &Path,
@@ -94,6 +104,9 @@ pub(crate) async fn ensure_base(
          flush chain {t} forward\n\
          add rule {t} forward iifname \"{bridge}\" accept\n\
          add rule {t} forward oifname \"{bridge}\" accept\n\
+         add chain {t} localnet {{ type filter hook prerouting priority -150; policy accept; }}\n\
+         flush chain {t} localnet\n\
+         add rule {t} localnet iifname != \"lo\" ip daddr 127.0.0.0/8 drop\n\
          add chain {t} hostports\n\
          add chain {t} prerouting {{ type nat hook prerouting priority -100; policy accept; }}\n\
          flush chain {t} prerouting\n\

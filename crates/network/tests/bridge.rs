@@ -43,6 +43,13 @@ fn init_is_idempotent_and_sets_up_the_node() {
             rules.contains("ip saddr 127.0.0.0/8 ct status dnat masquerade"),
             "{rules}"
         );
+        assert_eq!(
+            rules
+                .matches("iifname != \"lo\" ip daddr 127.0.0.0/8 drop")
+                .count(),
+            1,
+            "one loopback guard, before DNAT:\n{rules}"
+        );
         assert!(
             rules.contains("ip saddr 10.77.0.0/24 ip daddr != 10.77.0.0/24 masquerade"),
             "{rules}"

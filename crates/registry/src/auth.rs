@@ -19,6 +19,10 @@ pub struct RegistryAuth {
     pub identity_token: String,
     /// A bearer token to send as is.
     pub registry_token: String,
+    /// The registry these credentials are for (`host[:port]`, optionally
+    /// with a scheme and path, as kubelet fills it in). Empty means the
+    /// registry of the image reference. No other host is sent them.
+    pub server_address: String,
 }
 
 impl fmt::Debug for RegistryAuth {
@@ -30,6 +34,7 @@ impl fmt::Debug for RegistryAuth {
             .field("has_auth", &!self.auth.is_empty())
             .field("has_identity_token", &!self.identity_token.is_empty())
             .field("has_registry_token", &!self.registry_token.is_empty())
+            .field("server_address", &self.server_address)
             .finish()
     }
 }
@@ -51,6 +56,28 @@ impl RegistryAuth {
         Some((u.to_owned(), p.to_owned()))
     }
 
+    /// True when there is anything to send (credentials or tokens).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.credentials().is_none()
+            && self.identity_token.is_empty()
+            && self.registry_token.is_empty()
+    }
+
+    /// The authority named by `server_address` (`None` when it is empty),
+    /// normalised as [`normalize_authority`] does.
+    pub(crate) fn server_authority(&self) -> Option<String> {
+        let s = self.server_address.trim();
+        if s.is_empty() {
+            return None;
+        }
+        let (scheme, rest) = match s.split_once("://") {
+            Some((scheme, rest)) => (Some(scheme), rest),
+            None => (None, s),
+        };
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+        Some(normalize_authority(scheme, authority))
+    }
+
     /// `Basic ...` header value, if there are credentials.
     pub(crate) fn basic_header(&self) -> Option<String> {
         self.credentials().map(|(u, p)| {
@@ -59,6 +86,20 @@ impl RegistryAuth {
                 base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))
             )
         })
+    }
+}
+
+/// `authority` in lower case without the default port of `scheme` (with
+/// no scheme, `:443` is taken as the default, as registries are HTTPS).
+pub(crate) fn normalize_authority(scheme: Option<&str>, authority: &str) -> String {
+    let a = authority.trim().to_ascii_lowercase();
+    let default = match scheme {
+        Some("http") => ":80",
+        _ => ":443",
+    };
+    match a.strip_suffix(default) {
+        Some(stripped) if !stripped.is_empty() => stripped.to_owned(),
+        _ => a,
     }
 }
 
@@ -153,6 +194,27 @@ mod tests {
         );
         assert_eq!(parse_challenge("Negotiate"), None);
         assert_eq!(parse_challenge("Bearer service=x"), None);
+    }
+
+    #[test]
+    fn server_address_names_an_authority() {
+        let at = |s: &str| {
+            RegistryAuth {
+                server_address: s.into(),
+                ..Default::default()
+            }
+            .server_authority()
+        };
+        assert_eq!(at(""), None);
+        assert_eq!(at("Registry.Example"), Some("registry.example".into()));
+        assert_eq!(at("https://r.example:443/v1/"), Some("r.example".into()));
+        assert_eq!(at("http://r.example:80"), Some("r.example".into()));
+        assert_eq!(at("127.0.0.1:5000"), Some("127.0.0.1:5000".into()));
+        assert_eq!(
+            at("https://index.docker.io/v1/"),
+            Some("index.docker.io".into())
+        );
+        assert_eq!(normalize_authority(Some("http"), "a:443"), "a:443");
     }
 
     #[test]

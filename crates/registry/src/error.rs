@@ -77,6 +77,36 @@ pub enum RegistryError {
         /// Digest of what was received.
         actual: String,
     },
+    /// A registry host sent nothing for the progress timeout
+    /// (`images.pull_progress_timeout`).
+    #[error(
+        "pull of {image} stalled: registry host {host} sent nothing for {timeout:?} \
+         (images.pull_progress_timeout) while fetching {url}"
+    )]
+    Stalled {
+        /// The image being pulled.
+        image: String,
+        /// `host[:port]` that stalled.
+        host: String,
+        /// URL requested.
+        url: String,
+        /// The progress timeout.
+        timeout: std::time::Duration,
+    },
+    /// A blob is larger than its descriptor declares.
+    #[error(
+        "blob {digest} from {url} is larger than its declared {declared} bytes (got {received})"
+    )]
+    TooLarge {
+        /// The blob's digest.
+        digest: String,
+        /// URL requested.
+        url: String,
+        /// Size in the descriptor.
+        declared: u64,
+        /// Bytes received (or announced) so far.
+        received: u64,
+    },
     /// A digest string is not one (`algorithm:encoded`).
     #[error("invalid digest {digest:?}")]
     InvalidDigest {

@@ -14,6 +14,11 @@
 //!   skip_verify = true
 //! ```
 //!
+//! Credentials (CRI's `AuthConfig`) go to the registry's own `server` only,
+//! never to a `[host."..."]` mirror unless it says `send_credentials = true`
+//! (a Cubelet key containerd does not have) and is reached over HTTPS; see
+//! [`crate::RegistryClient`] for every rule.
+//!
 //! Hosts are tried in file order, then `server`. TLS options (`ca`,
 //! `skip_verify`, `client`) go at the top level for `server` and under each
 //! `[host."..."]`; server certificates are checked against the system's
@@ -52,6 +57,10 @@ pub struct RegistryHost {
     pub headers: Vec<(String, String)>,
     /// Retry over plain HTTP when this `https` host does not speak TLS.
     pub http_fallback: bool,
+    /// This mirror may be sent the pull's credentials (over HTTPS only):
+    /// `send_credentials = true` under its `[host."..."]` table. The
+    /// registry's own server needs no such key.
+    pub send_credentials: bool,
     /// TLS settings (private: `tls_config` is built from them).
     tls: TlsOptions,
     /// The client configuration built from `tls` by [`hosts_for`]; `None`
@@ -128,6 +137,8 @@ struct HostEntry {
     override_path: bool,
     #[serde(default)]
     header: toml::map::Map<String, toml::Value>,
+    #[serde(default)]
+    send_credentials: bool,
     #[serde(flatten)]
     tls: TlsKeys,
 }
@@ -256,6 +267,7 @@ fn parse_host(
         resolve: has("resolve"),
         headers,
         http_fallback,
+        send_credentials: false,
         tls,
         tls_config: None,
     })
@@ -368,16 +380,16 @@ fn parse_hosts_file(
             .tls
             .options(base)
             .map_err(|e| bad(format!("host {url:?}: {e}")))?;
-        hosts.push(
-            parse_host(
-                url,
-                entry.override_path,
-                entry.capabilities.as_deref(),
-                headers,
-                tls,
-            )
-            .map_err(bad)?,
-        );
+        let mut host = parse_host(
+            url,
+            entry.override_path,
+            entry.capabilities.as_deref(),
+            headers,
+            tls,
+        )
+        .map_err(bad)?;
+        host.send_credentials = entry.send_credentials;
+        hosts.push(host);
     }
     let tls = file.tls.options(base).map_err(bad)?;
     let server = match &file.server {
@@ -604,8 +616,25 @@ skip_verify = true
         );
         assert!(h[1].pull && !h[1].resolve);
         assert_eq!(h[1].headers, vec![("x-test".to_owned(), "1".to_owned())]);
+        assert!(!h[0].send_credentials && !h[1].send_credentials);
         assert_eq!(h[2].authority, "registry.k8s.io");
         assert!(h[2].pull && h[2].resolve);
+    }
+
+    #[test]
+    fn mirrors_get_credentials_only_when_the_file_says_so() {
+        let h = parse(
+            Path::new("/certs.d"),
+            "r.example",
+            r#"[host."https://trusted.example"]
+  send_credentials = true
+[host."https://other.example"]
+"#,
+        )
+        .unwrap();
+        assert!(h[0].send_credentials);
+        assert!(!h[1].send_credentials);
+        assert!(!h[2].send_credentials, "the server needs no opt-in");
     }
 
     #[test]

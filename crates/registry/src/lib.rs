@@ -17,6 +17,10 @@
 //! the host's `hosts.toml`; `skip_verify` and client certificates (`client`)
 //! are honoured as containerd does (see [`hosts_for`]). Plain `http://`
 //! hosts work as they are.
+//!
+//! Credentials go only to the host they are for (see [`RegistryClient`]),
+//! every wait for a registry has a progress timeout, and a blob is refused
+//! as soon as it grows past its declared size.
 
 mod auth;
 mod client;
@@ -28,7 +32,7 @@ mod reference;
 mod tls;
 
 pub use auth::RegistryAuth;
-pub use client::{Fetched, ImageDocuments, RegistryClient};
+pub use client::{Fetched, ImageDocuments, RegistryClient, DEFAULT_PROGRESS_TIMEOUT};
 pub use error::RegistryError;
 pub use hosts::{hosts_for, RegistryHost};
 pub use oci_spec::distribution::Reference;

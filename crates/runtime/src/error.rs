@@ -198,6 +198,9 @@ impl RuntimeError {
             RuntimeError::Timeout { .. } => StepErrorKind::DeadlineExceeded,
             RuntimeError::ImageFormat { .. } => StepErrorKind::FailedPrecondition,
             RuntimeError::Registry(RegistryError::TlsSetup(_)) => StepErrorKind::FailedPrecondition,
+            RuntimeError::Registry(RegistryError::Stalled { .. }) => {
+                StepErrorKind::DeadlineExceeded
+            }
             RuntimeError::Containerd { source, .. } => match source.code() {
                 tonic::Code::NotFound => StepErrorKind::NotFound,
                 tonic::Code::AlreadyExists => StepErrorKind::AlreadyExists,

@@ -104,6 +104,7 @@ mod tests {
         assert_eq!(c.metrics.address.to_string(), "127.0.0.1:9385");
         assert_eq!(c.storage.shm_size, ByteSize(64 << 20));
         assert_eq!(c.gc.dead_sandbox_ttl, Duration::from_secs(3600));
+        assert_eq!(c.images.pull_progress_timeout, Duration::from_secs(300));
         assert_eq!(c.network.bridge.subnet.to_string(), "10.88.0.0/16");
         assert_eq!(c.flows, WorkflowConfig::default());
     }
@@ -159,5 +160,17 @@ gc: { interval: 60s, dead_sandbox_ttl: 1h }
             .flows
             .validate(crate::PROVIDERS.iter().copied())
             .unwrap();
+    }
+
+    #[test]
+    fn pull_progress_timeout_is_a_duration_and_zero_is_allowed() {
+        let c = Config::from_yaml("images: { pull_progress_timeout: 3s }").unwrap();
+        assert_eq!(c.images.pull_progress_timeout, Duration::from_secs(3));
+        let c = Config::from_yaml("images: { pull_progress_timeout: 0s }").unwrap();
+        assert_eq!(c.images.pull_progress_timeout, Duration::ZERO);
+        let err = Config::from_yaml("images: { pull_progress_timeout: soon }").unwrap_err();
+        assert!(err.to_string().contains("pull_progress_timeout"), "{err}");
+        let err = Config::from_yaml("images: { pull_timeout: 3s }").unwrap_err();
+        assert!(err.to_string().contains("pull_timeout"), "{err}");
     }
 }

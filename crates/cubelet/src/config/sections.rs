@@ -221,6 +221,11 @@ pub struct ImagesConfig {
     pub pause_binary: PathBuf,
     /// Registry host configuration, `<host>/hosts.toml` as containerd's.
     pub registry_config_dir: PathBuf,
+    /// A pull fails when a registry sends nothing (no headers, no body
+    /// bytes) for this long; containerd's `image_pull_progress_timeout`.
+    /// `0s` disables it. Default 5m.
+    #[serde(with = "humantime_serde")]
+    pub pull_progress_timeout: Duration,
 }
 
 impl Default for ImagesConfig {
@@ -229,6 +234,7 @@ impl Default for ImagesConfig {
             pause_image: String::new(),
             pause_binary: PathBuf::new(),
             registry_config_dir: "/etc/cubelet/certs.d".into(),
+            pull_progress_timeout: Duration::from_secs(5 * 60),
         }
     }
 }

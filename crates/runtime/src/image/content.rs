@@ -234,7 +234,9 @@ impl Store {
     }
 
     /// Streams a blob into the content store, verifying its sha256 digest and
-    /// size before committing; containerd checks the digest again on commit.
+    /// size before committing (and refusing it as soon as it passes `size`);
+    /// containerd checks the digest again on commit. On any error the
+    /// ingest is aborted, so nothing of it stays in the content store.
     pub(crate) async fn write<S>(
         &self,
         digest: &str,
@@ -254,6 +256,17 @@ impl Store {
             let mut body = std::pin::pin!(body);
             while let Some(chunk) = body.next().await {
                 let chunk = chunk?;
+                // Never past the declared size: a larger blob is refused
+                // before its excess reaches the content store.
+                if offset + chunk.len() as u64 > size {
+                    return Err(RuntimeError::DigestMismatch {
+                        digest: digest.to_owned(),
+                        actual: format!(
+                            "more than the declared {size} bytes ({} so far)",
+                            offset + chunk.len() as u64
+                        ),
+                    });
+                }
                 hasher.update(&chunk);
                 let msg = WriteContentRequest {
                     action: WriteAction::Write as i32,

@@ -13,6 +13,7 @@ pub(crate) mod unpack;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use containerd_client::services::v1::{
     CreateImageRequest, DeleteImageRequest, Image, ListImagesRequest, UpdateImageRequest,
@@ -20,7 +21,10 @@ use containerd_client::services::v1::{
 use containerd_client::types::Descriptor as PbDescriptor;
 use cubelet_registry::media::{self, decode_config, decode_index, decode_manifest};
 use cubelet_registry::platform::{config_matches, pick_manifest};
-use cubelet_registry::{host_platform, hosts_for, parse_reference, ImageDocuments, RegistryClient};
+use cubelet_registry::{
+    host_platform, hosts_for, parse_reference, ImageDocuments, RegistryClient,
+    DEFAULT_PROGRESS_TIMEOUT,
+};
 use futures::TryStreamExt as _;
 use oci_spec::image::{Config, MediaType, Platform};
 
@@ -47,6 +51,9 @@ pub struct ImageService {
     registry_config_dir: PathBuf,
     snapshotter: String,
     platform: Platform,
+    /// A pull fails when a registry sends nothing for this long (`None`:
+    /// never).
+    progress_timeout: Option<Duration>,
     /// What each image record's manifest and config say, by (record name,
     /// target digest). Content is addressed by digest and never changes,
     /// so an entry is right for as long as its record points at that
@@ -84,8 +91,16 @@ impl ImageService {
             registry_config_dir: registry_config_dir.into(),
             snapshotter: DEFAULT_SNAPSHOTTER.to_owned(),
             platform: host_platform(),
+            progress_timeout: Some(DEFAULT_PROGRESS_TIMEOUT),
             documents: Arc::default(),
         }
+    }
+
+    /// Fails a pull when a registry sends nothing for `timeout` (containerd's
+    /// `image_pull_progress_timeout`; default five minutes); zero never does.
+    pub fn with_pull_progress_timeout(mut self, timeout: Duration) -> Self {
+        self.progress_timeout = Some(timeout).filter(|t| !t.is_zero());
+        self
     }
 
     /// Uses `snapshotter` instead of overlayfs.
@@ -121,7 +136,8 @@ impl ImageService {
         let r = parse_reference(reference)?;
         let name = r.to_string();
         let hosts = hosts_for(&self.registry_config_dir, r.registry())?;
-        let client = RegistryClient::new(hosts, r.repository(), auth)?;
+        let client =
+            RegistryClient::new(hosts, &r, auth)?.with_progress_timeout(self.progress_timeout);
         let not_found = || RuntimeError::NotFound {
             kind: "image",
             id: reference.to_owned(),
@@ -138,7 +154,7 @@ impl ImageService {
                 if store.reuse(&digest, &HashMap::new()).await? {
                     continue;
                 }
-                let body = client.blob_stream(host, &digest).await?;
+                let body = client.blob_stream(host, &digest, layer.size()).await?;
                 let stream = body.map_err(RuntimeError::from);
                 store
                     .write(&digest, layer.size(), HashMap::new(), stream)
