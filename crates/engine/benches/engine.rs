@@ -58,6 +58,7 @@ fn config(concurrent: i64) -> WorkflowConfig {
             FlowConfig {
                 concurrent,
                 steps: stages.clone(),
+                admission_wait: std::time::Duration::ZERO,
             },
         );
     }

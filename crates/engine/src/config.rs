@@ -2,6 +2,7 @@
 //! validation against the registered providers.
 
 use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -11,11 +12,31 @@ use crate::flow::FlowKind;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FlowConfig {
-    /// Maximum flows in flight; further requests are rejected at once.
+    /// Maximum flows in flight; a request past it waits at most
+    /// `admission_wait` for a slot, then is rejected.
     /// `0` means unlimited. Negative values are refused by validation.
     pub concurrent: i64,
     /// Ordered stages; the providers of one stage run in parallel.
     pub steps: Vec<Vec<String>>,
+    /// How long a request may wait for a slot when the flow is full before
+    /// it is rejected; `0s` rejects at once (as the seed's Cubelet does).
+    /// kubelet backs off about 10 s per rejected RunPodSandbox, so a short
+    /// wait serves it better than an immediate refusal.
+    #[serde(
+        default = "FlowConfig::default_admission_wait",
+        with = "humantime_serde"
+    )]
+    pub admission_wait: Duration,
+}
+
+impl FlowConfig {
+    /// The default [`FlowConfig::admission_wait`]: 500 ms, a few flows' worth
+    /// of a cold RunPodSandbox, far below kubelet's back-off.
+    pub const DEFAULT_ADMISSION_WAIT: Duration = Duration::from_millis(500);
+
+    fn default_admission_wait() -> Duration {
+        Self::DEFAULT_ADMISSION_WAIT
+    }
 }
 
 /// The `flows:` section: one [`FlowConfig`] per flow name.
@@ -29,7 +50,11 @@ pub struct WorkflowConfig {
 impl Default for WorkflowConfig {
     fn default() -> Self {
         let stage = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let flow = |concurrent, steps: Vec<Vec<String>>| FlowConfig { concurrent, steps };
+        let flow = |concurrent, steps: Vec<Vec<String>>| FlowConfig {
+            concurrent,
+            steps,
+            admission_wait: FlowConfig::DEFAULT_ADMISSION_WAIT,
+        };
         let mut flows = BTreeMap::new();
         flows.insert(
             "create".to_owned(),
@@ -120,6 +145,8 @@ pub struct ValidFlow {
     pub kind: FlowKind,
     /// Limit, `0` = unlimited.
     pub concurrent: usize,
+    /// Longest wait for a slot before a rejection; zero rejects at once.
+    pub admission_wait: Duration,
     /// Stages of provider names.
     pub stages: Vec<Vec<String>>,
 }
@@ -160,6 +187,7 @@ impl WorkflowConfig {
                     derived = FlowConfig {
                         concurrent: Self::PREWARM_CONCURRENT,
                         steps,
+                        admission_wait: Duration::ZERO,
                     };
                     &derived
                 }
@@ -209,6 +237,7 @@ impl WorkflowConfig {
             out.push(ValidFlow {
                 kind,
                 concurrent,
+                admission_wait: cfg.admission_wait,
                 stages: cfg.steps.clone(),
             });
         }
@@ -249,6 +278,29 @@ mod tests {
         let flows = cfg.validate(PROVIDERS).unwrap();
         assert_eq!(flows[1].concurrent, 0);
         assert_eq!(flows[2].stages.len(), 1);
+        assert_eq!(flows[0].admission_wait, FlowConfig::DEFAULT_ADMISSION_WAIT);
+    }
+
+    #[test]
+    fn admission_wait_is_per_flow_and_prewarm_never_waits_unless_told() {
+        let flows = parse(
+            "create: { concurrent: 2, admission_wait: 250ms, steps: [[storage, network], [sandbox]] }\n\
+             destroy: { concurrent: 1, admission_wait: 0s, steps: [[sandbox]] }\n\
+             cleanup: { concurrent: 1, steps: [[sandbox]] }\n",
+        )
+        .validate(PROVIDERS)
+        .unwrap();
+        let wait = |kind| {
+            flows
+                .iter()
+                .find(|f| f.kind == kind)
+                .unwrap()
+                .admission_wait
+        };
+        assert_eq!(wait(FlowKind::Create), Duration::from_millis(250));
+        assert_eq!(wait(FlowKind::Destroy), Duration::ZERO);
+        assert_eq!(wait(FlowKind::Cleanup), FlowConfig::DEFAULT_ADMISSION_WAIT);
+        assert_eq!(wait(FlowKind::Prewarm), Duration::ZERO);
     }
 
     fn err(yaml: &str) -> String {

@@ -114,6 +114,7 @@ impl EngineBuilder {
         for ValidFlow {
             kind,
             concurrent,
+            admission_wait,
             stages,
         } in valid
         {
@@ -139,6 +140,7 @@ impl EngineBuilder {
                 FlowPlan {
                     stages,
                     limiter: Limiter::new(concurrent),
+                    admission_wait,
                 },
             );
         }
@@ -165,6 +167,8 @@ struct Step {
 struct FlowPlan {
     stages: Vec<Vec<Step>>,
     limiter: Arc<Limiter>,
+    /// Longest wait for a slot in [`Engine::admit_waiting`].
+    admission_wait: Duration,
 }
 
 pub(crate) struct Inner {
@@ -265,7 +269,8 @@ impl Engine {
     }
 
     /// Admits a flow: takes a slot of its limit without waiting, or returns
-    /// [`EngineError::Rejected`] at once when the limit is reached. Nothing
+    /// [`EngineError::Rejected`] at once when the limit is reached, whatever
+    /// the flow's `admission_wait` ([`Engine::admit_waiting`] honours it). Nothing
     /// else happens, so a caller admits first and records its intent only
     /// once admitted (a rejected request leaves no trace).
     pub fn admit(&self, kind: FlowKind) -> Result<Admission, EngineError> {
@@ -282,10 +287,43 @@ impl Engine {
         })
     }
 
-    /// Admits and runs a flow for `ctx`'s sandbox: [`Engine::admit`], then
-    /// [`Admission::run`].
+    /// Admits a flow, waiting at most the flow's `admission_wait` for a
+    /// slot when it is full, then returns [`EngineError::Rejected`]. Past
+    /// the limit's worth of waiting callers a request is rejected at once
+    /// (a flood cannot queue without bound). A wait, admitted or not, is
+    /// reported to the observer ([`FlowObserver::admission_waited`]). As
+    /// [`Engine::admit`], nothing else happens.
+    pub async fn admit_waiting(&self, kind: FlowKind) -> Result<Admission, EngineError> {
+        let plan = self.inner.plan(kind)?;
+        let wait = plan.admission_wait;
+        let waited = plan.limiter.acquire_within(wait).await;
+        let permit = match waited {
+            Ok((permit, waited)) => {
+                if !waited.is_zero() {
+                    self.inner.observer.admission_waited(kind, waited, true);
+                }
+                permit
+            }
+            Err(waited) => {
+                if !waited.is_zero() {
+                    self.inner.observer.admission_waited(kind, waited, false);
+                }
+                let limit = plan.limiter.limit();
+                self.inner.observer.rejected(kind, limit);
+                return Err(EngineError::Rejected { flow: kind, limit });
+            }
+        };
+        Ok(Admission {
+            inner: Arc::clone(&self.inner),
+            kind,
+            _permit: permit,
+        })
+    }
+
+    /// Admits and runs a flow for `ctx`'s sandbox: [`Engine::admit_waiting`],
+    /// then [`Admission::run`].
     pub async fn run(&self, kind: FlowKind, ctx: Arc<FlowContext>) -> Result<(), EngineError> {
-        self.admit(kind)?.run(ctx).await
+        self.admit_waiting(kind).await?.run(ctx).await
     }
 
     /// Changes a flow's limit at run time; `0` means unlimited.

@@ -3,9 +3,9 @@
 //! Sandbox lifecycle calls become *flows* (`create`, `destroy`, `cleanup`) of
 //! pluggable *steps*: providers implementing [`Flow`], named in a
 //! [`WorkflowConfig`] as ordered stages whose steps run in parallel. The
-//! [`Engine`] admits flows under per-flow limits without waiting (an excess
-//! request is [`EngineError::Rejected`] at once, before the caller records
-//! anything), runs them with a span per flow and per step, rolls a failed
+//! [`Engine`] admits flows under per-flow limits (an excess request waits at
+//! most the flow's `admission_wait` for a slot, then is
+//! [`EngineError::Rejected`], before the caller records anything), runs them with a span per flow and per step, rolls a failed
 //! `create` back by running `destroy` (failover),
 //! records every flow in a [`Journal`] so [`Engine::recover`] can settle
 //! whatever a crash interrupted, and reports to a [`FlowObserver`].
@@ -44,7 +44,7 @@ pub use journal::{
     StepEvent, StepRecord,
 };
 pub use keyed::{KeyedGuard, KeyedLocks};
-pub use limiter::{Limiter, LimiterSnapshot, Permit};
+pub use limiter::{Limiter, LimiterSnapshot, Permit, WaitOutcome};
 pub use live::LiveSandboxes;
 pub use observer::{FlowObserver, NoopObserver, Outcome};
 pub use recovery::RecoveryReport;

@@ -38,6 +38,9 @@ pub trait FlowObserver: Send + Sync + 'static {
     fn step_finished(&self, _flow: FlowKind, _step: &str, _outcome: Outcome, _elapsed: Duration) {}
     /// A flow was rejected because its limit was reached.
     fn rejected(&self, _flow: FlowKind, _limit: usize) {}
+    /// A request waited `waited` for a slot of a full flow, then was
+    /// `admitted` or rejected. Requests admitted at once are not reported.
+    fn admission_waited(&self, _flow: FlowKind, _waited: Duration, _admitted: bool) {}
     /// A rollback (failover destroy or recovery) ended for a flow.
     fn rollback(&self, _flow: FlowKind, _outcome: Outcome) {}
     /// A flow's limit was set (at startup and on every change).

@@ -38,6 +38,7 @@ struct CountingObserver {
     steps: Mutex<Vec<(FlowKind, String, Outcome)>>,
     rollbacks: Mutex<Vec<Outcome>>,
     limits: Mutex<HashMap<FlowKind, usize>>,
+    waits: Mutex<Vec<(FlowKind, Duration, bool)>>,
 }
 
 impl FlowObserver for CountingObserver {
@@ -61,6 +62,9 @@ impl FlowObserver for CountingObserver {
     }
     fn limit_changed(&self, flow: FlowKind, limit: usize) {
         self.limits.lock().unwrap().insert(flow, limit);
+    }
+    fn admission_waited(&self, flow: FlowKind, waited: Duration, admitted: bool) {
+        self.waits.lock().unwrap().push((flow, waited, admitted));
     }
 }
 
@@ -194,6 +198,7 @@ fn config(create: &[&[&str]], concurrent: i64) -> WorkflowConfig {
         FlowConfig {
             concurrent,
             steps: stages(create),
+            admission_wait: std::time::Duration::ZERO,
         },
     );
     flows.insert(
@@ -201,6 +206,7 @@ fn config(create: &[&[&str]], concurrent: i64) -> WorkflowConfig {
         FlowConfig {
             concurrent: 32,
             steps: stages(&reversed),
+            admission_wait: std::time::Duration::ZERO,
         },
     );
     flows.insert(
@@ -208,12 +214,17 @@ fn config(create: &[&[&str]], concurrent: i64) -> WorkflowConfig {
         FlowConfig {
             concurrent: 4,
             steps: vec![stages(&[&all])[0].clone()],
+            admission_wait: std::time::Duration::ZERO,
         },
     );
     WorkflowConfig { flows }
 }
 
 fn rig_with(create: &[&[&str]], concurrent: i64, options: EngineOptions) -> Rig {
+    rig_config(create, &config(create, concurrent), options)
+}
+
+fn rig_config(create: &[&[&str]], config: &WorkflowConfig, options: EngineOptions) -> Rig {
     let log = Arc::new(Mutex::new(Vec::new()));
     let journal = Arc::new(CountingJournal::default());
     let observer = Arc::new(CountingObserver::default());
@@ -227,7 +238,7 @@ fn rig_with(create: &[&[&str]], concurrent: i64, options: EngineOptions) -> Rig 
         builder = builder.provider(*name, fake.clone());
         fakes.insert(name.to_string(), fake);
     }
-    let engine = builder.build(&config(create, concurrent)).unwrap();
+    let engine = builder.build(config).unwrap();
     Rig {
         engine,
         fakes,
@@ -667,6 +678,45 @@ async fn admission_comes_before_any_record_and_holds_its_slot() {
     r.engine.admit(FlowKind::Create).unwrap();
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_full_flow_waits_its_admission_wait_then_rejects() {
+    let mut cfg = config(DEFAULT, 1);
+    if let Some(create) = cfg.flows.get_mut("create") {
+        create.admission_wait = Duration::from_millis(200);
+    }
+    let r = rig_config(DEFAULT, &cfg, EngineOptions::default());
+    // A slot that frees within the wait admits the waiting request.
+    let held = r.engine.admit(FlowKind::Create).unwrap();
+    let engine = r.engine.clone();
+    let waiting = tokio::spawn(async move { engine.admit_waiting(FlowKind::Create).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiting.is_finished(), "a full flow made the request wait");
+    drop(held);
+    let admitted = waiting.await.unwrap().unwrap();
+    admitted.run(ctx("a")).await.unwrap();
+    // One that does not is rejected once the wait runs out, recording
+    // nothing, and the plain `admit` never waits.
+    let held = r.engine.admit(FlowKind::Create).unwrap();
+    let started = tokio::time::Instant::now();
+    let err = r.engine.run(FlowKind::Create, ctx("b")).await.unwrap_err();
+    assert!(
+        matches!(err, EngineError::Rejected { limit: 1, .. }),
+        "{err:?}"
+    );
+    assert_eq!(started.elapsed(), Duration::from_millis(200));
+    assert!(r.engine.admit(FlowKind::Create).is_err());
+    drop(held);
+    assert_eq!(r.journal.records().len(), 1, "only the admitted run wrote");
+    assert_eq!(r.observer.rejected.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        *r.observer.waits.lock().unwrap(),
+        [
+            (FlowKind::Create, Duration::from_millis(50), true),
+            (FlowKind::Create, Duration::from_millis(200), false),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn teardown_runs_every_step_and_reports_every_failure() {
     let r = rig(DEFAULT, 16);
@@ -970,6 +1020,7 @@ fn a_configured_prewarm_flow_is_validated_like_the_others() {
         FlowConfig {
             concurrent: 2,
             steps: vec![vec!["network".into()], vec!["nope".into()]],
+            admission_wait: std::time::Duration::ZERO,
         },
     );
     let err = cfg

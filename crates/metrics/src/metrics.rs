@@ -8,7 +8,8 @@ use std::time::Duration;
 use cubelet_engine::{FlowKind, FlowObserver, Outcome};
 use prometheus::core::Collector;
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 use crate::error::MetricsError;
@@ -96,6 +97,10 @@ struct Inner {
 }
 
 struct PerFlow {
+    /// `cubelet_flow_admission_wait_seconds{flow, result="admitted"}`.
+    waited_admitted: Histogram,
+    /// `cubelet_flow_admission_wait_seconds{flow, result="rejected"}`.
+    waited_rejected: Histogram,
     rejections: IntCounter,
     inflight: IntGauge,
     limit: IntGauge,
@@ -223,6 +228,13 @@ impl Metrics {
             "Flows rejected at admission because their concurrency limit was reached.",
             &["flow"],
         )?;
+        let admission_wait = histogram(
+            registry,
+            "cubelet_flow_admission_wait_seconds",
+            "Time requests waited for a slot of a full flow, by flow and result \
+             (admitted, rejected); requests admitted at once are not counted.",
+            &["flow", "result"],
+        )?;
         let inflight = gauge_vec(
             registry,
             "cubelet_flow_inflight",
@@ -335,6 +347,8 @@ impl Metrics {
         let per_flow = FlowKind::ALL.map(|flow| {
             let label = [flow.as_str()];
             PerFlow {
+                waited_admitted: admission_wait.with_label_values(&[flow.as_str(), "admitted"]),
+                waited_rejected: admission_wait.with_label_values(&[flow.as_str(), "rejected"]),
                 rejections: rejections.with_label_values(&label),
                 inflight: inflight.with_label_values(&label),
                 limit: limit.with_label_values(&label),
@@ -493,6 +507,16 @@ impl FlowObserver for Metrics {
         self.flow(flow).rejections.inc();
     }
 
+    fn admission_waited(&self, flow: FlowKind, waited: Duration, admitted: bool) {
+        let per_flow = self.flow(flow);
+        let histogram = if admitted {
+            &per_flow.waited_admitted
+        } else {
+            &per_flow.waited_rejected
+        };
+        histogram.observe(seconds(waited));
+    }
+
     fn rollback(&self, flow: FlowKind, outcome: Outcome) {
         self.inner
             .rollbacks
@@ -533,6 +557,7 @@ mod tests {
             "cubelet_flow_rejections_total",
             "cubelet_flow_inflight",
             "cubelet_flow_limit",
+            "cubelet_flow_admission_wait_seconds",
             "cubelet_build_info",
             "cubelet_gc_runs_total",
             "cubelet_gc_pending",
@@ -673,6 +698,8 @@ mod tests {
         );
         obs.flow_finished(FlowKind::Create, Outcome::Ok, Duration::from_millis(7));
         obs.rejected(FlowKind::Create, 16);
+        obs.admission_waited(FlowKind::Create, Duration::from_millis(40), true);
+        obs.admission_waited(FlowKind::Create, Duration::from_millis(500), false);
         obs.rollback(FlowKind::Create, Outcome::Error);
         m.storage_pool(true);
         m.storage_pool(false);
@@ -716,6 +743,31 @@ mod tests {
                 .get_counter()
                 .get_value(),
             0.0
+        );
+        let waits: Vec<_> = family(&f, "cubelet_flow_admission_wait_seconds")
+            .get_metric()
+            .iter()
+            .filter(|m| m.get_histogram().get_sample_count() != 0)
+            .map(|m| (labels(m), m.get_histogram().get_sample_sum()))
+            .collect();
+        assert_eq!(
+            waits,
+            [
+                (
+                    vec![
+                        ("flow".to_owned(), "create".to_owned()),
+                        ("result".to_owned(), "admitted".to_owned())
+                    ],
+                    0.04
+                ),
+                (
+                    vec![
+                        ("flow".to_owned(), "create".to_owned()),
+                        ("result".to_owned(), "rejected".to_owned())
+                    ],
+                    0.5
+                ),
+            ]
         );
         let h = by_flow("cubelet_flow_duration_seconds", "create");
         assert_eq!(h.get_histogram().get_sample_count(), 1);

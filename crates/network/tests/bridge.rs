@@ -222,6 +222,7 @@ fn destroy_under_the_engine_answers_before_the_links_are_deleted() {
                 let config = FlowConfig {
                     concurrent: 4,
                     steps: vec![vec!["network".to_owned()]],
+                    admission_wait: std::time::Duration::ZERO,
                 };
                 (f.to_owned(), config)
             })

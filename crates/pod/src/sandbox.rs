@@ -72,7 +72,7 @@ impl PodService {
             }
         }
 
-        let admission = self.engine().admit(FlowKind::Create)?;
+        let admission = self.engine().admit_waiting(FlowKind::Create).await?;
         // A ready shell that fits gives the pod its id and everything that
         // does not depend on the pod; otherwise the cold path.
         let shell = self.claim_shell(&spec);

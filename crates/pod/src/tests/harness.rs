@@ -33,6 +33,7 @@ fn workflows(create_limit: i64, cleanup_limit: i64) -> WorkflowConfig {
         FlowConfig {
             concurrent: create_limit,
             steps: vec![names(&["storage", "network"]), names(&["sandbox"])],
+            admission_wait: std::time::Duration::ZERO,
         },
     );
     flows.insert(
@@ -40,6 +41,7 @@ fn workflows(create_limit: i64, cleanup_limit: i64) -> WorkflowConfig {
         FlowConfig {
             concurrent: 32,
             steps: vec![names(&["sandbox"]), names(&["storage", "network"])],
+            admission_wait: std::time::Duration::ZERO,
         },
     );
     flows.insert(
@@ -47,6 +49,7 @@ fn workflows(create_limit: i64, cleanup_limit: i64) -> WorkflowConfig {
         FlowConfig {
             concurrent: cleanup_limit,
             steps: vec![names(&PROVIDERS)],
+            admission_wait: std::time::Duration::ZERO,
         },
     );
     WorkflowConfig { flows }
