@@ -122,7 +122,7 @@ fn https_client(config: &tls::TlsConfig) -> HttpsClient {
 
 /// The hosts that may be sent credentials for `registry` (the image
 /// reference's) served by `hosts`, whose last entry is the registry's own
-/// server (as [`hosts_for`] orders them).
+/// server (as [`hosts_for`](crate::hosts::hosts_for) orders them).
 fn credential_hosts(
     auth: Option<&RegistryAuth>,
     registry: &str,
