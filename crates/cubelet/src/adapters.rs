@@ -1,5 +1,5 @@
 //! Glue between crates that must not know each other: the store as the
-//! network's lease store, metrics as the CRI and warm-pool observers, the image service as
+//! network's lease store, metrics as the CRI, warm-pool and image-pull observers, the image service as
 //! the sandbox step's pause image source, readiness as CRI conditions, and
 //! the containerd runtime plus the network crate's namespace dialing as the
 //! streaming server's backend, and the network crate's namespace threads as
@@ -85,6 +85,20 @@ impl cubelet_pod::PoolObserver for PoolMetrics {
 
     fn ready(&self, n: usize) {
         self.0.set_pool_ready(n);
+    }
+}
+
+/// Metrics as the image service's pull observer.
+#[derive(Debug)]
+pub(crate) struct PullMetrics(pub(crate) Metrics);
+
+impl cubelet_runtime::image::PullObserver for PullMetrics {
+    fn pull_started(&self) {
+        self.0.pull_started();
+    }
+
+    fn pull_finished(&self, size: Option<u64>, elapsed: Duration) {
+        self.0.pull_finished(size, elapsed);
     }
 }
 

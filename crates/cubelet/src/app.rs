@@ -108,7 +108,8 @@ pub async fn run(config: Config) -> Result<()> {
     let cd = connect_containerd(&config, &readiness).await?;
     let images = Arc::new(
         ImageService::new(cd.clone(), &config.images.registry_config_dir)
-            .with_pull_progress_timeout(config.images.pull_progress_timeout),
+            .with_pull_progress_timeout(config.images.pull_progress_timeout)
+            .with_pull_observer(Arc::new(crate::adapters::PullMetrics(metrics.clone()))),
     );
     let pause = Arc::new(PauseImage::configured(
         (*images).clone(),

@@ -53,6 +53,35 @@ pub const GC_FAILURE_KINDS: &[&str] = &[
     "journal",
 ];
 
+/// Histogram buckets of `cubelet_image_pull_duration_seconds`: 0.1 s to
+/// 10 min, since a pull of a large image takes minutes.
+pub(crate) const PULL_DURATION_BUCKETS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// The `size` label values of `cubelet_image_pull_duration_seconds`: the
+/// pulled image's size class (per-image labels would be unbounded), or
+/// `unknown` for a pull that failed.
+pub(crate) const PULL_SIZE_CLASSES: &[&str] = &[
+    "lt_10MiB",
+    "10MiB_to_100MiB",
+    "100MiB_to_1GiB",
+    "ge_1GiB",
+    "unknown",
+];
+
+/// The size class of an image of `size` bytes (`None`: a failed pull).
+pub(crate) fn pull_size_class(size: Option<u64>) -> &'static str {
+    const MIB: u64 = 1 << 20;
+    match size {
+        None => "unknown",
+        Some(s) if s < 10 * MIB => "lt_10MiB",
+        Some(s) if s < 100 * MIB => "10MiB_to_100MiB",
+        Some(s) if s < 1024 * MIB => "100MiB_to_1GiB",
+        Some(_) => "ge_1GiB",
+    }
+}
+
 /// The outcomes a rollback is reported with (`result` of
 /// `cubelet_flow_rollbacks_total`): it either finished or failed.
 const ROLLBACK_OUTCOMES: [Outcome; 2] = [Outcome::Ok, Outcome::Error];
@@ -94,6 +123,8 @@ struct Inner {
     shell_hits: IntCounter,
     shell_misses: IntCounter,
     shells_ready: IntGauge,
+    pulls_in_flight: IntGauge,
+    pull_duration: HistogramVec,
 }
 
 struct PerFlow {
@@ -369,6 +400,31 @@ impl Metrics {
         for kind in GC_FAILURE_KINDS {
             gc_failures.with_label_values(&[kind]);
         }
+        let pulls_in_flight = register(
+            registry,
+            "cubelet_image_pulls_in_flight",
+            IntGauge::new(
+                "cubelet_image_pulls_in_flight",
+                "Image pulls under way (callers that joined a pull of the same image are not counted).",
+            ),
+        )?;
+        let pull_duration = register(
+            registry,
+            "cubelet_image_pull_duration_seconds",
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "cubelet_image_pull_duration_seconds",
+                    "Duration of image pulls, by result (ok, error) and the image's size class \
+                     (lt_10MiB, 10MiB_to_100MiB, 100MiB_to_1GiB, ge_1GiB; unknown when it failed).",
+                )
+                .buckets(PULL_DURATION_BUCKETS.to_vec()),
+                &["result", "size"],
+            ),
+        )?;
+        for size in PULL_SIZE_CLASSES {
+            let result = if *size == "unknown" { "error" } else { "ok" };
+            pull_duration.with_label_values(&[result, size]);
+        }
         register_process_collector(registry)?;
 
         Ok(Metrics {
@@ -390,6 +446,8 @@ impl Metrics {
                 shell_hits,
                 shell_misses,
                 shells_ready,
+                pulls_in_flight,
+                pull_duration,
             }),
         })
     }
@@ -472,6 +530,22 @@ impl Metrics {
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
+    /// Counts an image pull that started.
+    pub fn pull_started(&self) {
+        self.inner.pulls_in_flight.inc();
+    }
+
+    /// Records an image pull that ended after `elapsed`; `size` is the
+    /// image's size when it succeeded, `None` when it failed.
+    pub fn pull_finished(&self, size: Option<u64>, elapsed: Duration) {
+        self.inner.pulls_in_flight.dec();
+        let result = if size.is_some() { "ok" } else { "error" };
+        self.inner
+            .pull_duration
+            .with_label_values(&[result, pull_size_class(size)])
+            .observe(seconds(elapsed));
+    }
+
     /// Counts one storage request served from the warm pool (`hit`) or
     /// built on demand (miss).
     pub fn storage_pool(&self, hit: bool) {
@@ -546,6 +620,45 @@ mod tests {
             .iter()
             .map(|l| (l.name().to_owned(), l.value().to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn pulls_are_counted_in_flight_and_timed_by_size_class() {
+        let registry = Registry::new();
+        let m = Metrics::new(&registry, "1").unwrap();
+        let families = registry.gather();
+        let series = family(&families, "cubelet_image_pull_duration_seconds").get_metric();
+        assert_eq!(series.len(), PULL_SIZE_CLASSES.len(), "pre-initialised");
+
+        m.pull_started();
+        m.pull_started();
+        let families = registry.gather();
+        let gauge = family(&families, "cubelet_image_pulls_in_flight");
+        assert_eq!(gauge.get_metric()[0].get_gauge().get_value(), 2.0);
+
+        m.pull_finished(Some(40 << 20), Duration::from_secs(3));
+        m.pull_finished(None, Duration::from_millis(200));
+        let families = registry.gather();
+        let gauge = family(&families, "cubelet_image_pulls_in_flight");
+        assert_eq!(gauge.get_metric()[0].get_gauge().get_value(), 0.0);
+        let hist = family(&families, "cubelet_image_pull_duration_seconds");
+        let count = |result: &str, size: &str| {
+            hist.get_metric()
+                .iter()
+                .find(|m| {
+                    labels(m)
+                        == [
+                            ("result".to_owned(), result.to_owned()),
+                            ("size".to_owned(), size.to_owned()),
+                        ]
+                })
+                .map(|m| m.get_histogram().get_sample_count())
+        };
+        assert_eq!(count("ok", "10MiB_to_100MiB"), Some(1));
+        assert_eq!(count("error", "unknown"), Some(1));
+        assert_eq!(count("ok", "lt_10MiB"), Some(0));
+        assert_eq!(pull_size_class(Some(2 << 30)), "ge_1GiB");
+        assert_eq!(pull_size_class(Some(100 << 20)), "100MiB_to_1GiB");
     }
 
     #[test]

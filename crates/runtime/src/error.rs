@@ -126,6 +126,10 @@ pub enum RuntimeError {
         /// What came back.
         reason: String,
     },
+    /// The error of an operation this caller joined instead of repeating
+    /// (an image pull of the same reference under way).
+    #[error(transparent)]
+    Shared(std::sync::Arc<RuntimeError>),
 }
 
 /// `map_err` adapter: [`RuntimeError::containerd`] for `op`.
@@ -184,6 +188,7 @@ impl RuntimeError {
         match self {
             RuntimeError::NotFound { .. } => true,
             RuntimeError::Containerd { source, .. } => source.code() == tonic::Code::NotFound,
+            RuntimeError::Shared(e) => e.is_not_found(),
             _ => false,
         }
     }
@@ -210,6 +215,7 @@ impl RuntimeError {
                 tonic::Code::ResourceExhausted => StepErrorKind::ResourceExhausted,
                 _ => StepErrorKind::Internal,
             },
+            RuntimeError::Shared(e) => e.kind(),
             _ => StepErrorKind::Internal,
         }
     }

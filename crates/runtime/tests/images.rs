@@ -835,3 +835,68 @@ async fn pull_over_mutual_tls_with_client_certificates() {
     drop(reg);
     env.finish().await;
 }
+
+/// Counts the pulls an [`ImageService`] reports.
+#[derive(Debug, Default)]
+struct CountingObserver {
+    started: std::sync::atomic::AtomicUsize,
+    finished: std::sync::Mutex<Vec<Option<u64>>>,
+}
+
+impl cubelet_runtime::image::PullObserver for CountingObserver {
+    fn pull_started(&self) {
+        self.started.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn pull_finished(&self, size: Option<u64>, _elapsed: std::time::Duration) {
+        self.finished.lock().unwrap().push(size);
+    }
+}
+
+#[tokio::test]
+async fn concurrent_pulls_of_one_image_are_one_download() {
+    let Some(mut env) = setup("concurrent_pulls_of_one_image_are_one_download").await else {
+        return;
+    };
+    let observer = std::sync::Arc::new(CountingObserver::default());
+    env.images = env.images.clone().with_pull_observer(observer.clone());
+    let reference = format!("{}/busybox:test", registry());
+
+    // Five callers at once with the same (no) credentials: one pull.
+    let pulls = (0..5).map(|_| env.images.pull(&reference, None));
+    let infos = futures::future::join_all(pulls).await;
+    let ids: Vec<_> = infos.into_iter().map(|i| i.unwrap().id).collect();
+    assert!(ids.iter().all(|id| id == &ids[0]), "{ids:?}");
+    assert_eq!(observer.started.load(Ordering::SeqCst), 1);
+    let sizes = observer.finished.lock().unwrap().clone();
+    assert_eq!(sizes.len(), 1);
+    assert!(sizes[0].is_some_and(|s| s > 0), "{sizes:?}");
+
+    // Other credentials never join: two pulls.
+    let auth = cubelet_runtime::registry::RegistryAuth {
+        username: "someone".into(),
+        password: "secret".into(),
+        ..Default::default()
+    };
+    let (a, b) = tokio::join!(
+        env.images.pull(&reference, None),
+        env.images.pull(&reference, Some(auth))
+    );
+    assert_eq!(a.unwrap().id, ids[0]);
+    assert_eq!(b.unwrap().id, ids[0]);
+    assert_eq!(observer.started.load(Ordering::SeqCst), 3);
+
+    // A failure is shared too, and keeps its kind.
+    let missing = format!("{}/busybox:no-such-tag", registry());
+    let errs = futures::future::join_all((0..3).map(|_| env.images.pull(&missing, None))).await;
+    assert_eq!(observer.started.load(Ordering::SeqCst), 4);
+    for err in errs {
+        let err = err.unwrap_err();
+        assert!(err.is_not_found(), "{err:?}");
+        assert!(err.to_string().contains(&missing), "{err}");
+    }
+    assert_eq!(observer.finished.lock().unwrap().last(), Some(&None));
+
+    env.images.remove(&reference).await.unwrap();
+    env.finish().await;
+}

@@ -25,6 +25,7 @@ use cubelet_registry::{
     host_platform, hosts_for, parse_reference, ImageDocuments, RegistryClient,
     DEFAULT_PROGRESS_TIMEOUT,
 };
+use futures::future::{BoxFuture, FutureExt as _, WeakShared};
 use futures::TryStreamExt as _;
 use oci_spec::image::{Config, MediaType, Platform};
 
@@ -59,6 +60,42 @@ pub struct ImageService {
     /// so an entry is right for as long as its record points at that
     /// target; only records that still exist are kept.
     documents: Arc<Mutex<HashMap<(String, String), ImageInfo>>>,
+    /// Pulls under way, which a pull of the same reference with the same
+    /// credentials joins instead of downloading the image again.
+    pulls: Arc<Mutex<Vec<InFlightPull>>>,
+    /// Told when each pull (not each join) starts and ends.
+    observer: Option<Arc<dyn PullObserver>>,
+}
+
+/// The result of one pull, shared by every caller that joined it.
+type PullResult = Result<ImageInfo, Arc<RuntimeError>>;
+
+/// A pull under way: the normalised reference and credentials it was
+/// asked with, and a handle that does not keep it alive (when every caller
+/// has gone, the pull is dropped and cancelled as an unshared one is).
+struct InFlightPull {
+    name: String,
+    auth: Option<RegistryAuth>,
+    pull: WeakShared<BoxFuture<'static, PullResult>>,
+}
+
+impl std::fmt::Debug for InFlightPull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlightPull")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Told about every image pull an [`ImageService`] makes: a pull another
+/// caller joined is reported once. Metrics implement it.
+pub trait PullObserver: Send + Sync + std::fmt::Debug {
+    /// A pull started.
+    fn pull_started(&self);
+    /// A pull ended after `elapsed`: `size` is the image's size (its
+    /// manifest's layers and config) when it succeeded, `None` when it
+    /// failed.
+    fn pull_finished(&self, size: Option<u64>, elapsed: Duration);
 }
 
 /// One image (grouped by config digest) with the records naming it.
@@ -93,7 +130,15 @@ impl ImageService {
             platform: host_platform(),
             progress_timeout: Some(DEFAULT_PROGRESS_TIMEOUT),
             documents: Arc::default(),
+            pulls: Arc::default(),
+            observer: None,
         }
+    }
+
+    /// Reports every pull (start, end, size, duration) to `observer`.
+    pub fn with_pull_observer(mut self, observer: Arc<dyn PullObserver>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// Fails a pull when a registry sends nothing for `timeout` (containerd's
@@ -128,7 +173,96 @@ impl ImageService {
     /// content store, unpacks it and records it under its normalised name
     /// (and `repo@digest`). Pulling what is already present is cheap and
     /// succeeds. A reference the registry does not know is `NotFound`.
+    ///
+    /// Concurrent pulls of one reference with the same credentials are one
+    /// download: later callers join the pull under way and get its result
+    /// (a failure included). Different credentials never share a pull, so
+    /// a caller without the right ones cannot ride on one that has them.
+    /// When every caller of a pull has gone, it is cancelled.
     pub async fn pull(
+        &self,
+        reference: &str,
+        auth: Option<RegistryAuth>,
+    ) -> Result<ImageInfo, RuntimeError> {
+        let name = parse_reference(reference)?.to_string();
+        let shared = {
+            let mut pulls = self.pulls.lock().unwrap_or_else(|p| p.into_inner());
+            // Forget pulls that ended or that every caller left.
+            pulls.retain(|p| p.pull.upgrade().is_some_and(|s| s.peek().is_none()));
+            let joined = pulls
+                .iter()
+                .find(|p| p.name == name && p.auth == auth)
+                .and_then(|p| p.pull.upgrade());
+            match joined {
+                Some(shared) => {
+                    tracing::debug!(image = %name, "joining a pull under way");
+                    shared
+                }
+                None => {
+                    let this = self.clone();
+                    let reference = reference.to_owned();
+                    let creds = auth.clone();
+                    let fut: BoxFuture<'static, PullResult> = Box::pin(async move {
+                        this.observed_pull(&reference, creds)
+                            .await
+                            .map_err(Arc::new)
+                    });
+                    let shared = fut.shared();
+                    if let Some(weak) = shared.downgrade() {
+                        pulls.push(InFlightPull {
+                            name,
+                            auth,
+                            pull: weak,
+                        });
+                    }
+                    shared
+                }
+            }
+        };
+        // The last caller to see the result gets the error itself; the
+        // others share it.
+        shared
+            .await
+            .map_err(|e| Arc::try_unwrap(e).unwrap_or_else(RuntimeError::Shared))
+    }
+
+    /// [`Self::pull_once`], reported to the observer.
+    async fn observed_pull(
+        &self,
+        reference: &str,
+        auth: Option<RegistryAuth>,
+    ) -> Result<ImageInfo, RuntimeError> {
+        let Some(observer) = self.observer.clone() else {
+            return self.pull_once(reference, auth).await;
+        };
+        observer.pull_started();
+        let started = std::time::Instant::now();
+        // Reported on every path, a cancelled pull included.
+        struct Done {
+            observer: Arc<dyn PullObserver>,
+            started: std::time::Instant,
+            size: Option<u64>,
+        }
+        impl Drop for Done {
+            fn drop(&mut self) {
+                self.observer
+                    .pull_finished(self.size, self.started.elapsed());
+            }
+        }
+        let mut done = Done {
+            observer,
+            started,
+            size: None,
+        };
+        let pulled = self.pull_once(reference, auth).await;
+        if let Ok(info) = &pulled {
+            done.size = Some(info.size);
+        }
+        pulled
+    }
+
+    /// One pull, shared by nobody.
+    async fn pull_once(
         &self,
         reference: &str,
         auth: Option<RegistryAuth>,
