@@ -10,11 +10,13 @@
 #   ${REGISTRY_ADDR}/hostile-user-{zero,fifo,hostetc}:test
 #                                        /etc/passwd and /etc/group -> /dev/zero, FIFOs,
 #                                        and /etc -> /etc (e2e/tests/hostile/image_user.rs)
+#   ${REGISTRY_ADDR}/bench-layers:test   only with BENCH_IMAGES=1: busybox and 5 layers of
+#                                        60 MiB of incompressible data (cri-bench --pulls)
 #
 # Tars are deterministic (fixed mtimes, owners), so re-running pushes nothing
 # new: blobs already present are skipped and manifests are re-put unchanged.
 #
-# Env: REGISTRY_ADDR BUSYBOX_BIN PAUSE_BIN TEST_IMAGES_WORK (build dir,
+# Env: REGISTRY_ADDR BUSYBOX_BIN PAUSE_BIN BENCH_IMAGES TEST_IMAGES_WORK (build dir,
 #      default ${CUBELET_TEST_ROOT}/test-images) (see hack/lib.sh)
 set -euo pipefail
 # shellcheck source=hack/lib.sh
@@ -35,10 +37,10 @@ rm -rf "$WORK"
 mkdir -p "$WORK/blobs"
 log "building image blobs in ${WORK}"
 
-python3 - "$WORK" "$BUSYBOX_BIN" "$PAUSE_BIN" <<'PY'
-import gzip, hashlib, io, json, os, sys, tarfile
+python3 - "$WORK" "$BUSYBOX_BIN" "$PAUSE_BIN" "${BENCH_IMAGES:-0}" <<'PY'
+import gzip, hashlib, io, json, os, random, sys, tarfile
 
-work, busybox, pause = sys.argv[1:4]
+work, busybox, pause, bench = sys.argv[1:5]
 blobs = os.path.join(work, "blobs")
 MTIME = 1700000000
 
@@ -191,6 +193,20 @@ pcfg = {"architecture": "amd64", "os": "linux", "created": "2023-11-14T22:13:20Z
         "rootfs": {"type": "layers", "diff_ids": [pdiff]}}
 out["pause"] = manifest(OCI, pcfg, [{"digest": pd, "size": ps}])
 
+if bench == "1":
+    # A pull benchmark's image: busybox plus five layers of 60 MiB each of
+    # seeded pseudo-random (so incompressible, and the same every run) data.
+    rng = random.Random(1700000000)
+    blay = [layers[0]]
+    for i in range(5):
+        data = rng.randbytes(60 << 20)
+        diff_id, gz = tar_of([("dir", "data", 0o755), ("file", f"data/layer{i}", data, 0o644)])
+        digest, size = put(gz)
+        blay.append({"digest": digest, "size": size, "diff_id": diff_id})
+    bcfg = config("amd64", "", ["sleep", "3600"], "CUBELET_TEST=bench-layers")
+    bcfg["rootfs"]["diff_ids"] = [l["diff_id"] for l in blay]
+    out["bench-layers"] = manifest(OCI, bcfg, blay)
+
 # Plan for the pusher: repo, blobs, then child manifests, then the top manifest.
 with open(os.path.join(work, "plan.txt"), "w") as plan:
     for repo, m in out.items():
@@ -232,4 +248,4 @@ while read -r kind repo a b c; do
         manifest) push_manifest "$repo" "$a" "$b" "$c" ;;
     esac
 done <"$WORK/plan.txt"
-log "test images pushed to ${REGISTRY_ADDR}: busybox:test busybox-oci:test busybox-multi:test pause:test hostile-user-{zero,fifo,hostetc}:test"
+log "test images pushed to ${REGISTRY_ADDR}: busybox:test busybox-oci:test busybox-multi:test pause:test hostile-user-{zero,fifo,hostetc}:test$([[ "${BENCH_IMAGES:-0}" == 1 ]] && echo ' bench-layers:test')"

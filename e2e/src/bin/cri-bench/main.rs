@@ -22,10 +22,15 @@
 //! 3. plot (`--plot out.png`): `--plot-pods` RunPodSandbox per endpoint,
 //!    one endpoint after the other pod by pod, the pods kept running (a node
 //!    filling up), then removed; a PNG of each call's latency per pod, its
-//!    numbers beside it as CSV (`out.csv`; `--replot out.csv` draws again).
+//!    numbers beside it as CSV (`out.csv`; `--replot out.csv` draws again);
+//! 4. pulls (`--pulls N`): cold and concurrent PullImage of `--pull-image`,
+//!    absent on every endpoint before each pull (see `pull.rs`).
+//!
+//! `--n 0` skips the latency phase.
 
 mod lifecycle;
 mod plot;
+mod pull;
 mod report;
 
 use std::path::PathBuf;
@@ -106,6 +111,17 @@ struct Args {
     /// StopContainer timeout (seconds).
     #[arg(long, default_value_t = 0)]
     stop_timeout: i64,
+    /// Rounds of the pull phase per endpoint (0: no pull phase).
+    #[arg(long, default_value_t = 0)]
+    pulls: usize,
+    /// Image of the pull phase (e.g. `hack/test-images.sh` with
+    /// `BENCH_IMAGES=1`: `127.0.0.1:5000/bench-layers:test`, 5 layers,
+    /// about 300 MB). It is removed from every endpoint, before and after.
+    #[arg(long, default_value = "127.0.0.1:5000/bench-layers:test")]
+    pull_image: String,
+    /// PullImage calls at once in the pull phase's concurrent part.
+    #[arg(long, default_value_t = 10)]
+    pull_concurrency: usize,
     /// Directory for pod log directories (a temporary dir in it, removed
     /// afterwards).
     #[arg(long, default_value = "/tmp")]
@@ -158,8 +174,11 @@ fn parse_cubelet(s: &str) -> anyhow::Result<(String, Option<PathBuf>)> {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(
-        args.n > 0 && args.concurrency > 0 && args.churn_concurrency > 0 && args.churn_batch > 0,
-        "--n, --concurrency, --churn-concurrency and --churn-batch must be positive"
+        args.concurrency > 0
+            && args.churn_concurrency > 0
+            && args.churn_batch > 0
+            && args.pull_concurrency > 0,
+        "--concurrency, --churn-concurrency, --churn-batch and --pull-concurrency must be positive"
     );
     if !args.cubelets.is_empty() {
         // Read by the e2e harness's Daemon; set before any thread exists.
@@ -375,8 +394,9 @@ async fn measure(args: &Args, w: &Workload, eps: &mut [Endpoint]) -> anyhow::Res
         .collect();
 
     let rounds = args.n.div_ceil(args.concurrency);
-    for round in 0..args.warmup + rounds {
-        let counted = round >= args.warmup;
+    let warmup = if args.n == 0 { 0 } else { args.warmup };
+    for round in 0..warmup + rounds {
+        let counted = round >= warmup;
         for i in rotation(eps.len(), round) {
             let batch = (0..args.concurrency).map(|k| {
                 let name = lifecycle::pod_name("lat", i, round * args.concurrency + k);
@@ -395,7 +415,7 @@ async fn measure(args: &Args, w: &Workload, eps: &mut [Endpoint]) -> anyhow::Res
         progress(&format!(
             "latency round {}/{}{}",
             round + 1,
-            args.warmup + rounds,
+            warmup + rounds,
             if counted { "" } else { " (warm-up)" }
         ));
     }
@@ -419,12 +439,14 @@ async fn measure(args: &Args, w: &Workload, eps: &mut [Endpoint]) -> anyhow::Res
         }
     }
 
-    println!(
-        "\ncri-bench: {} lifecycles per endpoint at concurrency {}, alternating; image {}, handler {:?}, baseline {}",
-        args.n, args.concurrency, args.image, args.runtime_handler, eps[baseline].label
-    );
-    println!("\n{}", report::p50_table(&results, baseline));
-    println!("{}", report::spread_table(&results, baseline));
+    if args.n > 0 || args.churn > 0 {
+        println!(
+            "\ncri-bench: {} lifecycles per endpoint at concurrency {}, alternating; image {}, handler {:?}, baseline {}",
+            args.n, args.concurrency, args.image, args.runtime_handler, eps[baseline].label
+        );
+        println!("\n{}", report::p50_table(&results, baseline));
+        println!("{}", report::spread_table(&results, baseline));
+    }
     let mut failed = 0;
     for m in &results {
         failed += m.failures.len() + m.churn.as_ref().map_or(0, |c| c.failed);
@@ -440,6 +462,16 @@ async fn measure(args: &Args, w: &Workload, eps: &mut [Endpoint]) -> anyhow::Res
             .with_context(|| format!("write {}", csv.display()))?;
         plot::draw(out, &plot_title(args.plot_pods), &series)?;
         println!("plot: {} (numbers in {})", out.display(), csv.display());
+    }
+    if args.pulls > 0 {
+        pull::pull_phase(
+            eps,
+            &args.pull_image,
+            args.pulls,
+            args.pull_concurrency,
+            baseline,
+        )
+        .await?;
     }
     anyhow::ensure!(failed == 0, "{failed} lifecycles failed");
     Ok(())
