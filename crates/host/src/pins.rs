@@ -210,11 +210,10 @@ mod tests {
         .await
         .unwrap();
         assert_ne!(other, me);
-        let died = on_thread::<(), PinError, _>("cubelet-host-test", "test".into(), || {
-            panic!("boom")
-        })
-        .await
-        .unwrap_err();
+        let died =
+            on_thread::<(), PinError, _>("cubelet-host-test", "test".into(), || panic!("boom"))
+                .await
+                .unwrap_err();
         assert!(died.to_string().contains("panicked"), "{died}");
     }
 }

@@ -112,8 +112,7 @@ impl PodService {
         let span = info_span!("create_container", sandbox_id = %sandbox.id, container = %req.name);
         self.detached(
             "CreateContainer",
-            async move { this.create_container_locked(sandbox, req, check).await }
-                .instrument(span),
+            async move { this.create_container_locked(sandbox, req, check).await }.instrument(span),
         )
         .await?
     }

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use futures::future::BoxFuture;
 use cubelet_engine::spec::SandboxProcess;
 use cubelet_runtime::container::{ContainerRuntime, ContainerStatus, ExecOutput, TaskExit};
 use cubelet_runtime::image::ImageService;
@@ -20,6 +19,7 @@ use cubelet_runtime::stats::{
 };
 use cubelet_runtime::types::ImageInfo;
 use cubelet_runtime::RuntimeError;
+use futures::future::BoxFuture;
 
 /// The container runtime surface of the pod lifecycle.
 #[async_trait]

@@ -215,7 +215,11 @@ impl PodService {
     /// blocking threads, through the files kept open from the last call
     /// (a reading is three to five cgroup files of a few microseconds
     /// each, times every container on the node).
-    async fn read_cgroups(&self, paths: Vec<String>, reading: Reading) -> PodResult<Vec<CgroupStats>> {
+    async fn read_cgroups(
+        &self,
+        paths: Vec<String>,
+        reading: Reading,
+    ) -> PodResult<Vec<CgroupStats>> {
         let runtime: Arc<dyn Runtime> = Arc::clone(&self.deps().runtime);
         let files = Arc::clone(&self.inner.stats.files);
         let processes = matches!(reading, Reading::Full);

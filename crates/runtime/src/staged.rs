@@ -23,9 +23,9 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use cubelet_host::mountinfo::{parse, MountEntry};
 use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use cubelet_host::mountinfo::{parse, MountEntry};
 
 use crate::error::RuntimeError;
 use crate::spec::MountSpec;

@@ -28,8 +28,10 @@ async fn container_and_pod_stats_come_from_the_runtime_with_rates_from_the_last_
     let a = r.running(&sb, "a").await;
     let b = r.running(&sb, "b").await;
     let parent = "/kubepods/pod-test";
-    r.runtime.set_cgroup(&cgroup_path(Some(parent), &a), cgroup(1_000_000_000, 2));
-    r.runtime.set_cgroup(&cgroup_path(Some(parent), &b), cgroup(500, 1));
+    r.runtime
+        .set_cgroup(&cgroup_path(Some(parent), &a), cgroup(1_000_000_000, 2));
+    r.runtime
+        .set_cgroup(&cgroup_path(Some(parent), &b), cgroup(500, 1));
     r.runtime.set_cgroup(parent, cgroup(3_000_000_000, 4));
     r.runtime.set_interfaces(vec![InterfaceStats {
         name: "eth0".into(),
@@ -49,12 +51,17 @@ async fn container_and_pod_stats_come_from_the_runtime_with_rates_from_the_last_
     assert_eq!(one.writable_layer.unwrap().0.bytes, 4096);
 
     // The second sample of `a` has a rate.
-    r.runtime.set_cgroup(&cgroup_path(Some(parent), &a), cgroup(2_000_000_000, 2));
+    r.runtime
+        .set_cgroup(&cgroup_path(Some(parent), &a), cgroup(2_000_000_000, 2));
     let list = r.pods.list_container_stats(|c| c.id == a).await.unwrap();
     assert_eq!(list.len(), 1);
     assert!(list[0].cpu.unwrap().nano_cores.is_some());
 
-    let pod = r.pods.pod_stats("pod_sandbox_id", sb.as_str()).await.unwrap();
+    let pod = r
+        .pods
+        .pod_stats("pod_sandbox_id", sb.as_str())
+        .await
+        .unwrap();
     assert_eq!(pod.sandbox.id, sb);
     // The pod's parent cgroup, process count included.
     assert_eq!(pod.cgroup, cgroup(3_000_000_000, 4));
@@ -79,7 +86,8 @@ async fn removing_a_container_or_a_pod_forgets_its_samples() {
     let b = r.running(&sb, "b").await;
     let parent = "/kubepods/pod-test";
     for id in [&a, &b] {
-        r.runtime.set_cgroup(&cgroup_path(Some(parent), id), cgroup(10, 1));
+        r.runtime
+            .set_cgroup(&cgroup_path(Some(parent), id), cgroup(10, 1));
     }
     r.runtime.set_cgroup(parent, cgroup(20, 2));
     r.pods.list_pod_stats(|_| true).await.unwrap();

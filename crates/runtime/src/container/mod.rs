@@ -449,7 +449,10 @@ mod tests {
         match config.handler("gvisor").unwrap_err() {
             RuntimeError::InvalidArgument { field, reason } => {
                 assert_eq!(field, "runtime_handler");
-                assert!(reason.contains("\"gvisor\" (configured: kata, runc)"), "{reason}");
+                assert!(
+                    reason.contains("\"gvisor\" (configured: kata, runc)"),
+                    "{reason}"
+                );
             }
             other => panic!("{other:?}"),
         }

@@ -17,9 +17,10 @@ use prost_types::Any;
 use tracing::{debug_span, Instrument};
 
 use super::{
-    json_any, lock_map, ts_to_system, unix_nanos, ContainerRuntime, ContainerState, ContainerStatus,
-    KIND_LABEL, LABEL_EXIT, LABEL_HANDLER, LABEL_LOG, LABEL_NAME, LABEL_PREFIX, LABEL_STARTED,
-    LABEL_STDIN, LABEL_STDIN_ONCE, LABEL_STOP_SIGNAL, LABEL_TTY, RESOURCES_TYPE_URL, SPEC_TYPE_URL,
+    json_any, lock_map, ts_to_system, unix_nanos, ContainerRuntime, ContainerState,
+    ContainerStatus, KIND_LABEL, LABEL_EXIT, LABEL_HANDLER, LABEL_LOG, LABEL_NAME, LABEL_PREFIX,
+    LABEL_STARTED, LABEL_STDIN, LABEL_STDIN_ONCE, LABEL_STOP_SIGNAL, LABEL_TTY, RESOURCES_TYPE_URL,
+    SPEC_TYPE_URL,
 };
 use crate::error::{cd, cd_container, RuntimeError};
 

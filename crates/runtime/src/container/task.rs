@@ -17,8 +17,8 @@ use tokio::task::JoinHandle;
 use tracing::{debug_span, Instrument};
 
 use super::{
-    lock_map, ts_to_system, unix_nanos, ContainerRuntime, Live, Retiring, TaskExit, LABEL_EXIT, LABEL_LOG,
-    LABEL_STARTED, LABEL_STDIN, LABEL_STDIN_ONCE, LABEL_STOP_SIGNAL, LABEL_TTY,
+    lock_map, ts_to_system, unix_nanos, ContainerRuntime, Live, Retiring, TaskExit, LABEL_EXIT,
+    LABEL_LOG, LABEL_STARTED, LABEL_STDIN, LABEL_STDIN_ONCE, LABEL_STOP_SIGNAL, LABEL_TTY,
 };
 use crate::client::Containerd;
 use crate::error::{cd, RuntimeError};
@@ -299,7 +299,11 @@ impl ContainerRuntime {
     /// it stopped (or found exited), `None` when there was no task: the
     /// caller needs no [`ContainerRuntime::status`] to learn it.
     #[tracing::instrument(name = "runtime.stop", level = "debug", skip_all)]
-    pub async fn stop(&self, id: &str, timeout: Duration) -> Result<Option<TaskExit>, RuntimeError> {
+    pub async fn stop(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<Option<TaskExit>, RuntimeError> {
         self.retired(id).await;
         let Some(exit) = self.halt(id, timeout).await? else {
             return Ok(None);
