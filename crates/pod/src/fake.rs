@@ -89,7 +89,8 @@ impl FakeRuntime {
     }
 
     /// The next call to `op` (`create`, `start`, `stop`, `status`, `remove`,
-    /// `exec_sync`, `update_resources`, `reopen_log`, `reattach`, `image`)
+    /// `exec_sync`, `update_resources`, `reopen_log`, `reattach`, `image`,
+    /// `writable_layer_usage`)
     /// fails with the error `make` builds from the id.
     pub fn fail_next(
         &self,

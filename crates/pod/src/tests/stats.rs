@@ -114,3 +114,25 @@ async fn bad_or_unknown_ids_are_refused_naming_the_field() {
         .unwrap_err();
     assert!(matches!(e, crate::PodError::NotFound { .. }), "{e}");
 }
+
+#[tokio::test]
+async fn a_writable_layer_the_runtime_cannot_read_is_left_out_not_an_error() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let a = r.running(&sb, "a").await;
+    r.runtime.fail_next("writable_layer_usage", |id| {
+        cubelet_runtime::RuntimeError::FailedPrecondition(format!("no snapshot of {id}"))
+    });
+    let s = r.pods.container_stats(&a).await.unwrap();
+    assert!(s.writable_layer.is_none());
+    // No cgroup reading: no CPU entry either, and no sample kept.
+    assert!(s.cpu.is_none());
+    assert_eq!(r.pods.stats().samples(), 0);
+    assert!(r
+        .pods
+        .container_stats(&a)
+        .await
+        .unwrap()
+        .writable_layer
+        .is_some());
+}
