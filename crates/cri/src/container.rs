@@ -14,11 +14,14 @@ impl Cri {
         r: cri::CreateContainerRequest,
     ) -> CriResult<cri::CreateContainerResponse> {
         let req = convert::container_request(r.config.as_ref())?;
-        let pod = self
+        let config = r.config;
+        // Checked against the pod's record the service reads under its lock.
+        let container_id = self
             .pods()
-            .require_sandbox("pod_sandbox_id", &r.pod_sandbox_id)?;
-        crate::validate::container_userns(r.config.as_ref(), &pod.spec.namespaces)?;
-        let container_id = self.pods().create_container(&r.pod_sandbox_id, req).await?;
+            .create_container_checked(&r.pod_sandbox_id, req, move |pod| {
+                crate::validate::container_userns(config.as_ref(), &pod.spec.namespaces)
+            })
+            .await?;
         Ok(cri::CreateContainerResponse { container_id })
     }
 
@@ -34,9 +37,7 @@ impl Cri {
     pub(crate) async fn remove_container_impl(&self, id: &str) -> CriResult<()> {
         let removed = self.pods().remove_container(id).await;
         self.inner.fs_info.invalidate();
-        if let Some(id) = removed? {
-            self.inner.stats.forget(&[id]);
-        }
+        removed?;
         Ok(())
     }
 

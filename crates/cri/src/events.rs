@@ -32,7 +32,7 @@ fn to_cri(e: &PodEvent) -> cri::ContainerEventResponse {
         container_id: e.container_id.clone(),
         container_event_type: kind as i32,
         created_at: nanos(e.at),
-        pod_sandbox_status: e.sandbox.as_ref().map(convert::pod_sandbox_status),
+        pod_sandbox_status: e.sandbox.as_deref().map(convert::pod_sandbox_status),
         containers_statuses: e.containers.iter().map(convert::container_status).collect(),
     }
 }
@@ -105,7 +105,7 @@ mod tests {
             kind: PodEventKind::Started,
             at: std::time::SystemTime::now(),
             sandbox: None,
-            containers: Vec::new(),
+            containers: Vec::new().into(),
         }
     }
 

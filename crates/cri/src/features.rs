@@ -23,6 +23,17 @@ use crate::error::{CriError, CriResult};
 /// The containerd runtime whose OCI runtimes take user namespaces.
 const RUNC_SHIM: &str = "io.containerd.runc.v2";
 
+/// True if an executable file `name` is in a `PATH` directory.
+pub(crate) fn on_path(name: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|d| {
+            std::fs::metadata(d.join(name))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
 /// Why this node cannot make user namespaces for pods, if it cannot
 /// (checked once).
 pub fn node_userns_unsupported() -> Option<&'static str> {
@@ -35,7 +46,7 @@ pub fn node_userns_unsupported() -> Option<&'static str> {
             if max == Some(0) {
                 return Some("user namespaces are disabled (user.max_user_namespaces = 0)".into());
             }
-            if !crate::stats::on_path("unshare") {
+            if !on_path("unshare") {
                 return Some("unshare (util-linux) is not in PATH".into());
             }
             match std::process::Command::new("unshare")

@@ -27,4 +27,3 @@ pub mod validate;
 pub use error::{CriError, CriResult};
 pub use server::{serve_unix, CriSocket};
 pub use service::{Cri, CriDeps, CriObserver, NodeConditions, NoopCriObserver};
-pub use stats::NetnsCounters;

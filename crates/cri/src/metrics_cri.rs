@@ -8,10 +8,7 @@
 //! for the infra container. Values are integers (the CRI `Metric` carries a
 //! `UInt64Value`): CPU time is reported in whole seconds.
 
-use std::time::SystemTime;
-
-use cubelet_pod::{ContainerRecord, SandboxRecord, SandboxState};
-use cubelet_runtime::stats::CgroupStats;
+use cubelet_pod::{CgroupStats, InterfaceStats, PodStats, SandboxRecord};
 use k8s_cri::v1 as cri;
 
 use crate::convert::nanos;
@@ -65,7 +62,7 @@ const CONTAINER_METRICS: &[(&str, &str, cri::MetricType, Read)] = &[
 ];
 
 /// Network metrics (per pod and interface): name, help, reader.
-type NetRead = fn(&cubelet_runtime::stats::InterfaceStats) -> u64;
+type NetRead = fn(&InterfaceStats) -> u64;
 const NETWORK_METRICS: &[(&str, &str, NetRead)] = &[
     (
         "container_network_receive_bytes_total",
@@ -144,72 +141,56 @@ fn container_metrics(labels: &[String], cg: &CgroupStats, now: i64) -> Vec<cri::
         .collect()
 }
 
-impl Cri {
-    async fn pod_metrics(
-        &self,
-        sb: &SandboxRecord,
-        containers: &[ContainerRecord],
-    ) -> cri::PodSandboxMetrics {
-        let now = nanos(SystemTime::now());
-        let mut cgroups = Vec::with_capacity(containers.len());
-        let mut container_metrics_out = Vec::with_capacity(containers.len());
-        for c in containers {
-            let cg = self.container_cgroup(c, Some(sb));
-            let labels = label_values(sb, &c.name, &c.id, &c.image);
-            container_metrics_out.push(cri::ContainerMetrics {
-                container_id: c.id.clone(),
-                metrics: container_metrics(&labels, &cg, now),
-            });
-            cgroups.push(cg);
-        }
-        let pod = self.pod_cgroup(sb, &cgroups);
-        let pod_labels = label_values(sb, "POD", sb.id.as_str(), "");
-        let mut metrics = container_metrics(&pod_labels, &pod, now);
-        for iface in self.pod_interfaces(sb).await {
-            let mut labels = pod_labels.clone();
-            labels.push(iface.name.clone());
-            metrics.extend(NETWORK_METRICS.iter().map(|(name, _, read)| cri::Metric {
-                name: (*name).to_owned(),
-                timestamp: now,
-                metric_type: cri::MetricType::Counter as i32,
-                label_values: labels.clone(),
-                value: Some(cri::UInt64Value {
-                    value: read(&iface),
-                }),
-            }));
-        }
-        cri::PodSandboxMetrics {
-            pod_sandbox_id: sb.id.to_string(),
-            metrics,
-            container_metrics: container_metrics_out,
-        }
+/// The metrics of one pod and its containers from the pod service's readings.
+fn pod_metrics(p: &PodStats) -> cri::PodSandboxMetrics {
+    let sb = &p.sandbox;
+    let now = nanos(p.at);
+    let container_metrics_out = p
+        .containers
+        .iter()
+        .map(|c| {
+            let labels = label_values(sb, &c.container.name, &c.container.id, &c.container.image);
+            cri::ContainerMetrics {
+                container_id: c.container.id.clone(),
+                metrics: container_metrics(&labels, &c.cgroup, nanos(c.at)),
+            }
+        })
+        .collect();
+    let pod_labels = label_values(sb, "POD", sb.id.as_str(), "");
+    let mut metrics = container_metrics(&pod_labels, &p.cgroup, now);
+    for iface in &p.interfaces {
+        let mut labels = pod_labels.clone();
+        labels.push(iface.name.clone());
+        metrics.extend(NETWORK_METRICS.iter().map(|(name, _, read)| cri::Metric {
+            name: (*name).to_owned(),
+            timestamp: now,
+            metric_type: cri::MetricType::Counter as i32,
+            label_values: labels.clone(),
+            value: Some(cri::UInt64Value { value: read(iface) }),
+        }));
     }
+    cri::PodSandboxMetrics {
+        pod_sandbox_id: sb.id.to_string(),
+        metrics,
+        container_metrics: container_metrics_out,
+    }
+}
 
+impl Cri {
     pub(crate) async fn list_pod_sandbox_metrics_impl(
         &self,
     ) -> CriResult<cri::ListPodSandboxMetricsResponse> {
-        let store = self.pods();
-        let mut pod_metrics = Vec::new();
-        for sb in store
-            .list_sandboxes()?
-            .into_iter()
-            .filter(|s| s.state == SandboxState::Ready)
-        {
-            let containers: Vec<ContainerRecord> = store
-                .containers_of(&sb.id)?
-                .into_iter()
-                .filter(|c| c.state == cubelet_pod::ContainerState::Running)
-                .collect();
-            pod_metrics.push(self.pod_metrics(&sb, &containers).await);
-        }
-        Ok(cri::ListPodSandboxMetricsResponse { pod_metrics })
+        let pods = self.pods().pod_readings().await?;
+        Ok(cri::ListPodSandboxMetricsResponse {
+            pod_metrics: pods.iter().map(pod_metrics).collect(),
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cubelet_runtime::stats::MemoryStats;
+    use cubelet_pod::MemoryStats;
 
     #[test]
     fn descriptors_use_cadvisor_names_and_labels() {

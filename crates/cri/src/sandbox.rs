@@ -13,11 +13,10 @@ impl Cri {
         &self,
         r: cri::RunPodSandboxRequest,
     ) -> CriResult<cri::RunPodSandboxResponse> {
-        let handler = self.pods().resolve_handler(&r.runtime_handler)?;
-        let spec = convert::sandbox_spec(r.config.as_ref(), &handler)?;
-        if let Ok((_, h)) = self.deps().runtime.handler(&handler) {
-            crate::features::check_userns(&spec, h)?;
-        }
+        // One lookup: the handler's name (the default for none) and config.
+        let (handler, config) = self.deps().runtime.handler(&r.runtime_handler)?;
+        let spec = convert::sandbox_spec(r.config.as_ref(), handler)?;
+        crate::features::check_userns(&spec, config)?;
         let id = self.pods().run_sandbox(spec).await?;
         Ok(cri::RunPodSandboxResponse {
             pod_sandbox_id: id.to_string(),

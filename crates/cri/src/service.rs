@@ -48,7 +48,7 @@ pub trait NodeConditions: Send + Sync + 'static {
 pub struct CriDeps {
     /// Every pod and container transition, and the records.
     pub pods: PodService,
-    /// containerd's containers, read for stats, cgroup support and handlers.
+    /// containerd's containers, read for cgroup support, handlers and users.
     pub runtime: Arc<ContainerRuntime>,
     /// Images.
     pub images: Arc<Images>,
@@ -67,8 +67,6 @@ pub struct CriDeps {
     /// The streaming server for Exec/Attach/PortForward; `None` answers
     /// those calls with `Unimplemented`.
     pub streaming: Option<cubelet_streaming::StreamingServer>,
-    /// Reads the network counters of pods without an infra process.
-    pub netns_counters: Arc<dyn crate::stats::NetnsCounters>,
 }
 
 impl fmt::Debug for CriDeps {
@@ -81,8 +79,9 @@ impl fmt::Debug for CriDeps {
 
 pub(crate) struct Inner {
     pub(crate) deps: CriDeps,
-    /// Cgroup layout and previous CPU samples for stats.
-    pub(crate) stats: crate::stats::StatsState,
+    /// The image filesystem's mount point as stats name it (the
+    /// snapshotter root of `deps.image_fs`).
+    pub(crate) image_fs_mountpoint: String,
     /// The last `ImageFsInfo` measurement.
     pub(crate) fs_info: crate::image::FsInfoCache,
     /// Cancelled at shutdown: ends every `GetContainerEvents` stream.
@@ -106,8 +105,8 @@ impl Cri {
     pub fn new(deps: CriDeps) -> Self {
         Self {
             inner: Arc::new(Inner {
+                image_fs_mountpoint: deps.image_fs.0.display().to_string(),
                 deps,
-                stats: crate::stats::StatsState::default(),
                 fs_info: crate::image::FsInfoCache::default(),
                 events_closed: tokio_util::sync::CancellationToken::new(),
             }),
@@ -206,8 +205,7 @@ impl RuntimeService for Cri {
             let removed = self.pods().remove_sandbox(&r.pod_sandbox_id).await;
             // A failed removal may have removed some of the pod's containers.
             self.inner.fs_info.invalidate();
-            let containers = removed?;
-            self.inner.stats.forget(&containers);
+            removed?;
             Ok(cri::RemovePodSandboxResponse {})
         })
         .await
@@ -446,7 +444,7 @@ impl RuntimeService for Cri {
         _r: Request<cri::CheckpointContainerRequest>,
     ) -> Result<Response<cri::CheckpointContainerResponse>, Status> {
         self.call("CheckpointContainer", async {
-            if crate::stats::on_path("criu") {
+            if crate::features::on_path("criu") {
                 unimplemented(
                     "CheckpointContainer (criu is installed, but checkpointing is not implemented)",
                 )

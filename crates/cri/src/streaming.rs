@@ -1,8 +1,7 @@
 //! CRI `Exec`, `Attach` and `PortForward`: validate, hand the request to the
 //! streaming server (`cubelet-streaming`) in its own terms, return its URL.
+//! The pod service says whether the container runs or the pod is ready.
 
-use cubelet_engine::SandboxId;
-use cubelet_pod::{ContainerState, SandboxState};
 use cubelet_streaming::{
     AttachRequest, ExecRequest, PortForwardRequest, StreamingError, StreamingServer, Streams,
 };
@@ -54,27 +53,11 @@ impl Cri {
         })
     }
 
-    fn running_container(&self, id: &str) -> CriResult<String> {
-        if id.is_empty() {
-            return Err(CriError::invalid("container_id", "must not be empty"));
-        }
-        let rec = self
-            .pods()
-            .container(id)?
-            .ok_or_else(|| CriError::not_found("container", id.to_owned()))?;
-        if rec.state != ContainerState::Running {
-            return Err(CriError::precondition(format!(
-                "container {id} is not running"
-            )));
-        }
-        Ok(rec.id)
-    }
-
     pub(crate) async fn exec_impl(&self, r: cri::ExecRequest) -> CriResult<cri::ExecResponse> {
         let server = self.streaming("Exec")?;
         crate::validate::exec_cmd("cmd", &r.cmd)?;
         let streams = check_streams(r.stdin, r.stdout, r.stderr, r.tty)?;
-        let container_id = self.running_container(&r.container_id)?;
+        let container_id = self.pods().running_container(&r.container_id)?;
         let url = url(server.exec(ExecRequest {
             container_id,
             cmd: r.cmd,
@@ -89,7 +72,7 @@ impl Cri {
     ) -> CriResult<cri::AttachResponse> {
         let server = self.streaming("Attach")?;
         let streams = check_streams(r.stdin, r.stdout, r.stderr, r.tty)?;
-        let container_id = self.running_container(&r.container_id)?;
+        let container_id = self.pods().running_container(&r.container_id)?;
         let url = url(server.attach(AttachRequest {
             container_id,
             streams,
@@ -102,22 +85,7 @@ impl Cri {
         r: cri::PortForwardRequest,
     ) -> CriResult<cri::PortForwardResponse> {
         let server = self.streaming("PortForward")?;
-        let Some(id) = SandboxId::parse(&r.pod_sandbox_id) else {
-            return Err(CriError::invalid(
-                "pod_sandbox_id",
-                format!("{:?} is not a sandbox id", r.pod_sandbox_id),
-            ));
-        };
-        let rec = self
-            .pods()
-            .sandbox(&id)?
-            .ok_or_else(|| CriError::not_found("pod sandbox", r.pod_sandbox_id.clone()))?;
-        if rec.state != SandboxState::Ready {
-            return Err(CriError::precondition(format!(
-                "pod sandbox {} is not ready",
-                r.pod_sandbox_id
-            )));
-        }
+        let rec = self.pods().ready_sandbox(&r.pod_sandbox_id)?;
         let mut ports = Vec::with_capacity(r.port.len());
         for p in &r.port {
             match u16::try_from(*p) {

@@ -263,7 +263,7 @@ impl cubelet_streaming::ExecProcess for RuntimeExec {
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct NetnsCounters;
 
-impl cubelet_cri::NetnsCounters for NetnsCounters {
+impl cubelet_pod::NetnsCounters for NetnsCounters {
     fn net_dev(&self, netns: PathBuf) -> BoxFuture<'static, std::io::Result<String>> {
         Box::pin(cubelet_network::net_dev_in_netns(netns))
     }

@@ -225,6 +225,7 @@ pub async fn run(config: Config) -> Result<()> {
             runtime: Arc::new(cubelet_pod::Containerd::new(
                 Arc::clone(&runtime),
                 Arc::clone(&images),
+                Arc::new(crate::adapters::NetnsCounters),
             )),
             shutdown: shutdown.clone(),
         },
@@ -256,7 +257,6 @@ pub async fn run(config: Config) -> Result<()> {
         ),
         status_info,
         streaming: Some(streaming.clone()),
-        netns_counters: Arc::new(crate::adapters::NetnsCounters),
     });
 
     let parts = Arc::new(Parts {

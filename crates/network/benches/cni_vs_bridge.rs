@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use cubelet_engine::spec::SandboxSpec;
 use cubelet_engine::{Flow, FlowContext, SandboxId};
 use cubelet_network::{BridgeConfig, BridgeNetwork, CniConfig, CniNetwork, MemLeases};
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use nix::sched::{unshare, CloneFlags};
+use nix::mount::{umount2, MntFlags};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -22,8 +21,7 @@ const N: usize = 200;
 const PLUGINS: &str = "/usr/lib/cni";
 
 fn main() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("cni_vs_bridge bench SKIPPED: needs root");
+    if !cubelet_testkit::is_root("cni_vs_bridge bench") {
         return;
     }
     if ["bridge", "host-local", "portmap"]
@@ -34,14 +32,7 @@ fn main() {
         return;
     }
     let res = std::thread::spawn(|| -> Result<(), BoxError> {
-        unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWNS)?;
-        mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        )?;
+        cubelet_testkit::enter_private(cubelet_testkit::Namespaces::NetworkAndMount)?;
         let dir = tempfile::Builder::new()
             .prefix("cubelet-net-bench")
             .tempdir()?;

@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use cubelet_engine::spec::SandboxSpec;
 use cubelet_engine::{Flow, FlowContext, SandboxId};
 use cubelet_network::{BridgeConfig, BridgeNetwork, MemLeases};
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use nix::sched::{unshare, CloneFlags};
+use nix::mount::{umount2, MntFlags};
 
 const N: usize = 200;
 const IN_FLIGHT: usize = 16;
@@ -23,19 +22,11 @@ const KEPT: usize = 250;
 const EDGE: usize = 25;
 
 fn main() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("create_destroy bench SKIPPED: needs root");
+    if !cubelet_testkit::is_root("create_destroy bench") {
         return;
     }
     let res = std::thread::spawn(|| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWNS)?;
-        mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        )?;
+        cubelet_testkit::enter_private(cubelet_testkit::Namespaces::NetworkAndMount)?;
         let dir = tempfile::Builder::new()
             .prefix("cubelet-net-bench")
             .tempdir()?;

@@ -187,6 +187,22 @@ pub enum NetworkError {
     },
 }
 
+impl From<cubelet_host::pins::PinError> for NetworkError {
+    fn from(e: cubelet_host::pins::PinError) -> Self {
+        match e {
+            cubelet_host::pins::PinError::Io { op, path, source } => {
+                NetworkError::Io { op, path, source }
+            }
+            cubelet_host::pins::PinError::Sys { op, path, source } => {
+                NetworkError::nix(op, path, source)
+            }
+            cubelet_host::pins::PinError::Thread { what, source } => {
+                NetworkError::Thread { what, source }
+            }
+        }
+    }
+}
+
 impl NetworkError {
     /// The engine error kind for this failure.
     pub fn kind(&self) -> StepErrorKind {

@@ -19,52 +19,22 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 use cubelet_engine::spec::{NetworkStatus, UserNamespace};
 use cubelet_engine::SandboxId;
-use nix::errno::Errno;
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::mount::{mount, MsFlags};
 use nix::sched::{setns, unshare, CloneFlags};
-use nix::sys::statfs::{statfs, NSFS_MAGIC};
 use rtnetlink::LinkUnspec;
 
 use crate::error::NetworkError;
 use tracing::Instrument;
 
 /// Makes `dir` a mount point with shared propagation, as `ip netns` does for
-/// `/run/netns`, so that pins unmounted here also disappear from mount
-/// namespaces created while they existed.
+/// `/run/netns` (see [`cubelet_host::pins::prepare_dir`]).
 pub(crate) fn prepare_dir(dir: &Path) -> Result<(), NetworkError> {
-    fs::create_dir_all(dir).map_err(|e| NetworkError::io("create directory", dir, e))?;
-    let shared = || {
-        mount(
-            None::<&str>,
-            dir,
-            None::<&str>,
-            MsFlags::MS_SHARED | MsFlags::MS_REC,
-            None::<&str>,
-        )
-    };
-    match shared() {
-        Ok(()) => Ok(()),
-        Err(Errno::EINVAL) => {
-            // Not a mount point yet: bind it onto itself first.
-            mount(
-                Some(dir),
-                dir,
-                None::<&str>,
-                MsFlags::MS_BIND | MsFlags::MS_REC,
-                None::<&str>,
-            )
-            .map_err(|e| NetworkError::nix("bind mount", dir, e))?;
-            shared().map_err(|e| NetworkError::nix("make shared", dir, e))
-        }
-        Err(e) => Err(NetworkError::nix("make shared", dir, e)),
-    }
+    Ok(cubelet_host::pins::prepare_dir(dir)?)
 }
 
-/// True when `pin` is a mounted network namespace.
+/// True when `pin` is a mounted namespace.
 pub(crate) fn is_pinned(pin: &Path) -> bool {
-    statfs(pin)
-        .map(|s| s.filesystem_type() == NSFS_MAGIC)
-        .unwrap_or(false)
+    cubelet_host::pins::is_pinned(pin)
 }
 
 /// One lock per pin whose creating thread is still running.
@@ -172,20 +142,9 @@ pub(crate) fn remove_now(pin: &Path) -> Result<bool, NetworkError> {
     Ok(net || user)
 }
 
-/// Unmounts and deletes one pin. Returns whether there was anything to
-/// remove; a missing pin is fine.
+/// Unmounts and deletes one pin (see [`cubelet_host::pins::remove_pin`]).
 pub(crate) fn remove_pin(pin: &Path) -> Result<bool, NetworkError> {
-    let mut removed = match umount2(pin, MntFlags::MNT_DETACH) {
-        Ok(()) => true,
-        Err(Errno::EINVAL | Errno::ENOENT) => false,
-        Err(e) => return Err(NetworkError::nix("unmount netns", pin, e)),
-    };
-    match fs::remove_file(pin) {
-        Ok(()) => removed = true,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(NetworkError::io("remove netns pin", pin, e)),
-    }
-    Ok(removed)
+    Ok(cubelet_host::pins::remove_pin(pin)?)
 }
 
 /// What a pod in the node's own namespace publishes: no pin, no interface,
@@ -213,19 +172,8 @@ pub(crate) fn remove_pins_except(
     dir: &Path,
     keep: impl FnOnce() -> Option<HashSet<SandboxId>>,
 ) -> Result<usize, NetworkError> {
-    let mut found = Vec::new();
-    for d in [dir.to_path_buf(), crate::userns::dir_for(dir)] {
-        let entries = match fs::read_dir(&d) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(NetworkError::io("read", &d, e)),
-        };
-        for entry in entries {
-            let entry = entry.map_err(|e| NetworkError::io("read", &d, e))?;
-            let id = entry.file_name().to_str().and_then(SandboxId::parse);
-            found.push((entry.path(), id));
-        }
-    }
+    let mut found = cubelet_host::pins::entries(dir)?;
+    found.extend(cubelet_host::pins::entries(&crate::userns::dir_for(dir))?);
     if found.is_empty() {
         return Ok(0);
     }
@@ -304,22 +252,7 @@ where
     W: FnOnce() -> Result<T, NetworkError> + Send + 'static,
     T: Send + 'static,
 {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("cubelet-netns".into())
-        .spawn(move || {
-            let _ = tx.send(work());
-        })
-        .map_err(|source| NetworkError::Thread {
-            what: what.clone(),
-            source,
-        })?;
-    rx.await.unwrap_or_else(|_| {
-        Err(NetworkError::Thread {
-            what,
-            source: io::Error::other("namespace thread panicked"),
-        })
-    })
+    cubelet_host::pins::on_thread("cubelet-netns", what, work).await
 }
 
 /// How long a connection inside a pod may take to be established.

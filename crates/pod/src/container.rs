@@ -40,6 +40,18 @@ pub struct ContainerRequest {
     pub spec: ContainerSpec,
 }
 
+/// What the runtime saw of a container's task: from a status call, or
+/// from the stop that ended it.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    /// The task has exited.
+    exited: bool,
+    /// Its exit code, once exited.
+    exit_code: Option<i32>,
+    /// When it exited.
+    finished_at: Option<SystemTime>,
+}
+
 /// What ExecSync gives back.
 pub type ExecResult = ExecOutput;
 
@@ -77,21 +89,41 @@ impl PodService {
         sandbox_id: &str,
         req: ContainerRequest,
     ) -> PodResult<String> {
+        self.create_container_checked(sandbox_id, req, |_| Ok::<(), PodError>(()))
+            .await
+    }
+
+    /// [`PodService::create_container`], with `check` of the request against
+    /// the pod's record as read under the pod lock (the caller's rules, e.g.
+    /// the CRI edge's user-namespace checks): its error is returned as is,
+    /// and nothing is created. The record is read twice, once to find the
+    /// pod's lock and once under it.
+    pub async fn create_container_checked<E>(
+        &self,
+        sandbox_id: &str,
+        req: ContainerRequest,
+        check: impl FnOnce(&cubelet_store::SandboxRecord) -> Result<(), E> + Send + 'static,
+    ) -> Result<String, E>
+    where
+        E: From<PodError> + Send + 'static,
+    {
         let sandbox = self.require_sandbox("pod_sandbox_id", sandbox_id)?;
         let this = self.clone();
         let span = info_span!("create_container", sandbox_id = %sandbox.id, container = %req.name);
         self.detached(
             "CreateContainer",
-            async move { this.create_container_locked(sandbox, req).await }.instrument(span),
+            async move { this.create_container_locked(sandbox, req, check).await }.instrument(span),
         )
-        .await
+        .await?
     }
 
-    async fn create_container_locked(
+    /// Under the pod lock: `Ok(Err(e))` when `check` refuses the request.
+    async fn create_container_locked<E>(
         &self,
         sandbox: cubelet_store::SandboxRecord,
         req: ContainerRequest,
-    ) -> PodResult<String> {
+        check: impl FnOnce(&cubelet_store::SandboxRecord) -> Result<(), E>,
+    ) -> PodResult<Result<String, E>> {
         let _pod = self.lock_pod(&pod_key(&sandbox.spec)).await;
         let sandbox = self
             .store()
@@ -100,6 +132,9 @@ impl PodService {
                 kind: "pod sandbox",
                 id: sandbox.id.to_string(),
             })?;
+        if let Err(e) = check(&sandbox) {
+            return Ok(Err(e));
+        }
         if sandbox.state != SandboxState::Ready {
             return Err(PodError::FailedPrecondition(format!(
                 "pod sandbox {} is {}, not ready",
@@ -215,7 +250,7 @@ impl PodService {
             return Err(e.into());
         }
         self.emit(&id, &sandbox.id, PodEventKind::Created);
-        Ok(id)
+        Ok(Ok(id))
     }
 
     /// StartContainer: a created container starts once; any other state is
@@ -319,7 +354,20 @@ impl PodService {
         };
         if rec.state == ContainerState::Running || rec.state == ContainerState::Unknown {
             match self.runtime().stop(&rec.id, timeout).await {
-                Ok(()) => {}
+                // The stop saw the exit: no status call needed to learn it.
+                Ok(Some(exit)) => {
+                    return self
+                        .record_exit(
+                            &rec.id,
+                            Some(Seen {
+                                exited: true,
+                                exit_code: Some(exit.code),
+                                finished_at: exit.at,
+                            }),
+                        )
+                        .await
+                }
+                Ok(None) => {}
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e.into()),
             }
@@ -329,23 +377,33 @@ impl PodService {
 
     /// Reads the task's exit from the runtime into the record.
     async fn refresh_exit(&self, id: &str) -> PodResult<()> {
-        let status = match self.runtime().status(id).await {
-            Ok(s) => Some(s),
+        let seen = match self.runtime().status(id).await {
+            Ok(s) => Some(Seen {
+                exited: s.state == RtState::Exited,
+                exit_code: s.exit_code,
+                finished_at: s.finished_at,
+            }),
             Err(e) if e.is_not_found() => None,
             Err(e) => return Err(e.into()),
         };
+        self.record_exit(id, seen).await
+    }
+
+    /// Records what the runtime saw of a container's task (`None`: the
+    /// runtime has no such container) and emits `Stopped` for an exit.
+    async fn record_exit(&self, id: &str, seen: Option<Seen>) -> PodResult<()> {
         let mut stopped = None;
         let updated = blocking(|| {
             self.store().update_container(id, |c| {
                 let was_exited = c.state == ContainerState::Exited;
-                if let Some(s) = &status {
-                    if s.state == RtState::Exited || c.state == ContainerState::Running {
+                if let Some(s) = &seen {
+                    if s.exited || c.state == ContainerState::Running {
                         if let Some(code) = s.exit_code {
                             c.exit_code = Some(code);
                         }
                         c.finished_at = s.finished_at.or(c.finished_at);
                     }
-                    if s.state == RtState::Exited {
+                    if s.exited {
                         c.state = ContainerState::Exited;
                     }
                 } else if c.state == ContainerState::Running {
@@ -401,6 +459,7 @@ impl PodService {
         // Buffered: a crash before it reaches the disk brings the record
         // back with its objects, which reconciliation reads again.
         blocking(|| self.store().delete_container_buffered(&rec.id))?;
+        self.stats().forget(&rec.id);
         self.emit(&rec.id, &rec.sandbox_id, PodEventKind::Deleted);
         let this = self.clone();
         // The pool's refill waits for this work as for the call itself.
@@ -425,6 +484,7 @@ impl PodService {
         // Buffered: nothing of the container is left to lose (see the
         // store's `delete_container_buffered`).
         blocking(|| self.store().delete_container_buffered(&rec.id))?;
+        self.stats().forget(&rec.id);
         self.emit(&rec.id, &rec.sandbox_id, PodEventKind::Deleted);
         Ok(())
     }
@@ -433,7 +493,7 @@ impl PodService {
     /// running one down first, as containerd's CRI does.
     async fn remove_from_runtime(&self, id: &str) -> Result<(), RuntimeError> {
         match self.runtime().stop(id, Duration::ZERO).await {
-            Ok(()) => {}
+            Ok(_) => {}
             Err(e) if e.is_not_found() => {}
             Err(e) => {
                 warn!(container_id = %id, error = %cubelet_engine::chain(&e), "stop before remove")
@@ -509,6 +569,18 @@ impl PodService {
     /// The id of a running container, for streaming (exec, attach).
     pub fn running_container(&self, id: &str) -> PodResult<String> {
         Ok(self.running(id)?.id)
+    }
+
+    /// The record of a ready pod sandbox, for streaming (port forward).
+    pub fn ready_sandbox(&self, id: &str) -> PodResult<cubelet_store::SandboxRecord> {
+        let rec = self.require_sandbox("pod_sandbox_id", id)?;
+        if rec.state != SandboxState::Ready {
+            return Err(PodError::FailedPrecondition(format!(
+                "pod sandbox {} is not ready",
+                rec.id
+            )));
+        }
+        Ok(rec)
     }
 }
 

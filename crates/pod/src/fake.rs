@@ -8,9 +8,10 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use cubelet_engine::spec::SandboxProcess;
-use cubelet_runtime::container::{ContainerState, ContainerStatus, ExecOutput};
+use cubelet_runtime::container::{ContainerState, ContainerStatus, ExecOutput, TaskExit};
 use cubelet_runtime::events::{ContainerEvent, ContainerEventKind};
 use cubelet_runtime::spec::{ContainerSpec, Resources};
+use cubelet_runtime::stats::{CgroupStats, InterfaceStats, OpenFiles, SnapshotUsage};
 use cubelet_runtime::types::ImageInfo;
 use cubelet_runtime::RuntimeError;
 
@@ -52,6 +53,10 @@ struct State {
     pins: std::collections::HashSet<std::path::PathBuf>,
     /// Containers whose memory cgroup counts an OOM kill.
     oom_killed: std::collections::HashSet<String>,
+    /// Cgroup readings by path.
+    cgroups: HashMap<String, CgroupStats>,
+    /// The interfaces every pod's network namespace shows.
+    interfaces: Vec<InterfaceStats>,
 }
 
 /// The fake runtime. Cheap to clone; clones share state.
@@ -67,7 +72,7 @@ impl std::fmt::Debug for FakeRuntime {
 }
 
 impl FakeRuntime {
-    /// A runtime with handlers `runc` (the default) and `kata`, and no images.
+    /// A runtime with no images.
     pub fn new() -> Self {
         Self::default()
     }
@@ -84,7 +89,8 @@ impl FakeRuntime {
     }
 
     /// The next call to `op` (`create`, `start`, `stop`, `status`, `remove`,
-    /// `exec_sync`, `update_resources`, `reopen_log`, `reattach`, `image`)
+    /// `exec_sync`, `update_resources`, `reopen_log`, `reattach`, `image`,
+    /// `writable_layer_usage`)
     /// fails with the error `make` builds from the id.
     pub fn fail_next(
         &self,
@@ -178,6 +184,16 @@ impl FakeRuntime {
         self.lock().oom_killed.insert(id.to_owned());
     }
 
+    /// The cgroup at `path` reads `stats` from now on.
+    pub fn set_cgroup(&self, path: &str, stats: CgroupStats) {
+        self.lock().cgroups.insert(path.to_owned(), stats);
+    }
+
+    /// Every pod's network namespace shows `interfaces` from now on.
+    pub fn set_interfaces(&self, interfaces: Vec<InterfaceStats>) {
+        self.lock().interfaces = interfaces;
+    }
+
     /// How many orphan shims the next reap finds.
     pub fn set_orphan_shims(&self, n: usize) {
         self.lock().orphan_shims = n;
@@ -210,14 +226,6 @@ fn not_found(id: &str) -> RuntimeError {
 
 #[async_trait]
 impl Runtime for FakeRuntime {
-    fn default_handler(&self) -> String {
-        "runc".to_owned()
-    }
-
-    fn handlers(&self) -> Vec<String> {
-        vec!["runc".to_owned(), "kata".to_owned()]
-    }
-
     async fn image(&self, reference: &str) -> Result<Option<ImageInfo>, RuntimeError> {
         self.enter("image", reference).await?;
         Ok(self.lock().images.get(reference).cloned())
@@ -263,7 +271,7 @@ impl Runtime for FakeRuntime {
         Ok(pid)
     }
 
-    async fn stop(&self, id: &str, _timeout: Duration) -> Result<(), RuntimeError> {
+    async fn stop(&self, id: &str, _timeout: Duration) -> Result<Option<TaskExit>, RuntimeError> {
         self.enter("stop", id).await?;
         let mut s = self.lock();
         let c = s.containers.get_mut(id).ok_or_else(|| not_found(id))?;
@@ -272,7 +280,11 @@ impl Runtime for FakeRuntime {
             c.exit_code = Some(137);
             c.finished_at = Some(SystemTime::now());
         }
-        Ok(())
+        // A task that never started is none to report.
+        Ok((c.state == ContainerState::Exited).then(|| TaskExit {
+            code: c.exit_code.unwrap_or_default(),
+            at: c.finished_at,
+        }))
     }
 
     async fn settle(&self, id: &str) {
@@ -379,5 +391,38 @@ impl Runtime for FakeRuntime {
 
     fn oom_killed(&self, id: &str, _cgroup_parent: Option<&str>) -> bool {
         self.lock().oom_killed.contains(id)
+    }
+
+    fn read_cgroup(&self, path: &str, processes: bool, _files: Option<&OpenFiles>) -> CgroupStats {
+        let mut stats = self.lock().cgroups.get(path).copied().unwrap_or_default();
+        if !processes {
+            stats.processes = None;
+        }
+        stats
+    }
+
+    async fn writable_layer_usage(
+        &self,
+        id: &str,
+    ) -> Result<(SnapshotUsage, SystemTime), RuntimeError> {
+        self.enter("writable_layer_usage", id).await?;
+        if !self.lock().containers.contains_key(id) {
+            return Err(not_found(id));
+        }
+        Ok((
+            SnapshotUsage {
+                bytes: 4096,
+                inodes: 1,
+            },
+            SystemTime::now(),
+        ))
+    }
+
+    async fn pod_interfaces(
+        &self,
+        _pid: Option<u32>,
+        _netns: Option<std::path::PathBuf>,
+    ) -> std::io::Result<Vec<InterfaceStats>> {
+        Ok(self.lock().interfaces.clone())
     }
 }

@@ -5,7 +5,7 @@
 //! flows), create, start, stop and remove its containers (through the
 //! [`Runtime`] trait, containerd in production), containerd's exit and OOM
 //! events, reconciliation after a restart, the garbage collector's work
-//! list, and a warm pool of sandbox shells that RunPodSandbox claims. State lives in the store; lifecycle events go to subscribers.
+//! list, container and pod stats (with the CPU samples they keep), and a warm pool of sandbox shells that RunPodSandbox claims. State lives in the store; lifecycle events go to subscribers.
 //!
 //! It knows no wire format: the CRI edge (`cubelet-cri`) converts requests
 //! into this crate's types and its errors into gRPC statuses; the binary
@@ -22,6 +22,7 @@ mod removals;
 mod runtime;
 mod sandbox;
 mod service;
+mod stats;
 
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
@@ -33,8 +34,11 @@ pub use container::{ContainerRequest, ExecResult};
 pub use error::{PodError, PodResult};
 pub use pool::{NoopPoolObserver, PoolConfig, PoolObserver};
 pub use reconcile::ReconcileReport;
-pub use runtime::{Containerd, Runtime};
+pub use runtime::{Containerd, NetnsCounters, Runtime};
 pub use service::{PodDeps, PodEvent, PodEventKind, PodService, EVENT_BUFFER};
+pub use stats::{
+    CgroupStats, ContainerStats, CpuUsage, InterfaceStats, MemoryStats, PodStats, SnapshotUsage,
+};
 
 /// The records the service keeps, as callers read them.
 pub use cubelet_store::{ContainerRecord, ContainerState, SandboxRecord, SandboxState, StoreError};

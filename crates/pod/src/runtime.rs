@@ -2,26 +2,28 @@
 //! real one is containerd ([`Containerd`]); a fake stands beside it for the
 //! unit tests of the lifecycle rules (`fake` feature).
 
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use cubelet_engine::spec::SandboxProcess;
-use cubelet_runtime::container::{ContainerRuntime, ContainerStatus, ExecOutput};
+use cubelet_runtime::container::{ContainerRuntime, ContainerStatus, ExecOutput, TaskExit};
 use cubelet_runtime::image::ImageService;
 use cubelet_runtime::spec::{ContainerSpec, Resources};
+use cubelet_runtime::stats::{
+    parse_net_dev, read_net_dev, CgroupLayout, CgroupStats, InterfaceStats, OpenFiles,
+    SnapshotUsage,
+};
 use cubelet_runtime::types::ImageInfo;
 use cubelet_runtime::RuntimeError;
+use futures::future::BoxFuture;
 
 /// The container runtime surface of the pod lifecycle.
 #[async_trait]
 pub trait Runtime: Send + Sync + 'static {
-    /// The handler used when a pod names none.
-    fn default_handler(&self) -> String;
-
-    /// Every configured runtime handler.
-    fn handlers(&self) -> Vec<String>;
-
     /// The image a reference or id names, if it is present.
     async fn image(&self, reference: &str) -> Result<Option<ImageInfo>, RuntimeError>;
 
@@ -32,8 +34,9 @@ pub trait Runtime: Send + Sync + 'static {
     async fn start(&self, id: &str) -> Result<u32, RuntimeError>;
 
     /// Stops a container's process, killing it after `timeout`. The exited
-    /// task may be let go of in the background.
-    async fn stop(&self, id: &str, timeout: Duration) -> Result<(), RuntimeError>;
+    /// task may be let go of in the background. Returns how the task
+    /// exited, `None` when it had no task.
+    async fn stop(&self, id: &str, timeout: Duration) -> Result<Option<TaskExit>, RuntimeError>;
 
     /// Waits until the runtime has let go of a stopped container's task (a
     /// deletion [`Runtime::stop`] left running in the background is over).
@@ -73,6 +76,36 @@ pub trait Runtime: Send + Sync + 'static {
     /// (in its pod's `cgroup_parent`), as its memory cgroup counts: what an
     /// exit reports when the runtime's OOM event has not come.
     fn oom_killed(&self, id: &str, cgroup_parent: Option<&str>) -> bool;
+
+    /// The readings of the cgroup at `path` (as in the OCI spec, e.g.
+    /// `/cubelet/<id>`; empty when it is gone): with the process count if
+    /// `processes`, through the files `files` keeps open if given.
+    fn read_cgroup(&self, path: &str, processes: bool, files: Option<&OpenFiles>) -> CgroupStats;
+
+    /// Usage of container `id`'s writable layer and when it was read.
+    async fn writable_layer_usage(
+        &self,
+        id: &str,
+    ) -> Result<(SnapshotUsage, SystemTime), RuntimeError>;
+
+    /// The interfaces of a pod's network namespace: read through its infra
+    /// process `pid`, or, without one, inside the namespace pinned at
+    /// `netns`.
+    async fn pod_interfaces(
+        &self,
+        pid: Option<u32>,
+        netns: Option<PathBuf>,
+    ) -> io::Result<Vec<InterfaceStats>>;
+}
+
+/// Reads `/proc/net/dev` as a pod's network namespace shows it, through
+/// the namespace's pin: the pod network stats of a sandbox without an
+/// infra process, which has no process to read `/proc/<pid>/net/dev` of.
+/// Entering a namespace is the network crate's business (docs/DESIGN.md),
+/// so the binary wires one in.
+pub trait NetnsCounters: Send + Sync + fmt::Debug + 'static {
+    /// The text of `/proc/net/dev` inside the namespace pinned at `netns`.
+    fn net_dev(&self, netns: PathBuf) -> BoxFuture<'static, io::Result<String>>;
 }
 
 /// The real runtime: containers and tasks in containerd, images in its
@@ -81,25 +114,28 @@ pub trait Runtime: Send + Sync + 'static {
 pub struct Containerd {
     containers: Arc<ContainerRuntime>,
     images: Arc<ImageService>,
+    netns_counters: Arc<dyn NetnsCounters>,
 }
 
 impl Containerd {
-    /// Wraps containerd's container runtime and image service.
-    pub fn new(containers: Arc<ContainerRuntime>, images: Arc<ImageService>) -> Self {
-        Self { containers, images }
+    /// Wraps containerd's container runtime and image service; the network
+    /// counters of pods without an infra process are read by
+    /// `netns_counters`.
+    pub fn new(
+        containers: Arc<ContainerRuntime>,
+        images: Arc<ImageService>,
+        netns_counters: Arc<dyn NetnsCounters>,
+    ) -> Self {
+        Self {
+            containers,
+            images,
+            netns_counters,
+        }
     }
 }
 
 #[async_trait]
 impl Runtime for Containerd {
-    fn default_handler(&self) -> String {
-        self.containers.config().default_handler.clone()
-    }
-
-    fn handlers(&self) -> Vec<String> {
-        self.containers.config().handlers.keys().cloned().collect()
-    }
-
     async fn image(&self, reference: &str) -> Result<Option<ImageInfo>, RuntimeError> {
         self.images.status(reference).await
     }
@@ -112,7 +148,7 @@ impl Runtime for Containerd {
         self.containers.start(id).await
     }
 
-    async fn stop(&self, id: &str, timeout: Duration) -> Result<(), RuntimeError> {
+    async fn stop(&self, id: &str, timeout: Duration) -> Result<Option<TaskExit>, RuntimeError> {
         self.containers.stop(id, timeout).await
     }
 
@@ -158,8 +194,36 @@ impl Runtime for Containerd {
     }
 
     fn oom_killed(&self, id: &str, cgroup_parent: Option<&str>) -> bool {
-        cubelet_runtime::stats::CgroupLayout::node()
+        CgroupLayout::node()
             .oom_kills(&cubelet_runtime::spec::cgroup_path(cgroup_parent, id))
             .is_some_and(|n| n > 0)
+    }
+
+    fn read_cgroup(&self, path: &str, processes: bool, files: Option<&OpenFiles>) -> CgroupStats {
+        let layout = CgroupLayout::node();
+        match (files, processes) {
+            (Some(files), _) => layout.read_with(path, processes, files),
+            (None, true) => layout.read(path),
+            (None, false) => layout.read_usage(path),
+        }
+    }
+
+    async fn writable_layer_usage(
+        &self,
+        id: &str,
+    ) -> Result<(SnapshotUsage, SystemTime), RuntimeError> {
+        self.containers.writable_layer_usage(id).await
+    }
+
+    async fn pod_interfaces(
+        &self,
+        pid: Option<u32>,
+        netns: Option<PathBuf>,
+    ) -> io::Result<Vec<InterfaceStats>> {
+        match (pid, netns) {
+            (Some(pid), _) => read_net_dev(pid).map_err(io::Error::other),
+            (None, Some(netns)) => Ok(parse_net_dev(&self.netns_counters.net_dev(netns).await?)),
+            (None, None) => Ok(Vec::new()),
+        }
     }
 }

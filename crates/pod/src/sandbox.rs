@@ -12,28 +12,6 @@ use crate::error::{PodError, PodResult};
 use crate::service::{blocking, new_id, pod_key, PodEventKind, PodService};
 
 impl PodService {
-    /// The runtime handler a pod runs with: `requested`, or the default
-    /// when empty; an unknown one is `InvalidArgument` on `runtime_handler`.
-    pub fn resolve_handler(&self, requested: &str) -> PodResult<String> {
-        let name = if requested.is_empty() {
-            self.runtime().default_handler()
-        } else {
-            requested.to_owned()
-        };
-        let mut known = self.runtime().handlers();
-        if known.contains(&name) {
-            return Ok(name);
-        }
-        known.sort();
-        Err(PodError::invalid(
-            "runtime_handler",
-            format!(
-                "unknown runtime handler {name:?} (configured: {})",
-                known.join(", ")
-            ),
-        ))
-    }
-
     /// RunPodSandbox: returns the id of the pod's ready sandbox, building it
     /// if there is none. A retry for the same pod (namespace, name, uid,
     /// attempt) joins the first call's sandbox; another uid under the same
@@ -122,8 +100,11 @@ impl PodService {
                     })
                 })?;
                 info!(sandbox_id = %id, pod = %key, "pod sandbox ready");
-                self.emit(id.as_str(), &id, PodEventKind::Created);
-                self.emit(id.as_str(), &id, PodEventKind::Started);
+                self.emit_all(
+                    id.as_str(),
+                    &id,
+                    &[PodEventKind::Created, PodEventKind::Started],
+                );
                 Ok(id)
             }
             Err(err) => {
@@ -256,6 +237,7 @@ impl PodService {
             return Err(e.into());
         }
         blocking(|| self.store().delete_sandbox(&rec.id))?;
+        self.stats().forget(rec.id.as_str());
         self.emit(rec.id.as_str(), &rec.id, PodEventKind::Deleted);
         blocking(|| self.engine().journal().forget(&rec.id)).map_err(|source| {
             EngineError::Journal {

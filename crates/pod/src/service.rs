@@ -46,10 +46,11 @@ pub struct PodEvent {
     pub kind: PodEventKind,
     /// When.
     pub at: SystemTime,
-    /// The pod's record at that moment (`None` once removed).
-    pub sandbox: Option<SandboxRecord>,
-    /// The pod's containers at that moment.
-    pub containers: Vec<ContainerRecord>,
+    /// The pod's record at that moment (`None` once removed); shared by
+    /// every subscriber and by the events of one transition.
+    pub sandbox: Option<Arc<SandboxRecord>>,
+    /// The pod's containers at that moment, shared likewise.
+    pub containers: Arc<[ContainerRecord]>,
 }
 
 /// What the pod service is built from.
@@ -84,6 +85,8 @@ pub(crate) struct Inner {
     pub(crate) pool: Option<Arc<Pool>>,
     /// Container removals finishing in the background.
     pub(crate) removals: Removals,
+    /// CPU samples and open cgroup files of the stats calls.
+    pub(crate) stats: crate::stats::StatsState,
 }
 
 /// Owns every pod and container state transition: RunPodSandbox through
@@ -144,6 +147,7 @@ impl PodService {
                 events: broadcast::channel(EVENT_BUFFER).0,
                 pool,
                 removals: Removals::default(),
+                stats: crate::stats::StatsState::default(),
             }),
         }
     }
@@ -203,31 +207,54 @@ impl PodService {
 
     /// Publishes a lifecycle event; never waits, a no-op without listeners.
     pub(crate) fn emit(&self, container_id: &str, sandbox_id: &SandboxId, kind: PodEventKind) {
+        self.emit_all(container_id, sandbox_id, &[kind]);
+    }
+
+    /// Publishes the events `kinds` of one transition, in order, with the
+    /// pod as the store holds it, read once for all of them (not at all for
+    /// a removed pod, which has neither record nor containers left). Never
+    /// waits; a no-op without listeners.
+    pub(crate) fn emit_all(
+        &self,
+        container_id: &str,
+        sandbox_id: &SandboxId,
+        kinds: &[PodEventKind],
+    ) {
         let tx = &self.inner.events;
-        if tx.receiver_count() == 0 {
+        if tx.receiver_count() == 0 || kinds.is_empty() {
             return;
         }
-        let sandbox = self.store().get_sandbox(sandbox_id).unwrap_or_else(|e| {
-            warn!(sandbox_id = %sandbox_id, error = %e, "event: read sandbox");
-            None
-        });
-        let containers = self
-            .store()
-            .list_containers_of(sandbox_id)
-            .unwrap_or_else(|e| {
-                warn!(sandbox_id = %sandbox_id, error = %e, "event: read containers");
-                Vec::new()
+        let pod_removed =
+            container_id == sandbox_id.as_str() && kinds.contains(&PodEventKind::Deleted);
+        let (sandbox, containers) = if pod_removed {
+            (None, Arc::from(Vec::new()))
+        } else {
+            let sandbox = self.store().get_sandbox(sandbox_id).unwrap_or_else(|e| {
+                warn!(sandbox_id = %sandbox_id, error = %e, "event: read sandbox");
+                None
             });
-        debug!(container_id, event = ?kind, "container event");
-        // Fails only when every subscriber left in the meantime.
-        let _ = tx.send(PodEvent {
-            container_id: container_id.to_owned(),
-            sandbox_id: sandbox_id.clone(),
-            kind,
-            at: SystemTime::now(),
-            sandbox,
-            containers,
-        });
+            let containers = self
+                .store()
+                .list_containers_of(sandbox_id)
+                .unwrap_or_else(|e| {
+                    warn!(sandbox_id = %sandbox_id, error = %e, "event: read containers");
+                    Vec::new()
+                });
+            (sandbox.map(Arc::new), Arc::from(containers))
+        };
+        let at = SystemTime::now();
+        for &kind in kinds {
+            debug!(container_id, event = ?kind, "container event");
+            // Fails only when every subscriber left in the meantime.
+            let _ = tx.send(PodEvent {
+                container_id: container_id.to_owned(),
+                sandbox_id: sandbox_id.clone(),
+                kind,
+                at,
+                sandbox: sandbox.clone(),
+                containers: Arc::clone(&containers),
+            });
+        }
     }
 
     /// Parses a sandbox or container id from a request field.

@@ -41,59 +41,30 @@ pub(crate) struct CgroupMount {
 
 /// The cgroup mounts in a mountinfo text.
 pub(crate) fn cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
-    let mut out = Vec::new();
-    for line in mountinfo.lines() {
-        // <id> <parent> <maj:min> <root> <mount point> <opts> [optional...] - <fstype> <source> <super opts>
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let Some(mount_point) = left.split(' ').nth(4) else {
-            continue;
-        };
-        let mut r = right.split(' ');
-        let fstype = r.next().unwrap_or("");
-        let super_opts = r.nth(1).unwrap_or("");
-        let v2 = match fstype {
-            "cgroup" => false,
-            "cgroup2" => true,
-            _ => continue,
-        };
-        let controllers = if v2 {
-            Vec::new()
-        } else {
-            super_opts
-                .split(',')
-                .filter(|o| V1_CONTROLLERS.contains(o))
-                .map(str::to_owned)
-                .collect()
-        };
-        out.push(CgroupMount {
-            v2,
-            mount_point: PathBuf::from(unescape(mount_point)),
-            controllers,
-        });
-    }
-    out
-}
-
-/// Mountinfo escapes spaces and such as `\040`.
-pub(crate) fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 4 <= b.len() {
-            let oct = std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("");
-            if let Ok(v) = u8::from_str_radix(oct, 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    cubelet_host::mountinfo::parse(mountinfo)
+        .into_iter()
+        .filter_map(|m| {
+            let v2 = match m.fstype.as_str() {
+                "cgroup" => false,
+                "cgroup2" => true,
+                _ => return None,
+            };
+            let controllers = if v2 {
+                Vec::new()
+            } else {
+                m.super_options
+                    .split(',')
+                    .filter(|o| V1_CONTROLLERS.contains(o))
+                    .map(str::to_owned)
+                    .collect()
+            };
+            Some(CgroupMount {
+                v2,
+                mount_point: m.mount_point,
+                controllers,
+            })
+        })
+        .collect()
 }
 
 /// The v1 controller names a super option list can carry (the others are

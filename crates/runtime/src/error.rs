@@ -161,6 +161,28 @@ pub(crate) fn cd_process<'a>(
     }
 }
 
+impl From<cubelet_host::pins::PinError> for RuntimeError {
+    fn from(e: cubelet_host::pins::PinError) -> Self {
+        match e {
+            cubelet_host::pins::PinError::Io { op, path, source } => RuntimeError::Io {
+                op,
+                path: path.display().to_string(),
+                source,
+            },
+            cubelet_host::pins::PinError::Sys { op, path, source } => RuntimeError::Namespace {
+                op,
+                path: path.display().to_string(),
+                source,
+            },
+            cubelet_host::pins::PinError::Thread { what, source } => RuntimeError::Io {
+                op: "namespace thread for",
+                path: what,
+                source,
+            },
+        }
+    }
+}
+
 impl RuntimeError {
     /// Wraps a containerd status as it is.
     pub fn containerd(op: &'static str, source: tonic::Status) -> Self {

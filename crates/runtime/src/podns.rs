@@ -29,9 +29,8 @@ use std::sync::{Arc, Mutex};
 use cubelet_engine::spec::SandboxProcess;
 use cubelet_engine::SandboxId;
 use nix::errno::Errno;
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::mount::{mount, MsFlags};
 use nix::sched::{setns, unshare, CloneFlags};
-use nix::sys::statfs::{statfs, NSFS_MAGIC};
 
 use crate::error::RuntimeError;
 
@@ -109,33 +108,7 @@ impl PodNamespaces {
     /// unmounted here also leaves the mount namespaces that were copied
     /// while it existed. Idempotent.
     pub fn prepare(&self) -> Result<(), RuntimeError> {
-        let dir = &self.dir;
-        fs::create_dir_all(dir).map_err(|e| io_err("create directory", dir, e))?;
-        let shared = || {
-            mount(
-                None::<&str>,
-                dir,
-                None::<&str>,
-                MsFlags::MS_SHARED | MsFlags::MS_REC,
-                None::<&str>,
-            )
-        };
-        match shared() {
-            Ok(()) => Ok(()),
-            Err(Errno::EINVAL) => {
-                // Not a mount point yet: bind it onto itself first.
-                mount(
-                    Some(dir),
-                    dir,
-                    None::<&str>,
-                    MsFlags::MS_BIND | MsFlags::MS_REC,
-                    None::<&str>,
-                )
-                .map_err(|e| ns_err("bind mount", dir, e))?;
-                shared().map_err(|e| ns_err("make shared", dir, e))
-            }
-            Err(e) => Err(ns_err("make shared", dir, e)),
-        }
+        Ok(cubelet_host::pins::prepare_dir(&self.dir)?)
     }
 
     /// Makes `id`'s namespaces as `req` asks, on a thread of their own, and
@@ -214,17 +187,7 @@ impl PodNamespaces {
         &self,
         keep: impl FnOnce() -> Option<HashSet<SandboxId>>,
     ) -> Result<usize, RuntimeError> {
-        let entries = match fs::read_dir(&self.dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(io_err("read", &self.dir, e)),
-        };
-        let mut found = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| io_err("read", &self.dir, e))?;
-            let id = entry.file_name().to_str().and_then(SandboxId::parse);
-            found.push((entry.path(), id));
-        }
+        let found = cubelet_host::pins::entries(&self.dir)?;
         if found.is_empty() {
             return Ok(0);
         }
@@ -251,9 +214,7 @@ impl PodNamespaces {
 
 /// True when `path` is a mounted namespace (an nsfs bind mount).
 pub fn is_pinned(path: &Path) -> bool {
-    statfs(path)
-        .map(|s| s.filesystem_type() == NSFS_MAGIC)
-        .unwrap_or(false)
+    cubelet_host::pins::is_pinned(path)
 }
 
 /// Whether the namespaces of a sandbox without an infra process are still
@@ -343,17 +304,7 @@ fn remove_blocking(dir: &Path) -> Result<bool, RuntimeError> {
 
 /// Unmounts and deletes one pin. Whether there was anything.
 fn remove_pin(pin: &Path) -> Result<bool, RuntimeError> {
-    let mut removed = match umount2(pin, MntFlags::MNT_DETACH) {
-        Ok(()) => true,
-        Err(Errno::EINVAL | Errno::ENOENT) => false,
-        Err(e) => return Err(ns_err("unmount namespace pin", pin, e)),
-    };
-    match fs::remove_file(pin) {
-        Ok(()) => removed = true,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err("remove namespace pin", pin, e)),
-    }
-    Ok(removed)
+    Ok(cubelet_host::pins::remove_pin(pin)?)
 }
 
 /// A hostname for the UTS namespace pinned at `pin`, and where to answer.
@@ -467,24 +418,7 @@ where
     W: FnOnce() -> Result<T, RuntimeError> + Send + 'static,
     T: Send + 'static,
 {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("cubelet-podns".into())
-        .spawn(move || {
-            let _ = tx.send(work());
-        })
-        .map_err(|e| RuntimeError::Io {
-            op: "start the namespace thread for",
-            path: what.clone(),
-            source: e,
-        })?;
-    rx.await.unwrap_or_else(|_| {
-        Err(RuntimeError::Io {
-            op: "namespace thread for",
-            path: what,
-            source: io::Error::other("namespace thread panicked"),
-        })
-    })
+    cubelet_host::pins::on_thread("cubelet-podns", what, work).await
 }
 
 fn io_err(op: &'static str, path: &Path, source: io::Error) -> RuntimeError {

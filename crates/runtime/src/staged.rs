@@ -23,6 +23,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use cubelet_host::mountinfo::{parse, MountEntry};
 use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
@@ -68,59 +69,14 @@ where
     })
 }
 
-/// One mount of the calling thread's mount table: where, and its per-mount
-/// options.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Mounted {
-    point: PathBuf,
-    options: String,
-}
-
-/// Decodes the `\ooo` escapes of mountinfo paths.
-fn unescape(field: &str) -> PathBuf {
-    use std::os::unix::ffi::OsStringExt;
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = b[i + 1..i + 4]
-                .iter()
-                .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
-            if let Ok(c) = u8::try_from(v) {
-                out.push(c);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    PathBuf::from(std::ffi::OsString::from_vec(out))
-}
-
-fn parse_mountinfo(text: &str) -> Vec<Mounted> {
-    text.lines()
-        .filter_map(|l| {
-            let mut f = l.split(' ').skip(4);
-            let point = unescape(f.next()?);
-            let options = f.next()?.to_owned();
-            Some(Mounted { point, options })
-        })
-        .collect()
-}
-
 /// Mounts at or under `dir`, in the order the table lists them (parents
 /// before children).
-fn mounts_under(dir: &Path) -> Result<Vec<Mounted>, RuntimeError> {
+fn mounts_under(dir: &Path) -> Result<Vec<MountEntry>, RuntimeError> {
     let path = Path::new("/proc/thread-self/mountinfo");
     let text = fs::read_to_string(path).map_err(io_err("read", path))?;
-    Ok(parse_mountinfo(&text)
+    Ok(parse(&text)
         .into_iter()
-        .filter(|m| m.point.starts_with(dir))
+        .filter(|m| m.mount_point.starts_with(dir))
         .collect())
 }
 
@@ -203,21 +159,21 @@ fn stage_one(
     for m in mounts_under(target)? {
         mount(
             None::<&str>,
-            &m.point,
+            &m.mount_point,
             None::<&str>,
-            readonly_remount_flags(&m.options),
+            readonly_remount_flags(&m.mount_options),
             None::<&str>,
         )
-        .map_err(nix_err("remount read-only", &m.point))?;
+        .map_err(nix_err("remount read-only", &m.mount_point))?;
     }
     // Never hand a tree on that is not read-only all the way down.
     if let Some(rw) = mounts_under(target)?
         .into_iter()
-        .find(|m| !m.options.split(',').any(|o| o == "ro"))
+        .find(|m| !m.mount_options.split(',').any(|o| o == "ro"))
     {
         return Err(RuntimeError::FailedPrecondition(format!(
             "staged mount {} is still writable",
-            rw.point.display()
+            rw.mount_point.display()
         )));
     }
     Ok(())
@@ -233,7 +189,10 @@ pub(crate) fn remove_blocking(dir: &Path) -> Result<usize, RuntimeError> {
     }
     let mut removed = 0;
     // Deepest first; a detach takes the submounts of a tree with it.
-    let mut points: Vec<PathBuf> = mounts_under(dir)?.into_iter().map(|m| m.point).collect();
+    let mut points: Vec<PathBuf> = mounts_under(dir)?
+        .into_iter()
+        .map(|m| m.mount_point)
+        .collect();
     points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     for p in &points {
         match umount2(p, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
@@ -249,7 +208,7 @@ pub(crate) fn remove_blocking(dir: &Path) -> Result<usize, RuntimeError> {
     if let Some(m) = mounts_under(dir)?.into_iter().next() {
         return Err(RuntimeError::FailedPrecondition(format!(
             "{} is still mounted",
-            m.point.display()
+            m.mount_point.display()
         )));
     }
     for entry in fs::read_dir(dir).map_err(io_err("read", dir))? {
@@ -424,18 +383,6 @@ mod tests {
     use crate::spec::Propagation;
 
     #[test]
-    fn mountinfo_paths_and_options() {
-        let text =
-            "36 35 98:0 /mnt1 /mnt/with\\040space rw,nosuid,noatime master:1 - ext3 /dev/root rw\n\
-                    37 36 0:40 / /mnt/with\\040space/sub ro,relatime - tmpfs none rw\n";
-        let m = parse_mountinfo(text);
-        assert_eq!(m.len(), 2);
-        assert_eq!(m[0].point, Path::new("/mnt/with space"));
-        assert_eq!(m[0].options, "rw,nosuid,noatime");
-        assert_eq!(m[1].point, Path::new("/mnt/with space/sub"));
-    }
-
-    #[test]
     fn remounts_keep_the_other_flags() {
         let f = readonly_remount_flags("rw,nosuid,nodev,noexec,relatime");
         assert!(f.contains(MsFlags::MS_RDONLY | MsFlags::MS_BIND | MsFlags::MS_REMOUNT));
@@ -447,24 +394,9 @@ mod tests {
     /// Runs `f` on a thread with a private mount namespace of its own, so
     /// nothing it mounts is seen on the node. Skipped without root.
     fn in_own_mount_ns(f: impl FnOnce() + Send + 'static) {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED: needs root for mount namespaces");
-            return;
+        if cubelet_testkit::is_root("this test (mount namespaces)") {
+            cubelet_testkit::on_private_thread(cubelet_testkit::Namespaces::Mount, f);
         }
-        std::thread::spawn(move || {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
-            mount(
-                None::<&str>,
-                "/",
-                None::<&str>,
-                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-                None::<&str>,
-            )
-            .unwrap();
-            f();
-        })
-        .join()
-        .unwrap();
     }
 
     #[test]
@@ -516,7 +448,7 @@ mod tests {
             }
             assert_eq!(fs::read(staged.join("file")).unwrap(), b"x");
             let sub_opts = mounts_under(&staged.join("tmpfs")).unwrap();
-            assert!(sub_opts[0].options.contains("nosuid"), "{sub_opts:?}");
+            assert!(sub_opts[0].mount_options.contains("nosuid"), "{sub_opts:?}");
             // The source itself stays writable.
             fs::write(sub.join("new"), b"z").unwrap();
             assert_eq!(

@@ -16,8 +16,6 @@ use anyhow::{bail, Context, Result};
 use cubelet_engine::spec::SandboxProcess;
 use cubelet_engine::SandboxId;
 use cubelet_runtime::podns::{is_pinned, pins_alive, PinRequest, PodNamespaces};
-use nix::mount::{mount, MsFlags};
-use nix::sched::{unshare, CloneFlags};
 
 /// Runs `body` with a pin directory in a private mount namespace, on a
 /// current-thread runtime. Prints a note and passes when not root.
@@ -26,20 +24,12 @@ where
     F: FnOnce(PodNamespaces) -> Fut + Send + 'static,
     Fut: Future<Output = Result<()>>,
 {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIPPED: needs root to make and pin namespaces");
+    if !cubelet_testkit::is_root("this test (pinned namespaces)") {
         return;
     }
     let res = std::thread::spawn(move || -> Result<()> {
-        unshare(CloneFlags::CLONE_NEWNS).context("unshare")?;
-        mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        )
-        .context("make / private")?;
+        cubelet_testkit::enter_private(cubelet_testkit::Namespaces::Mount)
+            .context("enter a private mount namespace")?;
         let tmp = tempfile::Builder::new()
             .prefix("cubelet-podns-test")
             .tempdir()?;

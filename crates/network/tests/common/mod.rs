@@ -17,8 +17,7 @@ use anyhow::{bail, Context, Result};
 use cubelet_engine::spec::{NamespaceMode, SandboxSpec};
 use cubelet_engine::{FlowContext, SandboxId};
 use cubelet_network::{BridgeConfig, BridgeNetwork, MemLeases};
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use nix::sched::{unshare, CloneFlags};
+use nix::mount::{umount2, MntFlags};
 
 /// Test bridge name; it only ever exists inside a test's own namespace.
 pub const BRIDGE: &str = "cbt0";
@@ -35,20 +34,12 @@ where
     F: FnOnce(Env) -> Fut + Send + 'static,
     Fut: Future<Output = Result<()>>,
 {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIPPED: needs root to create network namespaces");
+    if !cubelet_testkit::is_root("this test (network namespaces)") {
         return;
     }
     let res = std::thread::spawn(move || -> Result<()> {
-        unshare(CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWNS).context("unshare")?;
-        mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        )
-        .context("make / private")?;
+        cubelet_testkit::enter_private(cubelet_testkit::Namespaces::NetworkAndMount)
+            .context("enter private network and mount namespaces")?;
         run(&["ip", "link", "set", "lo", "up"])?;
         let dir = StateDir(
             tempfile::Builder::new()

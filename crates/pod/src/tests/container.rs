@@ -448,6 +448,8 @@ async fn stop_records_the_exit() {
     assert_eq!(drain(&mut rx), [(id, PodEventKind::Stopped)]);
     // It answers once the runtime let go of the exited task.
     assert_eq!(r.runtime.calls("settle"), 1);
+    // The exit came with the stop: no status call to learn it.
+    assert_eq!(r.runtime.calls("status"), 0);
 }
 
 #[tokio::test]
@@ -865,4 +867,31 @@ async fn the_runtime_state_of_a_fake_container_follows_the_calls() {
     assert_eq!(r.runtime.container(&id).unwrap().state, RtState::Running);
     r.pods.stop_container(&id, Duration::ZERO).await.unwrap();
     assert_eq!(r.runtime.container(&id).unwrap().state, RtState::Exited);
+}
+
+#[tokio::test]
+async fn a_caller_check_reads_the_pod_under_its_lock_and_a_refusal_creates_nothing() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let saw = std::sync::Arc::clone(&seen);
+    let err = r
+        .pods
+        .create_container_checked(sb.as_str(), request("app"), move |pod| {
+            *saw.lock().unwrap() = Some(pod.id.clone());
+            Err(PodError::invalid("config.linux", "refused by the caller"))
+        })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("refused by the caller"), "{err}");
+    assert_eq!(seen.lock().unwrap().as_ref(), Some(&sb));
+    assert_eq!(r.runtime.calls("create"), 0);
+    assert!(r.pods.containers_of(&sb).unwrap().is_empty());
+    // Accepted: created as by `create_container`.
+    let id = r
+        .pods
+        .create_container_checked(sb.as_str(), request("app"), |_| Ok::<(), PodError>(()))
+        .await
+        .unwrap();
+    assert_eq!(r.container(&id).unwrap().state, ContainerState::Created);
 }

@@ -6,3 +6,4 @@ mod harness;
 mod pool;
 mod reconcile;
 mod sandbox;
+mod stats;

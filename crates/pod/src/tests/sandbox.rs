@@ -192,25 +192,6 @@ async fn a_pod_left_for_cleanup_does_not_block_a_new_run() {
     assert_eq!(r.pods.list_sandboxes().unwrap().len(), 2);
 }
 
-#[tokio::test]
-async fn an_unknown_runtime_handler_is_invalid_argument_naming_the_field() {
-    let r = Rig::new();
-    match r.pods.resolve_handler("gvisor").unwrap_err() {
-        PodError::InvalidArgument { field, reason } => {
-            assert_eq!(field, "runtime_handler");
-            assert!(reason.contains("kata, runc"), "{reason}");
-        }
-        other => panic!("{other:?}"),
-    }
-    assert_eq!(r.pods.resolve_handler("kata").unwrap(), "kata");
-}
-
-#[tokio::test]
-async fn an_empty_handler_means_the_default() {
-    let r = Rig::new();
-    assert_eq!(r.pods.resolve_handler("").unwrap(), "runc");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_gives_up_still_gets_its_sandbox() {
     let r = Rig::new();
@@ -312,6 +293,9 @@ async fn stop_stops_every_container_then_destroys() {
     assert_eq!(r.held(), 0, "destroy released every step");
     // Only StopContainer waits for the runtime to let go of the tasks.
     assert_eq!(r.runtime.calls("settle"), 0);
+    // Each stop reported its exit: no status call after it.
+    assert_eq!(r.runtime.calls("stop"), 2);
+    assert_eq!(r.runtime.calls("status"), 0);
 }
 
 #[tokio::test]
@@ -556,4 +540,19 @@ async fn stop_and_remove_of_one_pod_never_overlap() {
     assert!(r.sandbox(&id).is_none());
     assert_eq!(r.held(), 0);
     assert!(r.pods.history(&id).is_empty());
+}
+
+#[tokio::test]
+async fn port_forward_needs_a_ready_pod() {
+    let r = Rig::new();
+    let id = r.ready_pod("web").await;
+    assert_eq!(r.pods.ready_sandbox(&id.as_str()[..8]).unwrap().id, id);
+    r.pods.stop_sandbox(id.as_str()).await.unwrap();
+    let e = r.pods.ready_sandbox(id.as_str()).unwrap_err();
+    assert!(matches!(e, PodError::FailedPrecondition(_)), "{e}");
+    assert!(e.to_string().contains("not ready"), "{e}");
+    let e = r.pods.ready_sandbox(&"e".repeat(64)).unwrap_err();
+    assert!(matches!(e, PodError::NotFound { .. }), "{e}");
+    let e = r.pods.ready_sandbox("").unwrap_err();
+    assert!(e.to_string().contains("pod_sandbox_id"), "{e}");
 }

@@ -119,6 +119,31 @@ impl RuntimeConfig {
             snapshotter: "overlayfs".to_owned(),
         }
     }
+
+    /// Resolves a handler name (empty = the default) to its name and
+    /// config; an unknown one is `InvalidArgument` on `runtime_handler`,
+    /// listing the configured ones.
+    pub fn handler(&self, name: &str) -> Result<(&str, &HandlerConfig), RuntimeError> {
+        let name = if name.is_empty() {
+            self.default_handler.as_str()
+        } else {
+            name
+        };
+        self.handlers
+            .get_key_value(name)
+            .map(|(k, v)| (k.as_str(), v))
+            .ok_or_else(|| {
+                // Sorted: the map is ordered.
+                let known: Vec<&str> = self.handlers.keys().map(String::as_str).collect();
+                RuntimeError::InvalidArgument {
+                    field: "runtime_handler".to_owned(),
+                    reason: format!(
+                        "unknown runtime handler {name:?} (configured: {})",
+                        known.join(", ")
+                    ),
+                }
+            })
+    }
 }
 
 /// State of a container.
@@ -132,6 +157,15 @@ pub enum ContainerState {
     Exited,
     /// Containerd reports something else (paused, unknown).
     Unknown,
+}
+
+/// How a container's task exited, as [`ContainerRuntime::stop`] saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskExit {
+    /// Exit code.
+    pub code: i32,
+    /// When it exited, if known.
+    pub at: Option<SystemTime>,
 }
 
 /// What [`ContainerRuntime::status`] reports.
@@ -196,6 +230,12 @@ pub struct ContainerRuntime {
     /// Containers whose rootfs is mounted for a user lookup right now
     /// (under [`USER_LOOKUP_DIR`]); the GC unmounts every other entry there.
     user_lookups: Arc<Mutex<HashSet<String>>>,
+    /// Containers this process created and has not started, as it sent
+    /// them to containerd: their start reads its labels (stdin, tty, log
+    /// path), snapshot and spec from here instead of asking containerd
+    /// again. Taken by the start, dropped by the deletion; after a restart
+    /// containerd is asked.
+    created: Arc<Mutex<HashMap<String, Container>>>,
 }
 
 /// A task being retired: its exit (status, time), and a receiver that turns
@@ -265,6 +305,7 @@ impl ContainerRuntime {
             leased: Arc::default(),
             usage: crate::stats::SnapshotUsageCache::default(),
             user_lookups: Arc::default(),
+            created: Arc::default(),
         }
     }
 
@@ -288,21 +329,10 @@ impl ContainerRuntime {
         &self.config
     }
 
-    /// Resolves a handler name (empty = the default) to its name and config.
+    /// Resolves a handler name (empty = the default) to its name and config
+    /// ([`RuntimeConfig::handler`]).
     pub fn handler(&self, name: &str) -> Result<(&str, &HandlerConfig), RuntimeError> {
-        let name = if name.is_empty() {
-            self.config.default_handler.as_str()
-        } else {
-            name
-        };
-        self.config
-            .handlers
-            .get_key_value(name)
-            .map(|(k, v)| (k.as_str(), v))
-            .ok_or_else(|| RuntimeError::InvalidArgument {
-                field: "runtime_handler".to_owned(),
-                reason: format!("no runtime handler {name:?} is configured"),
-            })
+        self.config.handler(name)
     }
 
     fn runtime_options(handler: &HandlerConfig) -> Option<Any> {
@@ -341,6 +371,16 @@ impl ContainerRuntime {
         // A poisoned map only means a panic elsewhere while holding it; the
         // map itself is still consistent (every update is one insert/remove).
         self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Container `id` as this process created it, if it has not been
+    /// started (see `created`), else as containerd holds it.
+    async fn created_container(&self, id: &str) -> Result<Container, RuntimeError> {
+        let created = lock_map(&self.created).remove(id);
+        match created {
+            Some(c) => Ok(c),
+            None => self.get_container(id).await,
+        }
     }
 
     async fn get_container(&self, id: &str) -> Result<Container, RuntimeError> {
@@ -384,6 +424,12 @@ impl ContainerRuntime {
     }
 }
 
+/// Locks a map whose every update is one insert or remove (so a poisoned
+/// lock still holds it intact).
+fn lock_map<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn unix_nanos(t: SystemTime) -> u128 {
     t.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos()
 }
@@ -391,6 +437,26 @@ fn unix_nanos(t: SystemTime) -> u128 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_handler_resolves_once_to_its_name_and_config() {
+        let mut config = RuntimeConfig::new("/run/x".into());
+        config
+            .handlers
+            .insert("kata".to_owned(), HandlerConfig::default());
+        assert_eq!(config.handler("").unwrap().0, "runc");
+        assert_eq!(config.handler("kata").unwrap().0, "kata");
+        match config.handler("gvisor").unwrap_err() {
+            RuntimeError::InvalidArgument { field, reason } => {
+                assert_eq!(field, "runtime_handler");
+                assert!(
+                    reason.contains("\"gvisor\" (configured: kata, runc)"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn runc_options_encode_root_and_binary() {

@@ -17,16 +17,12 @@ use prost_types::Any;
 use tracing::{debug_span, Instrument};
 
 use super::{
-    json_any, ts_to_system, unix_nanos, ContainerRuntime, ContainerState, ContainerStatus,
-    KIND_LABEL, LABEL_EXIT, LABEL_HANDLER, LABEL_LOG, LABEL_NAME, LABEL_PREFIX, LABEL_STARTED,
-    LABEL_STDIN, LABEL_STDIN_ONCE, LABEL_STOP_SIGNAL, LABEL_TTY, RESOURCES_TYPE_URL, SPEC_TYPE_URL,
+    json_any, lock_map, ts_to_system, unix_nanos, ContainerRuntime, ContainerState,
+    ContainerStatus, KIND_LABEL, LABEL_EXIT, LABEL_HANDLER, LABEL_LOG, LABEL_NAME, LABEL_PREFIX,
+    LABEL_STARTED, LABEL_STDIN, LABEL_STDIN_ONCE, LABEL_STOP_SIGNAL, LABEL_TTY, RESOURCES_TYPE_URL,
+    SPEC_TYPE_URL,
 };
 use crate::error::{cd, cd_container, RuntimeError};
-
-fn lock_map<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // One insert or removal per holder: consistent even after a panic.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// How long a create lease lives (its `containerd.io/gc.expire`).
 const CREATE_LEASE_LIFE: Duration = Duration::from_secs(3600);
@@ -355,11 +351,12 @@ impl ContainerRuntime {
         self.client
             .containers()
             .create(self.client.request(CreateContainerRequest {
-                container: Some(container),
+                container: Some(container.clone()),
             }))
             .instrument(debug_span!("containers.create"))
             .await
             .map_err(cd_container("containers.create", id))?;
+        lock_map(&self.created).insert(id.to_owned(), container);
         Ok(())
     }
 
@@ -445,6 +442,7 @@ impl ContainerRuntime {
     /// Idempotent.
     #[tracing::instrument(name = "containers.delete", level = "debug", skip_all)]
     pub async fn delete_container(&self, id: &str) -> Result<(), RuntimeError> {
+        lock_map(&self.created).remove(id);
         match self
             .client
             .containers()

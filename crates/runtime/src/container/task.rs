@@ -17,8 +17,8 @@ use tokio::task::JoinHandle;
 use tracing::{debug_span, Instrument};
 
 use super::{
-    ts_to_system, unix_nanos, ContainerRuntime, Live, Retiring, LABEL_EXIT, LABEL_LOG,
-    LABEL_STARTED, LABEL_STDIN, LABEL_STDIN_ONCE, LABEL_STOP_SIGNAL, LABEL_TTY,
+    lock_map, ts_to_system, unix_nanos, ContainerRuntime, Live, Retiring, TaskExit, LABEL_EXIT,
+    LABEL_LOG, LABEL_STARTED, LABEL_STDIN, LABEL_STDIN_ONCE, LABEL_STOP_SIGNAL, LABEL_TTY,
 };
 use crate::client::Containerd;
 use crate::error::{cd, RuntimeError};
@@ -63,7 +63,8 @@ impl ContainerRuntime {
     /// Starts container `id`: FIFOs, log copier, task create and start.
     /// Returns the host pid of the container's init process.
     pub async fn start(&self, id: &str) -> Result<u32, RuntimeError> {
-        let container = self.get_container(id).await?;
+        // As created by this process: no round trip to read back what it sent.
+        let container = self.created_container(id).await?;
         let stdin = container
             .labels
             .get(LABEL_STDIN)
@@ -294,14 +295,25 @@ impl ContainerRuntime {
     /// SIGTERM), up to `timeout` for it to exit, then SIGKILL. Idempotent:
     /// no task or an exited task is success. The exited task is then
     /// retired (see the module documentation); [`ContainerRuntime::status`]
-    /// reports its exit meanwhile and after.
+    /// reports its exit meanwhile and after. Returns the exit of the task
+    /// it stopped (or found exited), `None` when there was no task: the
+    /// caller needs no [`ContainerRuntime::status`] to learn it.
     #[tracing::instrument(name = "runtime.stop", level = "debug", skip_all)]
-    pub async fn stop(&self, id: &str, timeout: Duration) -> Result<(), RuntimeError> {
+    pub async fn stop(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<Option<TaskExit>, RuntimeError> {
         self.retired(id).await;
-        if let Some(exit) = self.halt(id, timeout).await? {
-            self.retire(id, exit);
-        }
-        Ok(())
+        let Some(exit) = self.halt(id, timeout).await? else {
+            return Ok(None);
+        };
+        self.retire(id, exit);
+        let (status, at) = exit;
+        Ok(Some(TaskExit {
+            code: i32::try_from(status).unwrap_or(i32::MAX),
+            at,
+        }))
     }
 
     /// [`ContainerRuntime::stop`] without the retirement: returns the exit
@@ -352,7 +364,7 @@ impl ContainerRuntime {
     fn retire(&self, id: &str, exit: (u32, Option<SystemTime>)) {
         let (done, rx) = tokio::sync::watch::channel(false);
         {
-            let mut retiring = lock(&self.retiring);
+            let mut retiring = lock_map(&self.retiring);
             if retiring.contains_key(id) {
                 return;
             }
@@ -371,15 +383,15 @@ impl ContainerRuntime {
             };
             match retired {
                 Ok(()) => {
-                    lock(&gone).insert(id.clone());
-                    let l = lock(&live).remove(&id);
+                    lock_map(&gone).insert(id.clone());
+                    let l = lock_map(&live).remove(&id);
                     drain_copiers(l).await;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "retiring the exited task failed; removal deletes it")
                 }
             }
-            lock(&retiring).remove(&id);
+            lock_map(&retiring).remove(&id);
             let _ = done.send(true);
         };
         tokio::spawn(work.instrument(span));
@@ -387,22 +399,22 @@ impl ContainerRuntime {
 
     /// The exit of `id`'s task while it is being retired.
     pub(super) fn retiring_exit(&self, id: &str) -> Option<(u32, Option<SystemTime>)> {
-        lock(&self.retiring).get(id).map(|r| r.exit)
+        lock_map(&self.retiring).get(id).map(|r| r.exit)
     }
 
     /// True once a retirement deleted `id`'s task: it has none.
     pub(super) fn is_retired(&self, id: &str) -> bool {
-        lock(&self.retired).contains(id)
+        lock_map(&self.retired).contains(id)
     }
 
     /// Forgets that `id`'s task was retired (the container is removed).
     pub(super) fn forget_retired(&self, id: &str) {
-        lock(&self.retired).remove(id);
+        lock_map(&self.retired).remove(id);
     }
 
     /// Waits until a retirement of `id`'s task, if one runs, is over.
     pub async fn retired(&self, id: &str) {
-        let rx = lock(&self.retiring).get(id).map(|r| r.done.clone());
+        let rx = lock_map(&self.retiring).get(id).map(|r| r.done.clone());
         if let Some(mut rx) = rx {
             // An error means the retirement ended without saying so (the
             // runtime shut down): it runs no more either way.
@@ -425,12 +437,6 @@ impl ContainerRuntime {
         drain_copiers(live).await;
         Ok(())
     }
-}
-
-/// Locks a map whose every update is one insert or remove (so a poisoned
-/// lock still holds it intact).
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Records the exit of `id`'s task in a label of its container.

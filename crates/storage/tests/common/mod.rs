@@ -13,16 +13,10 @@ use std::sync::Arc;
 use cubelet_engine::spec::{NamespaceMode, NamespaceOptions};
 use cubelet_engine::{FlowContext, SandboxId, SandboxSpec};
 use cubelet_storage::{mount_table, LocalStorage, StorageConfig};
-use nix::mount::{mount, MsFlags};
-use nix::sched::{unshare, CloneFlags};
 
 /// True when running as root; otherwise prints why the test is skipped.
 pub fn need_root(test: &str) -> bool {
-    let root = nix::unistd::geteuid().is_root();
-    if !root {
-        eprintln!("SKIPPED {test}: needs root (mount namespaces, tmpfs, loop devices)");
-    }
-    root
+    cubelet_testkit::is_root(test)
 }
 
 /// Runs `f` on a fresh thread in a private mount namespace, on a
@@ -34,26 +28,7 @@ where
     Fut: Future<Output = R>,
     R: Send + 'static,
 {
-    let handle = std::thread::spawn(move || {
-        unshare(CloneFlags::CLONE_NEWNS).expect("unshare(CLONE_NEWNS)");
-        mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        )
-        .expect("make / rprivate");
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(f())
-    });
-    match handle.join() {
-        Ok(r) => r,
-        Err(p) => std::panic::resume_unwind(p),
-    }
+    cubelet_testkit::block_on_private(cubelet_testkit::Namespaces::Mount, f)
 }
 
 /// A provider rooted in a temp directory, with a fake host resolv.conf.
