@@ -40,7 +40,7 @@ pub use error::{
 };
 pub use flow::{Flow, FlowContext, FlowKind, SandboxOutput, SandboxOutputs};
 pub use journal::{
-    FlowId, FlowRecord, FlowStart, FlowState, Journal, MemJournal, NoopJournal, Settle, StepEntry,
+    folds_into, FlowId, FlowRecord, FlowStart, FlowState, Journal, MemJournal, NoopJournal, Settle, StepEntry,
     StepEvent, StepRecord,
 };
 pub use keyed::{KeyedGuard, KeyedLocks};
