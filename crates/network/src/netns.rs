@@ -435,15 +435,16 @@ mod tests {
             own_pin_id(OsStr::new(&id)).map(|i| i.to_string()),
             Some(id.clone())
         );
-        for other in [
-            "cni-1234",
-            "Not-An-Id",
-            "abc",
-            &id[..63],
-            &format!("{id}0"),
-            &"0123456789ABCDEF".repeat(4),
-            &"0123456789abcdeg".repeat(4),
-        ] {
+        let others = [
+            "cni-1234".to_owned(),
+            "Not-An-Id".to_owned(),
+            "abc".to_owned(),
+            id[..63].to_owned(),
+            format!("{id}0"),
+            "0123456789ABCDEF".repeat(4),
+            "0123456789abcdeg".repeat(4),
+        ];
+        for other in &others {
             assert!(own_pin_id(OsStr::new(other)).is_none(), "{other}");
         }
     }

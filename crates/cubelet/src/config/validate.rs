@@ -55,7 +55,7 @@ fn lexical(p: &Path) -> PathBuf {
 /// Refuses a directory that is shared with other programs.
 fn own_dir(key: &'static str, p: &Path) -> Result<(), ConfigError> {
     let norm = lexical(p);
-    if SHARED_DIRS.iter().any(|d| Path::new(d) == norm) {
+    if SHARED_DIRS.iter().any(|d| norm.as_path() == Path::new(d)) {
         return Err(ConfigError::Invalid {
             key,
             message: format!(
