@@ -251,7 +251,9 @@ impl Collector for ContainerdOrphans<'_> {
         let (adopt_containers, adopt_snapshots) = inv.unmarked(ours);
         for id in &adopt_containers {
             match self.runtime.adopt_container(id).await {
-                Ok(()) => info!(container_id = %id, "gc: marked a container of the store as Cubelet's"),
+                Ok(()) => {
+                    info!(container_id = %id, "gc: marked a container of the store as Cubelet's")
+                }
                 Err(e) => report.fail("containerd", &e),
             }
         }

@@ -303,9 +303,7 @@ impl Journal for MemJournal {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
         let mut attempts = 1;
-        let newest = recs
-            .iter()
-            .rposition(|r| &r.sandbox_id == start.sandbox_id);
+        let newest = recs.iter().rposition(|r| &r.sandbox_id == start.sandbox_id);
         if let Some(i) = newest.filter(|&i| folds_into(&start, &recs[i])) {
             attempts = recs.remove(i).attempts.saturating_add(1);
         }

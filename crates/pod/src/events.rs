@@ -124,7 +124,9 @@ impl PodService {
                     let event = ContainerEvent {
                         id: id.clone(),
                         kind: ContainerEventKind::Exited {
-                            code: s.exit_code.map_or(0, |c| u32::try_from(c).unwrap_or(u32::MAX)),
+                            code: s
+                                .exit_code
+                                .map_or(0, |c| u32::try_from(c).unwrap_or(u32::MAX)),
                             at: s.finished_at,
                             exec_id: String::new(),
                             pid: s.pid,

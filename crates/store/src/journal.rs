@@ -118,7 +118,10 @@ impl Store {
                 .open_multimap_table(FLOWS_BY_SANDBOX)
                 .map_err(StoreError::db(op))?;
             let mut prev_id = None;
-            for v in index.get(start.sandbox_id.as_str()).map_err(StoreError::db(op))? {
+            for v in index
+                .get(start.sandbox_id.as_str())
+                .map_err(StoreError::db(op))?
+            {
                 prev_id = Some(v.map_err(StoreError::db(op))?.value());
             }
             if let Some(prev_id) = prev_id {
@@ -588,7 +591,10 @@ mod tests {
             j.finish(f, FlowState::Succeeded, None).unwrap();
             let history = j.sandbox_history(&a).unwrap();
             assert_eq!(history.len(), 2);
-            assert_eq!((history[1].state, history[1].attempts), (FlowState::Succeeded, 6));
+            assert_eq!(
+                (history[1].state, history[1].attempts),
+                (FlowState::Succeeded, 6)
+            );
             // After a success a new cleanup is a record of its own, and so
             // is one after a different flow.
             let f = j.begin(start(FlowKind::Cleanup, &a, &spec, None)).unwrap();
