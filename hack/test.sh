@@ -23,8 +23,19 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 log "MSRV (rust-version)"
 "$HACK_DIR/check-msrv.sh"
 
-log "cargo deny (licenses, bans, sources; advisories need the network)"
+log "cargo deny (licenses, bans, sources)"
 cargo deny --locked check licenses bans sources
+# Advisories from a local copy of the RustSec database (deny.toml's
+# db-path, $CARGO_HOME/advisory-dbs), never fetched here: `cargo deny
+# fetch` fills it where the network allows. See docs/security.md,
+# "Supply chain".
+advisory_dbs="${CARGO_HOME:-$HOME/.cargo}/advisory-dbs"
+if compgen -G "$advisory_dbs/*/crates" >/dev/null; then
+    log "cargo deny advisories (local database under $advisory_dbs, no fetch)"
+    cargo deny --locked check --disable-fetch advisories
+else
+    log "SKIP cargo deny advisories: no local advisory database under $advisory_dbs (run \`cargo deny fetch\` where the network allows)"
+fi
 
 log "building"
 # With the test-only failpoint hook (e2e/tests/{faults,recovery}.rs use it);

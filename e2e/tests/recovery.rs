@@ -193,7 +193,9 @@ async fn gc_reclaims_orphans(d: &Daemon) -> anyhow::Result<()> {
     run("ip", &["link", "set", &veth, "master", &d.bridge]).await?;
     // Containerd objects: a running container of the ghost sandbox (its
     // infra container id), with its task and rootfs snapshot. No cgroup path,
-    // so runc leaves no parent cgroup behind.
+    // so runc leaves no parent cgroup behind. It carries Cubelet's owner
+    // mark, as every container the daemon makes does: the GC removes only
+    // marked objects (hostile/gc.rs checks that unmarked ones stay).
     let image = format!("{REGISTRY}/busybox:test");
     d.ctr(&["images", "pull", "--plain-http", &image]).await?;
     d.ctr(&[
@@ -202,6 +204,8 @@ async fn gc_reclaims_orphans(d: &Daemon) -> anyhow::Result<()> {
         "--cgroup",
         "",
         "--net-host",
+        "--label",
+        "io.cubelet.runtime/owner=cubelet",
         &image,
         &ghost_str,
         "sleep",

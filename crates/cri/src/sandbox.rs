@@ -30,6 +30,7 @@ impl Cri {
         let rec = self
             .pods()
             .require_sandbox("pod_sandbox_id", &r.pod_sandbox_id)?;
+        self.pods().note_seen([&rec.id]);
         let status = convert::pod_sandbox_status(&rec);
         let mut info = std::collections::HashMap::new();
         if r.verbose {
@@ -74,13 +75,15 @@ impl Cri {
         r: cri::ListPodSandboxRequest,
     ) -> CriResult<cri::ListPodSandboxResponse> {
         let filter = r.filter.unwrap_or_default();
-        let items = self
+        let listed: Vec<_> = self
             .pods()
             .list_sandboxes()?
-            .iter()
+            .into_iter()
             .filter(|rec| convert::sandbox_matches(&filter, rec))
-            .map(|rec| convert::pod_sandbox(rec))
             .collect();
+        // What kubelet is told about it still tracks: the GC leaves those.
+        self.pods().note_seen(listed.iter().map(|rec| &rec.id));
+        let items = listed.iter().map(|rec| convert::pod_sandbox(rec)).collect();
         Ok(cri::ListPodSandboxResponse { items })
     }
 }

@@ -14,7 +14,7 @@ use cubelet_metrics::{AdminServer, Metrics, Readiness};
 use cubelet_pod::{PodDeps, PodService};
 use cubelet_runtime::cgroups::CgroupSupport;
 use cubelet_runtime::container::{ContainerRuntime, HandlerConfig, RuntimeConfig};
-use cubelet_runtime::events::EventMonitor;
+use cubelet_runtime::events::{ContainerEventKind, EventMonitor};
 use cubelet_runtime::image::ImageService;
 use cubelet_runtime::podns::PodNamespaces;
 use cubelet_runtime::sandbox::{PauseImage, SandboxMode, SandboxProvider};
@@ -438,6 +438,19 @@ impl Parts {
     }
 }
 
+/// Asks the pod service, on a task of its own, for the exits that events
+/// lost (after a resubscription or a lag) would have brought.
+fn resync(parts: &Arc<Parts>) {
+    let parts = Arc::clone(parts);
+    tokio::spawn(
+        async move {
+            let applied = parts.pods.resync_exits().await;
+            info!(applied, "container events resynced");
+        }
+        .in_current_span(),
+    );
+}
+
 /// Applies containerd's exit/OOM events through the pod service.
 async fn event_loop(parts: Arc<Parts>, monitor: EventMonitor, shutdown: CancellationToken) {
     let mut rx = monitor.subscribe();
@@ -447,9 +460,11 @@ async fn event_loop(parts: Arc<Parts>, monitor: EventMonitor, shutdown: Cancella
             e = rx.recv() => e,
         };
         match event {
+            Ok(ev) if ev.kind == ContainerEventKind::Reconnected => resync(&parts),
             Ok(ev) => parts.pods.apply_event(&ev),
             Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                 error!(missed = n, "container events lagged");
+                resync(&parts);
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         }

@@ -1,7 +1,13 @@
 //! The garbage collector: reclaims sandboxes whose teardown failed or that
-//! kubelet never removed, and orphans (containerd containers, tasks and
+//! kubelet no longer lists, and orphans (containerd containers, tasks and
 //! snapshots, netns pins, IPC/UTS pins, veths, leases, sandbox directories,
 //! mounts, journal entries) that belong to no known sandbox or container.
+//!
+//! It removes only what is Cubelet's: containerd objects that carry its
+//! owner mark (`cubelet_runtime::owner`), files under its own directories
+//! with names of its own format. Whatever else shares the namespace or a
+//! directory is left alone (and start-up refuses a configuration that
+//! shares one with another runtime: `config::validate`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -180,10 +186,11 @@ impl Gc {
     }
 }
 
-/// containerd containers, tasks and rootfs snapshots that belong to neither
-/// a live sandbox (its infra container) nor a container the store knows
-/// (or one whose removal is under way), and extraction snapshots of pulls
-/// that died.
+/// containerd containers, tasks and rootfs snapshots that carry Cubelet's
+/// owner mark and belong to neither a live sandbox (its infra container)
+/// nor a container the store knows (or one whose removal is under way), and
+/// marked extraction snapshots of pulls that died. Unmarked objects the
+/// store knows (made before the mark) are adopted: marked, not removed.
 struct ContainerdOrphans<'a> {
     runtime: &'a ContainerRuntime,
     store: &'a Store,
@@ -225,12 +232,37 @@ impl Collector for ContainerdOrphans<'_> {
             .chain(containers.iter().map(|c| c.id.as_str()))
             .chain(removing.iter().map(String::as_str))
             .collect();
-        let orphans: Vec<String> = inv
-            .ids()
-            .into_iter()
+        let all = inv.ids();
+        let (foreign, orphans): (Vec<&str>, Vec<&str>) = all
+            .iter()
+            .copied()
             .filter(|id| !known.contains(id))
-            .map(str::to_owned)
-            .collect();
+            .partition(|id| !inv.owned(id));
+        if !foreign.is_empty() {
+            debug!(count = foreign.len(), ids = ?foreign, "gc: left alone containerd objects without Cubelet's mark");
+        }
+        let orphans: Vec<String> = orphans.into_iter().map(str::to_owned).collect();
+        // The store's own objects that lack the mark: adopted. (Not the
+        // ones being removed: they go anyway.)
+        let ours = live
+            .iter()
+            .map(SandboxId::as_str)
+            .chain(containers.iter().map(|c| c.id.as_str()));
+        let (adopt_containers, adopt_snapshots) = inv.unmarked(ours);
+        for id in &adopt_containers {
+            match self.runtime.adopt_container(id).await {
+                Ok(()) => {
+                    info!(container_id = %id, "gc: marked a container of the store as Cubelet's")
+                }
+                Err(e) => report.fail("containerd", &e),
+            }
+        }
+        for key in &adopt_snapshots {
+            match self.runtime.adopt_snapshot(key).await {
+                Ok(()) => info!(snapshot = %key, "gc: marked a snapshot of the store as Cubelet's"),
+                Err(e) => report.fail("containerd", &e),
+            }
+        }
         let results = futures::stream::iter(orphans)
             .map(|id: String| async move {
                 let result = self.runtime.remove(&id).await;

@@ -91,6 +91,32 @@ pub struct FlowRecord {
     pub error: Option<String>,
     /// Steps in the order they started.
     pub steps: Vec<StepRecord>,
+    /// How many runs this record stands for: 1, or more when it took the
+    /// place of the failed runs of the same cleanup before it (see
+    /// [`folds_into`]); `error` is then the last run's.
+    #[serde(default = "first_attempt")]
+    pub attempts: u32,
+}
+
+fn first_attempt() -> u32 {
+    1
+}
+
+/// Whether a flow starting as `start` takes the place of `prev`, the
+/// newest record of the same sandbox: both are plain `cleanup` runs (no
+/// compensation) and `prev` failed. A cleanup the GC retries for ever then
+/// keeps one record, with its attempt count and last error, instead of
+/// adding one per retry. Nothing is lost for recovery: the new run redoes
+/// the same idempotent teardown, and is open until it settles.
+pub fn folds_into(start: &FlowStart<'_>, prev: &FlowRecord) -> bool {
+    start.kind == FlowKind::Cleanup
+        && start.compensates.is_none()
+        && prev.kind == FlowKind::Cleanup
+        && prev.compensates.is_none()
+        && &prev.sandbox_id == start.sandbox_id
+        && prev.finished_at.is_some()
+        && prev.state != FlowState::Succeeded
+        && prev.error.is_some()
 }
 
 /// The start of a flow, as given to [`Journal::begin`].
@@ -276,6 +302,11 @@ impl Journal for MemJournal {
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
+        let mut attempts = 1;
+        let newest = recs.iter().rposition(|r| &r.sandbox_id == start.sandbox_id);
+        if let Some(i) = newest.filter(|&i| folds_into(&start, &recs[i])) {
+            attempts = recs.remove(i).attempts.saturating_add(1);
+        }
         recs.push(FlowRecord {
             id,
             kind: start.kind,
@@ -287,6 +318,7 @@ impl Journal for MemJournal {
             state: FlowState::Running,
             error: None,
             steps: Vec::new(),
+            attempts,
         });
         Ok(id)
     }

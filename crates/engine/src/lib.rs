@@ -40,8 +40,8 @@ pub use error::{
 };
 pub use flow::{Flow, FlowContext, FlowKind, SandboxOutput, SandboxOutputs};
 pub use journal::{
-    FlowId, FlowRecord, FlowStart, FlowState, Journal, MemJournal, NoopJournal, Settle, StepEntry,
-    StepEvent, StepRecord,
+    folds_into, FlowId, FlowRecord, FlowStart, FlowState, Journal, MemJournal, NoopJournal, Settle,
+    StepEntry, StepEvent, StepRecord,
 };
 pub use keyed::{KeyedGuard, KeyedLocks};
 pub use limiter::{Limiter, LimiterSnapshot, Permit, WaitOutcome};

@@ -162,9 +162,26 @@ pub(crate) async fn host_network_status() -> NetworkStatus {
     }
 }
 
+/// The sandbox id a pin named `name` belongs to, when the name is in the
+/// format of the ids Cubelet makes (64 lowercase hex characters, as
+/// containerd's); `None` for any other file, which is not Cubelet's.
+pub(crate) fn own_pin_id(name: &std::ffi::OsStr) -> Option<SandboxId> {
+    let name = name.to_str()?;
+    let own = name.len() == 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if own {
+        SandboxId::parse(name)
+    } else {
+        None
+    }
+}
+
 /// Removes every pin in `dir`, and in the user-namespace pin directory
-/// beside it, that belongs to no sandbox in `keep()`: pins of other
-/// sandboxes and files whose names are not sandbox ids. `keep` is asked
+/// beside it, that belongs to no sandbox in `keep()`. Only pins whose names
+/// are in Cubelet's own id format ([`own_pin_id`]) are considered: any
+/// other file there is not Cubelet's and is left alone. `keep` is asked
 /// after both have been listed (see [`cubelet_engine::LiveSandboxes`]);
 /// when it returns `None` nothing is removed. Returns how many were
 /// removed; a missing directory holds none.
@@ -172,8 +189,15 @@ pub(crate) fn remove_pins_except(
     dir: &Path,
     keep: impl FnOnce() -> Option<HashSet<SandboxId>>,
 ) -> Result<usize, NetworkError> {
-    let mut found = cubelet_host::pins::entries(dir)?;
-    found.extend(cubelet_host::pins::entries(&crate::userns::dir_for(dir))?);
+    let userns_dir = crate::userns::dir_for(dir);
+    let found: Vec<(PathBuf, SandboxId)> = cubelet_host::pins::entries(dir)?
+        .into_iter()
+        .chain(cubelet_host::pins::entries(&userns_dir)?)
+        .filter_map(|(path, _)| {
+            let id = own_pin_id(path.file_name()?)?;
+            Some((path, id))
+        })
+        .collect();
     if found.is_empty() {
         return Ok(0);
     }
@@ -182,8 +206,7 @@ pub(crate) fn remove_pins_except(
     };
     let mut removed = 0;
     for (path, id) in found {
-        let live = id.is_some_and(|id| keep.contains(&id));
-        if !live && remove_pin(&path)? {
+        if !keep.contains(&id) && remove_pin(&path)? {
             removed += 1;
         }
     }
@@ -337,4 +360,51 @@ pub async fn net_dev_in_netns(netns: PathBuf) -> io::Result<String> {
         })?;
     rx.await
         .map_err(|_| io::Error::other("netns stats thread panicked"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn only_names_in_cubelets_id_format_are_its_pins() {
+        let id = "0123456789abcdef".repeat(4);
+        assert_eq!(
+            own_pin_id(OsStr::new(&id)).map(|i| i.to_string()),
+            Some(id.clone())
+        );
+        let others = [
+            "cni-1234".to_owned(),
+            "Not-An-Id".to_owned(),
+            "abc".to_owned(),
+            id[..63].to_owned(),
+            format!("{id}0"),
+            "0123456789ABCDEF".repeat(4),
+            "0123456789abcdeg".repeat(4),
+        ];
+        for other in &others {
+            assert!(own_pin_id(OsStr::new(other)).is_none(), "{other}");
+        }
+    }
+
+    #[test]
+    fn foreign_files_in_the_pin_dir_are_left_alone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("netns");
+        fs::create_dir(&dir).unwrap();
+        let ours = "ab".repeat(32);
+        let upper = "AB".repeat(32);
+        let foreign = ["cni-5f2a", "README", upper.as_str()];
+        for name in foreign.iter().chain([&ours.as_str()]) {
+            fs::write(dir.join(name), b"").unwrap();
+        }
+        // Nothing live: only Cubelet's pin goes.
+        let removed = remove_pins_except(&dir, || Some(HashSet::new())).unwrap();
+        assert_eq!(removed, 1);
+        for name in foreign {
+            assert!(dir.join(name).exists(), "{name} removed");
+        }
+        assert!(!dir.join(&ours).exists());
+    }
 }

@@ -375,11 +375,15 @@ fn gc_removes_what_no_live_sandbox_owns() {
         net.create(&ctx(&ids[0], SandboxSpec::default())).await?;
         net.create(&ctx(&ids[1], SandboxSpec::default())).await?;
         net.create(&ctx(&ids[2], spec)).await?;
-        // A stray pin file with a name that is not a sandbox id.
-        std::fs::write(env.state_dir.join("netns").join("Not-An-Id"), b"")?;
+        // A file whose name is not in Cubelet's id format: not Cubelet's,
+        // left alone.
+        let stray = env.state_dir.join("netns").join("Not-An-Id");
+        std::fs::write(&stray, b"")?;
 
         let report = net.gc(&live(&[&ids[0]])).await?;
-        assert_eq!(report.netns, 3, "{report:?}");
+        assert!(stray.exists(), "a foreign file was removed");
+        std::fs::remove_file(&stray)?;
+        assert_eq!(report.netns, 2, "{report:?}");
         assert_eq!(report.veths, 2, "{report:?}");
         assert_eq!(report.leases, 2, "{report:?}");
         assert_eq!(report.port_rules, 1, "{report:?}");

@@ -218,11 +218,15 @@ fn gc_removes_pins_no_live_sandbox_owns() {
         for id in &ids {
             net.create(&ctx(id, SandboxSpec::default())).await?;
         }
-        // A stray pin file with a name that is not a sandbox id.
-        std::fs::write(env.state_dir.join("netns").join("Not-An-Id"), b"")?;
+        // A file whose name is not in Cubelet's id format: not Cubelet's,
+        // left alone.
+        let stray = env.state_dir.join("netns").join("Not-An-Id");
+        std::fs::write(&stray, b"")?;
 
         let report = net.gc(&live(&[&ids[0]])).await?;
-        assert_eq!(report, NoneGcReport { netns: 3 });
+        assert_eq!(report, NoneGcReport { netns: 2 });
+        assert!(stray.exists(), "a foreign file was removed");
+        std::fs::remove_file(&stray)?;
         assert_eq!(pins(&env), vec![ids[0].to_string()]);
         assert_eq!(ns_mounts(&env.state_dir), 1);
 

@@ -3,9 +3,10 @@
 use std::time::SystemTime;
 
 use cubelet_engine::SandboxId;
+use cubelet_runtime::container::ContainerState as RtState;
 use cubelet_runtime::events::{ContainerEvent, ContainerEventKind};
 use cubelet_store::{ContainerState, SandboxState, StoreError};
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::service::{blocking, PodEventKind, PodService};
 
@@ -84,6 +85,64 @@ impl PodService {
             .flatten()
             .and_then(|s| s.spec.cgroup_parent);
         self.runtime().oom_killed(id, parent.as_deref())
+    }
+
+    /// Brings the records in line with the runtime after events may have
+    /// been lost (the event stream was subscribed to again, or a receiver
+    /// lagged): every container recorded as running whose task has exited
+    /// gets the exit it missed, and every ready pod whose infra process has
+    /// exited becomes not ready, as if the events had arrived. Returns how
+    /// many exits it applied.
+    pub async fn resync_exits(&self) -> usize {
+        let mut applied = 0;
+        let containers = match self.store().list_containers() {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %cubelet_engine::chain(&e), "resync: list containers");
+                return 0;
+            }
+        };
+        let sandboxes = match self.store().list_sandboxes() {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %cubelet_engine::chain(&e), "resync: list sandboxes");
+                return 0;
+            }
+        };
+        let running = containers
+            .iter()
+            .filter(|c| c.state == ContainerState::Running)
+            .map(|c| c.id.clone());
+        let infra = sandboxes
+            .iter()
+            .filter(|s| s.state == SandboxState::Ready)
+            .filter(|s| s.process.as_ref().is_some_and(|p| !p.is_infraless()))
+            .map(|s| s.id.as_str().to_owned());
+        for id in running.chain(infra).collect::<Vec<_>>() {
+            match self.runtime().status(&id).await {
+                Ok(s) if s.state == RtState::Exited => {
+                    let event = ContainerEvent {
+                        id: id.clone(),
+                        kind: ContainerEventKind::Exited {
+                            code: s
+                                .exit_code
+                                .map_or(0, |c| u32::try_from(c).unwrap_or(u32::MAX)),
+                            at: s.finished_at,
+                            exec_id: String::new(),
+                            pid: s.pid,
+                        },
+                    };
+                    info!(container_id = %id, "resync: applying an exit the event stream missed");
+                    self.apply_event(&event);
+                    applied += 1;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    warn!(container_id = %id, error = %cubelet_engine::chain(&e), "resync: status")
+                }
+            }
+        }
+        applied
     }
 
     /// The infra process of a sandbox exited: the pod is not ready.

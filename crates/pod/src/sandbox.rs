@@ -249,20 +249,38 @@ impl PodService {
         Ok(removed)
     }
 
-    /// Sandboxes stopped longer than `ttl` that kubelet never removed, and
-    /// those left `NeedsCleanup`: the GC's work list.
+    /// Records that a CRI client (kubelet) was just told about `ids`, in a
+    /// ListPodSandbox or PodSandboxStatus answer: it still tracks them, so
+    /// the GC leaves them stopped until it removes them.
+    pub fn note_seen<'a>(&self, ids: impl IntoIterator<Item = &'a SandboxId>) {
+        self.inner.sightings.saw(ids);
+    }
+
+    /// The GC's work list: sandboxes left `NeedsCleanup`, and stopped ones
+    /// kubelet no longer lists: stopped longer than `ttl` and named in no
+    /// ListPodSandbox or PodSandboxStatus answer for `ttl` (as containerd
+    /// does: a stopped sandbox stays, with its logs, until kubelet removes
+    /// it). Sightings are kept in memory, so after a restart every sandbox
+    /// counts as seen at the start.
     pub fn gc_candidates(&self, ttl: Duration) -> PodResult<Vec<SandboxRecord>> {
         let now = SystemTime::now();
-        Ok(self
-            .store()
-            .list_sandboxes()?
+        let mono = std::time::Instant::now();
+        let all = self.store().list_sandboxes()?;
+        let sightings = &self.inner.sightings;
+        {
+            let ids: std::collections::HashSet<&SandboxId> = all.iter().map(|r| &r.id).collect();
+            sightings.retain(|id| ids.contains(id));
+        }
+        Ok(all
             .into_iter()
             .filter(|r| match r.state {
                 SandboxState::NeedsCleanup => true,
-                SandboxState::NotReady => r
-                    .stopped_at
-                    .and_then(|t| now.duration_since(t).ok())
-                    .is_some_and(|age| age >= ttl),
+                SandboxState::NotReady => {
+                    r.stopped_at
+                        .and_then(|t| now.duration_since(t).ok())
+                        .is_some_and(|age| age >= ttl)
+                        && mono.saturating_duration_since(sightings.last_seen(&r.id)) >= ttl
+                }
                 _ => false,
             })
             .collect())

@@ -87,6 +87,59 @@ pub(crate) struct Inner {
     pub(crate) removals: Removals,
     /// CPU samples and open cgroup files of the stats calls.
     pub(crate) stats: crate::stats::StatsState,
+    /// When a CRI client (kubelet) last named each sandbox in a
+    /// ListPodSandbox or PodSandboxStatus answer; see
+    /// [`PodService::gc_candidates`].
+    pub(crate) sightings: Sightings,
+}
+
+/// When a client last saw each sandbox, in memory: after a restart every
+/// sandbox counts as seen at the start.
+#[derive(Debug)]
+pub(crate) struct Sightings {
+    since: std::time::Instant,
+    last: std::sync::Mutex<std::collections::HashMap<SandboxId, std::time::Instant>>,
+}
+
+impl Default for Sightings {
+    fn default() -> Self {
+        Self {
+            since: std::time::Instant::now(),
+            last: std::sync::Mutex::default(),
+        }
+    }
+}
+
+impl Sightings {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<SandboxId, std::time::Instant>> {
+        // One insert or lookup per holder: consistent even after a panic.
+        self.last.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that a client saw `ids` now.
+    pub(crate) fn saw<'a>(&self, ids: impl IntoIterator<Item = &'a SandboxId>) {
+        let now = std::time::Instant::now();
+        let mut last = self.lock();
+        for id in ids {
+            last.insert(id.clone(), now);
+        }
+    }
+
+    /// When a client last saw `id` (the start of this process at the
+    /// earliest).
+    pub(crate) fn last_seen(&self, id: &SandboxId) -> std::time::Instant {
+        self.lock()
+            .get(id)
+            .copied()
+            .map_or(self.since, |t| t.max(self.since))
+    }
+
+    /// Forgets every sandbox `keep` refuses.
+    pub(crate) fn retain(&self, mut keep: impl FnMut(&SandboxId) -> bool) {
+        self.lock().retain(|id, _| keep(id));
+    }
 }
 
 /// Owns every pod and container state transition: RunPodSandbox through
@@ -148,6 +201,7 @@ impl PodService {
                 pool,
                 removals: Removals::default(),
                 stats: crate::stats::StatsState::default(),
+                sightings: Sightings::default(),
             }),
         }
     }

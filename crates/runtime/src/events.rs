@@ -3,7 +3,11 @@
 //!
 //! [`EventMonitor::spawn`] subscribes to containerd's event stream filtered
 //! to `/tasks/exit` and `/tasks/oom` in Cubelet's namespace, and resubscribes
-//! with exponential backoff whenever the stream ends or fails.
+//! with exponential backoff whenever the stream ends or fails. Events sent
+//! while no subscription stood are lost: after every resubscription the
+//! monitor sends [`ContainerEventKind::Reconnected`], on which a receiver
+//! compares what runs with what it recorded (the pod service's
+//! `resync_exits`).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -33,6 +37,20 @@ pub enum ContainerEventKind {
     },
     /// The container hit its memory limit.
     Oom,
+    /// The event stream was subscribed to again after it broke (the event's
+    /// id is empty): exits in between may have been missed, so a receiver
+    /// asks the runtime for the state of what it believes runs.
+    Reconnected,
+}
+
+impl ContainerEvent {
+    /// The event sent after a resubscription.
+    pub fn reconnected() -> Self {
+        Self {
+            id: String::new(),
+            kind: ContainerEventKind::Reconnected,
+        }
+    }
 }
 
 /// An event about one container (or sandbox infra container).
@@ -131,6 +149,7 @@ async fn run(client: Containerd, tx: broadcast::Sender<ContainerEvent>) {
     let min = Duration::from_millis(100);
     let max = Duration::from_secs(5);
     let mut backoff = min;
+    let mut subscribed_before = false;
     loop {
         let req = client.request(SubscribeRequest {
             filters: filters(client.namespace()),
@@ -138,6 +157,12 @@ async fn run(client: Containerd, tx: broadcast::Sender<ContainerEvent>) {
         match client.events().subscribe(req).await {
             Ok(resp) => {
                 let mut stream = resp.into_inner();
+                if std::mem::replace(&mut subscribed_before, true) {
+                    // Subscribed again: what exited meanwhile sent no event
+                    // this process saw.
+                    tracing::info!("event stream resubscribed; asking for a resync");
+                    let _ = tx.send(ContainerEvent::reconnected());
+                }
                 while let Some(item) = stream.next().await {
                     match item {
                         Ok(env) => {

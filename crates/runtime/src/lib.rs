@@ -23,6 +23,7 @@ pub mod image;
 pub mod inventory;
 pub mod io;
 pub mod logs;
+pub mod owner;
 pub mod pause;
 pub mod podns;
 pub mod safe_read;

@@ -222,10 +222,11 @@ pub async fn ensure_pause_image(
         store
             .put(&blobs.layer_digest, blobs.layer.clone(), HashMap::new())
             .await?;
-        let labels = HashMap::from([
+        let mut labels = HashMap::from([
             (LABEL_MANAGED.to_owned(), "managed".to_owned()),
             (LABEL_PINNED.to_owned(), "pinned".to_owned()),
         ]);
+        crate::owner::mark(&mut labels);
         images
             .commit(&store, std::slice::from_ref(&name), &blobs.docs, labels)
             .await

@@ -34,8 +34,8 @@
 //! in front of every stage of every flow for no gain in safety.
 
 use cubelet_engine::{
-    FlowId, FlowRecord, FlowStart, FlowState, Journal, JournalError, SandboxId, Settle, StepEntry,
-    StepEvent, StepRecord,
+    folds_into, FlowId, FlowRecord, FlowStart, FlowState, Journal, JournalError, SandboxId, Settle,
+    StepEntry, StepEvent, StepRecord,
 };
 use redb::{Durability, ReadableDatabase, ReadableMultimapTable, ReadableTable};
 use std::time::SystemTime;
@@ -111,6 +111,33 @@ impl Store {
                 .map_err(StoreError::db(op))?
                 .map_or(0, |(k, _)| k.value());
             let id = counted.max(newest) + 1;
+            // The sandbox's newest flow, which a retried cleanup replaces
+            // (`folds_into`): one record per failing cleanup, not one per try.
+            let mut attempts = 1;
+            let mut index = txn
+                .open_multimap_table(FLOWS_BY_SANDBOX)
+                .map_err(StoreError::db(op))?;
+            let mut prev_id = None;
+            for v in index
+                .get(start.sandbox_id.as_str())
+                .map_err(StoreError::db(op))?
+            {
+                prev_id = Some(v.map_err(StoreError::db(op))?.value());
+            }
+            if let Some(prev_id) = prev_id {
+                let prev: Option<FlowRecord> = flows
+                    .get(prev_id)
+                    .map_err(StoreError::db(op))?
+                    .map(|g| decode(FLOWS_NAME, &prev_id.to_string(), g.value()))
+                    .transpose()?;
+                if let Some(prev) = prev.filter(|p| folds_into(&start, p)) {
+                    attempts = prev.attempts.saturating_add(1);
+                    flows.remove(prev_id).map_err(StoreError::db(op))?;
+                    index
+                        .remove(start.sandbox_id.as_str(), prev_id)
+                        .map_err(StoreError::db(op))?;
+                }
+            }
             let now = SystemTime::now();
             let mut rec = FlowRecord {
                 id,
@@ -123,6 +150,7 @@ impl Store {
                 state: FlowState::Running,
                 error: None,
                 steps: Vec::new(),
+                attempts,
             };
             for e in started {
                 apply(&mut rec, e.step, e.event, now);
@@ -134,8 +162,7 @@ impl Store {
             let last = id.to_string();
             meta.insert(META_LAST_FLOW, last.as_str())
                 .map_err(StoreError::db(op))?;
-            txn.open_multimap_table(FLOWS_BY_SANDBOX)
-                .map_err(StoreError::db(op))?
+            index
                 .insert(start.sandbox_id.as_str(), id)
                 .map_err(StoreError::db(op))?;
             id
@@ -532,6 +559,88 @@ mod tests {
             normalise(store.list_flows().unwrap()),
             normalise(mem.records())
         );
+    }
+
+    /// A cleanup that fails on every GC pass keeps one record, with its
+    /// attempt count and last error, in both journals; a different flow in
+    /// between, a compensation or a success ends the folding.
+    #[test]
+    fn a_repeatedly_failing_cleanup_keeps_one_record() {
+        let (_dir, store) = open_tmp();
+        let mem = MemJournal::new();
+        for j in [&store as &dyn Journal, &mem] {
+            let a = sid("sba");
+            let spec = SandboxSpec::default();
+            let create = j.begin(start(FlowKind::Create, &a, &spec, None)).unwrap();
+            j.finish(create, FlowState::Succeeded, None).unwrap();
+            for n in 1..=5 {
+                let f = j.begin(start(FlowKind::Cleanup, &a, &spec, None)).unwrap();
+                j.finish(f, FlowState::Failed, Some(&format!("busy {n}")))
+                    .unwrap();
+            }
+            let history = j.sandbox_history(&a).unwrap();
+            assert_eq!(history.len(), 2, "{history:?}");
+            assert_eq!(history[0].kind, FlowKind::Create);
+            assert_eq!(history[0].attempts, 1);
+            assert_eq!(history[1].attempts, 5);
+            assert_eq!(history[1].error.as_deref(), Some("busy 5"));
+            // Still open for recovery: one open flow, not five.
+            assert_eq!(j.open_flows().unwrap().len(), 1);
+            // A success takes the failures' place too, with their count.
+            let f = j.begin(start(FlowKind::Cleanup, &a, &spec, None)).unwrap();
+            j.finish(f, FlowState::Succeeded, None).unwrap();
+            let history = j.sandbox_history(&a).unwrap();
+            assert_eq!(history.len(), 2);
+            assert_eq!(
+                (history[1].state, history[1].attempts),
+                (FlowState::Succeeded, 6)
+            );
+            // After a success a new cleanup is a record of its own, and so
+            // is one after a different flow.
+            let f = j.begin(start(FlowKind::Cleanup, &a, &spec, None)).unwrap();
+            j.finish(f, FlowState::Failed, Some("x")).unwrap();
+            let d = j.begin(start(FlowKind::Destroy, &a, &spec, None)).unwrap();
+            j.finish(d, FlowState::Succeeded, None).unwrap();
+            let f = j.begin(start(FlowKind::Cleanup, &a, &spec, None)).unwrap();
+            j.finish(f, FlowState::Failed, Some("y")).unwrap();
+            let kinds: Vec<_> = j
+                .sandbox_history(&a)
+                .unwrap()
+                .iter()
+                .map(|r| (r.kind, r.attempts))
+                .collect();
+            assert_eq!(
+                kinds,
+                [
+                    (FlowKind::Create, 1),
+                    (FlowKind::Cleanup, 6),
+                    (FlowKind::Cleanup, 1),
+                    (FlowKind::Destroy, 1),
+                    (FlowKind::Cleanup, 1),
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn records_written_before_attempts_existed_read_as_one() {
+        let mut v = serde_json::to_value(FlowRecord {
+            id: 1,
+            kind: FlowKind::Cleanup,
+            sandbox_id: sid("sba"),
+            spec: SandboxSpec::default(),
+            compensates: None,
+            started_at: UNIX_EPOCH,
+            finished_at: None,
+            state: FlowState::Running,
+            error: None,
+            steps: Vec::new(),
+            attempts: 3,
+        })
+        .unwrap();
+        v.as_object_mut().unwrap().remove("attempts");
+        let old: FlowRecord = serde_json::from_value(v).unwrap();
+        assert_eq!(old.attempts, 1);
     }
 
     #[test]

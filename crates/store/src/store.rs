@@ -1337,6 +1337,7 @@ mod tests {
             state: cubelet_engine::FlowState::Running,
             error: None,
             steps: Vec::new(),
+            attempts: 1,
         }
     }
 

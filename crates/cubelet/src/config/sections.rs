@@ -473,7 +473,10 @@ pub struct GcConfig {
     /// Time between passes.
     #[serde(with = "humantime_serde")]
     pub interval: Duration,
-    /// Stopped sandboxes older than this are removed if kubelet never did.
+    /// A stopped sandbox is removed when it has been stopped this long and
+    /// no CRI client (kubelet) has named it in a ListPodSandbox or
+    /// PodSandboxStatus answer for this long either: kubelet no longer
+    /// tracks it. One kubelet still lists stays until kubelet removes it.
     #[serde(with = "humantime_serde")]
     pub dead_sandbox_ttl: Duration,
     /// Items reclaimed at once.

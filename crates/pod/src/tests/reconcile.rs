@@ -147,3 +147,37 @@ async fn a_runtime_that_cannot_answer_fails_reconciliation() {
     assert!(err.to_string().contains("containerd down"), "{err}");
     assert_eq!(r.container(&id).unwrap().state, ContainerState::Running);
 }
+
+/// Exits containerd sent while the event stream was down never reach
+/// `apply_event`; the resync after the resubscription applies them.
+#[tokio::test]
+async fn exits_the_event_stream_missed_are_applied_on_resync() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let quiet = r.ready_pod("quiet").await;
+    r.runtime.set_infra_running(sb.as_str());
+    r.runtime.set_infra_running(quiet.as_str());
+    let gone = r.running(&sb, "gone").await;
+    let alive = r.running(&sb, "alive").await;
+    let mut rx = r.pods.subscribe();
+    // Both exit while no subscription stands: their events are lost.
+    let _lost = r.runtime.exit(&gone, 4);
+    let _lost = r.runtime.exit(quiet.as_str(), 0);
+    assert_eq!(r.container(&gone).unwrap().state, ContainerState::Running);
+    assert_eq!(r.sandbox(&quiet).unwrap().state, SandboxState::Ready);
+
+    assert_eq!(r.pods.resync_exits().await, 2);
+    let rec = r.container(&gone).unwrap();
+    assert_eq!(rec.state, ContainerState::Exited);
+    assert_eq!(rec.exit_code, Some(4));
+    assert!(rec.finished_at.is_some());
+    assert_eq!(r.container(&alive).unwrap().state, ContainerState::Running);
+    assert_eq!(r.sandbox(&quiet).unwrap().state, SandboxState::NotReady);
+    assert_eq!(r.sandbox(&sb).unwrap().state, SandboxState::Ready);
+    assert_eq!(
+        super::harness::drain(&mut rx),
+        [(gone, crate::PodEventKind::Stopped)]
+    );
+    // Nothing is left to apply.
+    assert_eq!(r.pods.resync_exits().await, 0);
+}

@@ -522,6 +522,41 @@ async fn gc_candidates_are_pods_left_for_cleanup_and_long_stopped_ones() {
     assert!(!ids(Duration::ZERO).contains(&ready));
 }
 
+#[tokio::test]
+async fn stopped_pods_kubelet_still_lists_are_not_gc_candidates() {
+    let r = Rig::new();
+    let listed = r.ready_pod("listed").await;
+    let forgotten = r.ready_pod("forgotten").await;
+    r.pods.stop_sandbox(listed.as_str()).await.unwrap();
+    r.pods.stop_sandbox(forgotten.as_str()).await.unwrap();
+    let ttl = Duration::from_millis(300);
+    let ids = || {
+        let mut v: Vec<_> = r
+            .pods
+            .gc_candidates(ttl)
+            .unwrap()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        v.sort();
+        v
+    };
+    // Both stopped just now, and the service started just now: kept.
+    assert!(ids().is_empty());
+    // kubelet keeps naming `listed` (ListPodSandbox, PodSandboxStatus)
+    // while both are stopped longer than the TTL.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        r.pods.note_seen([&listed]);
+    }
+    assert_eq!(ids(), std::slice::from_ref(&forgotten));
+    // Once kubelet stops naming it for the TTL, it goes too.
+    tokio::time::sleep(ttl).await;
+    let mut both = vec![listed, forgotten];
+    both.sort();
+    assert_eq!(ids(), both);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stop_and_remove_of_one_pod_never_overlap() {
     let r = Rig::new();

@@ -211,7 +211,11 @@ impl ContainerRuntime {
             snapshotter: self.config.snapshotter.clone(),
             key: id.to_owned(),
             parent: spec.image.chain_id.clone(),
-            labels: HashMap::from([(LABEL_NAME.to_owned(), spec.name.clone())]),
+            labels: {
+                let mut labels = HashMap::from([(LABEL_NAME.to_owned(), spec.name.clone())]);
+                crate::owner::mark(&mut labels);
+                labels
+            },
         });
         if let Ok(v) = lease.parse() {
             prepare.metadata_mut().insert("containerd-lease", v);
@@ -259,10 +263,16 @@ impl ContainerRuntime {
             .leases()
             .create(self.client.request(LeaseCreateRequest {
                 id: lease_id.clone(),
-                labels: HashMap::from([(
-                    "containerd.io/gc.expire".to_owned(),
-                    crate::logs::rfc3339_nano(expires),
-                )]),
+                labels: HashMap::from([
+                    (
+                        "containerd.io/gc.expire".to_owned(),
+                        crate::logs::rfc3339_nano(expires),
+                    ),
+                    (
+                        crate::owner::OWNER_LABEL.to_owned(),
+                        crate::owner::OWNER_VALUE.to_owned(),
+                    ),
+                ]),
             }))
             .await
             .map_err(cd("leases.create"))?;
@@ -335,6 +345,8 @@ impl ContainerRuntime {
         if spec.stdin && spec.stdin_once {
             labels.insert(LABEL_STDIN_ONCE.to_owned(), "true".to_owned());
         }
+        // Last, so no label of the request can take it off.
+        crate::owner::mark(&mut labels);
         let container = Container {
             id: id.to_owned(),
             labels,

@@ -57,7 +57,9 @@ impl Store {
     pub(crate) async fn leased(cd: &Containerd, purpose: &str) -> Result<Self, RuntimeError> {
         let id = format!("cubelet-{purpose}-{}", unique());
         let expire = humantime::format_rfc3339_seconds(SystemTime::now() + LEASE_EXPIRY);
-        let labels = HashMap::from([("containerd.io/gc.expire".to_owned(), expire.to_string())]);
+        let mut labels =
+            HashMap::from([("containerd.io/gc.expire".to_owned(), expire.to_string())]);
+        crate::owner::mark(&mut labels);
         cd.leases()
             .create(cd.request(CreateRequest {
                 id: id.clone(),

@@ -298,7 +298,8 @@ impl ImageService {
             if r.digest().is_none() {
                 names.push(r.clone_with_digest(docs.top.digest.clone()).to_string());
             }
-            let labels = HashMap::from([(LABEL_MANAGED.to_owned(), "managed".to_owned())]);
+            let mut labels = HashMap::from([(LABEL_MANAGED.to_owned(), "managed".to_owned())]);
+            crate::owner::mark(&mut labels);
             self.commit(&store, &names, &docs, labels).await
         }
         .await;

@@ -75,7 +75,7 @@ pub(crate) async fn unpack(
             snapshotter: snapshotter.to_owned(),
             key: key.clone(),
             parent: parent.clone(),
-            labels: HashMap::new(),
+            labels: crate::owner::owner_labels(),
         };
         let mounts = cd
             .snapshots()
@@ -141,7 +141,7 @@ async fn apply_and_commit(
         snapshotter: snapshotter.to_owned(),
         name: chain_id.to_owned(),
         key: key.to_owned(),
-        labels: HashMap::new(),
+        labels: crate::owner::owner_labels(),
     };
     match cd.snapshots().commit(store.req(commit)).await {
         Ok(_) => Ok(()),
