@@ -39,7 +39,7 @@ pub const VETH_PREFIX: &str = "cb";
 pub struct BridgeConfig {
     /// Bridge name (`cubelet0`); also names the lease pool and the nftables table.
     pub name: String,
-    /// Pod subnet (`10.88.0.0/16`); the bridge takes its first host address.
+    /// Pod subnet (`10.86.0.0/16`); the bridge takes its first host address.
     pub subnet: Ipv4Net,
     /// MTU of the bridge and of both veth ends.
     pub mtu: u32,

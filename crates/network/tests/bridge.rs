@@ -558,7 +558,7 @@ fn create_is_idempotent_and_concurrent_creates_do_not_collide() {
 #[test]
 fn cancelled_create_rolls_back() {
     isolated(|env| async move {
-        let (net, leases) = provider(&env, "10.88.0.0/24");
+        let (net, leases) = provider(&env, "10.86.0.0/24");
         net.init().await?;
         let id = sid(1);
         let token = tokio_util::sync::CancellationToken::new();

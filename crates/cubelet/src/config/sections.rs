@@ -358,7 +358,7 @@ impl Default for BridgeSection {
     fn default() -> Self {
         Self {
             name: "cubelet0".into(),
-            subnet: Ipv4Net::new_assert(Ipv4Addr::new(10, 88, 0, 0), 16),
+            subnet: Ipv4Net::new_assert(Ipv4Addr::new(10, 86, 0, 0), 16),
             mtu: 1500,
         }
     }
