@@ -206,9 +206,11 @@ impl BridgeNetwork {
     }
 
     /// Prepares the node: bridge with the gateway address, forwarding, NAT
-    /// rules, the pin directory, and the lease state. Idempotent.
+    /// rules, the pin directory, and the lease state. Idempotent. Refuses a
+    /// subnet another route or interface address overlaps ([`crate::check_subnet`]).
     pub async fn setup(&self) -> Result<(), NetworkError> {
         let nft = self.nft()?;
+        crate::overlap::check_subnet(&self.config.name, self.config.subnet).await?;
         let handle = host_handle()?;
         let name = &self.config.name;
         let index = match link_message(&handle, name).await? {
