@@ -19,22 +19,37 @@ impl Cri {
             .require_sandbox("pod_sandbox_id", &r.pod_sandbox_id)?;
         crate::validate::container_userns(r.config.as_ref(), &pod.spec.namespaces)?;
         let container_id = self.pods().create_container(&r.pod_sandbox_id, req).await?;
+        // At INFO, as containerd logs its CRI container calls: what an
+        // operator reads to follow a pod's containers.
+        let meta = r.config.as_ref().and_then(|c| c.metadata.as_ref());
+        tracing::info!(
+            container_id = %container_id,
+            sandbox_id = %r.pod_sandbox_id,
+            name = meta.map_or("", |m| m.name.as_str()),
+            attempt = meta.map_or(0, |m| m.attempt),
+            "container created"
+        );
         Ok(cri::CreateContainerResponse { container_id })
     }
 
     pub(crate) async fn start_container_impl(&self, id: &str) -> CriResult<()> {
-        Ok(self.pods().start_container(id).await?)
+        self.pods().start_container(id).await?;
+        tracing::info!(container_id = %id, "container started");
+        Ok(())
     }
 
     pub(crate) async fn stop_container_impl(&self, id: &str, timeout: i64) -> CriResult<()> {
         let timeout = Duration::from_secs(u64::try_from(timeout).unwrap_or(0));
-        Ok(self.pods().stop_container(id, timeout).await?)
+        self.pods().stop_container(id, timeout).await?;
+        tracing::info!(container_id = %id, timeout = ?timeout, "container stopped");
+        Ok(())
     }
 
     pub(crate) async fn remove_container_impl(&self, id: &str) -> CriResult<()> {
         let removed = self.pods().remove_container(id).await;
         self.inner.fs_info.invalidate();
         if let Some(id) = removed? {
+            tracing::info!(container_id = %id, "container removed");
             self.inner.stats.forget(&[id]);
         }
         Ok(())
