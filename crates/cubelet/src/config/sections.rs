@@ -41,6 +41,10 @@ pub struct ContainerdConfig {
     /// containerd's root directory (its `root` setting), measured by
     /// CRI `ImageFsInfo`.
     pub root: PathBuf,
+    /// How many times start-up tries containerd (connect and `Version`,
+    /// 3 s each) before it gives up; each failed try is logged at WARN,
+    /// waits grow from 100 ms to 2 s. Default 30 (about a minute).
+    pub connect_attempts: u32,
 }
 
 impl Default for ContainerdConfig {
@@ -49,6 +53,7 @@ impl Default for ContainerdConfig {
             address: "/run/containerd/containerd.sock".into(),
             namespace: "k8s.cubelet.io".into(),
             root: "/var/lib/containerd".into(),
+            connect_attempts: 30,
         }
     }
 }
