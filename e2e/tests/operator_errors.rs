@@ -222,7 +222,10 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        for m in mounts_under(&[&self.run_base, &self.lib_base]).iter().rev() {
+        for m in mounts_under(&[self.run_base.as_path(), self.lib_base.as_path()])
+            .iter()
+            .rev()
+        {
             let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
         }
         let _ = std::fs::remove_dir_all(&self.run_base);

@@ -100,7 +100,7 @@ pub async fn containerd_version(
                 s.message().to_owned()
             }
         })?;
-        Ok((cd, v.into_inner().version))
+        Ok::<_, String>((cd, v.into_inner().version))
     };
     match tokio::time::timeout(timeout, attempt).await {
         Ok(r) => r,

@@ -67,7 +67,7 @@ impl PidLock {
                     state_dir: state_dir.to_path_buf(),
                 });
             }
-            Err(e) => return Err(io("lock", e.into())),
+            Err(e) => return Err(io("lock", std::io::Error::from(e))),
         }
         file.set_len(0).map_err(|e| io("truncate", e))?;
         file.rewind().map_err(|e| io("rewind", e))?;
