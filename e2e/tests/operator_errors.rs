@@ -87,10 +87,14 @@ async fn a_missing_runtime_binary_is_named_by_status_and_check_config() {
                 .iter()
                 .find(|c| c.r#type == "RuntimeReady")
                 .context("no RuntimeReady condition")?;
-            ensure!(!ready.status, "RuntimeReady with a missing binary: {ready:?}");
+            ensure!(
+                !ready.status,
+                "RuntimeReady with a missing binary: {ready:?}"
+            );
             ensure!(ready.reason == "RuntimeBinaryMissing", "{ready:?}");
             ensure!(
-                ready.message == format!("runtime handler runc-alt: binary {MISSING_RUNC} not found"),
+                ready.message
+                    == format!("runtime handler runc-alt: binary {MISSING_RUNC} not found"),
                 "{ready:?}"
             );
 
@@ -107,9 +111,15 @@ async fn a_missing_runtime_binary_is_named_by_status_and_check_config() {
                 "{stdout}"
             );
             ensure!(stdout.matches(MISSING_RUNC).count() == 1, "{stdout}");
-            ensure!(stdout.contains("ok    runtime handler runc: /usr/sbin/runc\n"), "{stdout}");
             ensure!(
-                stdout.contains(&format!("ok    containerd at {}: version ", d.containerd.display())),
+                stdout.contains("ok    runtime handler runc: /usr/sbin/runc\n"),
+                "{stdout}"
+            );
+            ensure!(
+                stdout.contains(&format!(
+                    "ok    containerd at {}: version ",
+                    d.containerd.display()
+                )),
                 "{stdout}"
             );
             // The daemon's own bridge is no conflict for its subnet.
@@ -255,7 +265,9 @@ async fn a_wrong_containerd_socket_is_logged_at_once_and_named_once() {
     let addr = wrong.display().to_string();
 
     let started = Instant::now();
-    let out = cubelet(&argv, &[("CUBELET_LOG", "info")]).await.expect("run");
+    let out = cubelet(&argv, &[("CUBELET_LOG", "info")])
+        .await
+        .expect("run");
     let took = started.elapsed();
     assert_eq!(out.status.code(), Some(1), "exit {}", out.status);
     assert!(took < Duration::from_secs(15), "took {took:?}");
@@ -264,9 +276,19 @@ async fn a_wrong_containerd_socket_is_logged_at_once_and_named_once() {
         .lines()
         .filter(|l| l.contains("WARN") && l.contains("does not answer"))
         .collect();
-    assert_eq!(warns.len(), 2, "one WARN per failed try but the last:\n{stderr}");
+    assert_eq!(
+        warns.len(),
+        2,
+        "one WARN per failed try but the last:\n{stderr}"
+    );
     for (i, w) in warns.iter().enumerate() {
-        assert!(w.contains(&format!("containerd at {addr} does not answer (attempt {} of 3", i + 1)), "{w}");
+        assert!(
+            w.contains(&format!(
+                "containerd at {addr} does not answer (attempt {} of 3",
+                i + 1
+            )),
+            "{w}"
+        );
         assert_eq!(w.matches(&addr).count(), 1, "{w}");
     }
     let last = stderr.lines().last().unwrap_or_default();
@@ -276,16 +298,23 @@ async fn a_wrong_containerd_socket_is_logged_at_once_and_named_once() {
         )),
         "{stderr}"
     );
-    assert_eq!(stderr.matches("does not answer after").count(), 1, "{stderr}");
+    assert_eq!(
+        stderr.matches("does not answer after").count(),
+        1,
+        "{stderr}"
+    );
     // The cause is named once in the final line.
     let cause = last.rsplit_once("attempts: ").map_or("", |(_, c)| c);
     assert!(!cause.is_empty(), "{last}");
     assert_eq!(last.matches(cause).count(), 1, "{last}");
 
     // The same as JSON: one object per line, the address in its message.
-    let out = cubelet(&argv, &[("CUBELET_LOG", "info"), ("CUBELET_LOG_FORMAT", "json")])
-        .await
-        .expect("run");
+    let out = cubelet(
+        &argv,
+        &[("CUBELET_LOG", "info"), ("CUBELET_LOG_FORMAT", "json")],
+    )
+    .await
+    .expect("run");
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     let objects: Vec<serde_json::Value> = stderr
@@ -293,17 +322,19 @@ async fn a_wrong_containerd_socket_is_logged_at_once_and_named_once() {
         .filter(|l| l.starts_with('{'))
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
         .collect();
-    let warns: Vec<&serde_json::Value> = objects
-        .iter()
-        .filter(|o| o["level"] == "WARN")
-        .collect();
+    let warns: Vec<&serde_json::Value> = objects.iter().filter(|o| o["level"] == "WARN").collect();
     assert_eq!(warns.len(), 2, "{stderr}");
     for w in warns {
         let msg = w["fields"]["message"].as_str().unwrap_or_default();
-        assert!(msg.contains(&format!("containerd at {addr} does not answer")), "{w}");
+        assert!(
+            msg.contains(&format!("containerd at {addr} does not answer")),
+            "{w}"
+        );
     }
     // An unknown format is refused before anything else.
-    let out = cubelet(&argv, &[("CUBELET_LOG_FORMAT", "xml")]).await.expect("run");
+    let out = cubelet(&argv, &[("CUBELET_LOG_FORMAT", "xml")])
+        .await
+        .expect("run");
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("CUBELET_LOG_FORMAT=\"xml\""));
 }
@@ -331,9 +362,12 @@ async fn a_subnet_another_interface_routes_is_refused_naming_both() {
         }
     }
     let _link = Link(other.clone());
-    run("ip", &["addr", "add", &format!("10.202.{n}.1/24"), "dev", &other])
-        .await
-        .expect("address");
+    run(
+        "ip",
+        &["addr", "add", &format!("10.202.{n}.1/24"), "dev", &other],
+    )
+    .await
+    .expect("address");
     run("ip", &["link", "set", &other, "up"]).await.expect("up");
 
     let bridge = format!("cbe2eob{n}");
@@ -352,7 +386,10 @@ async fn a_subnet_another_interface_routes_is_refused_naming_both() {
     let out = cubelet(&argv, &[]).await.expect("run");
     assert_eq!(out.status.code(), Some(1), "exit {}", out.status);
     let stdout = text(&out.stdout);
-    assert!(stdout.contains(&format!("FAIL  bridge subnet {subnet}: {want}\n")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("FAIL  bridge subnet {subnet}: {want}\n")),
+        "{stdout}"
+    );
     argv.pop();
 
     let out = cubelet(&argv, &[]).await.expect("run");
@@ -360,13 +397,23 @@ async fn a_subnet_another_interface_routes_is_refused_naming_both() {
     let stderr = text(&out.stderr);
     assert!(stderr.contains(&want), "{stderr}");
     assert_eq!(stderr.matches(&want).count(), 1, "{stderr}");
-    assert_eq!(stderr.matches(&format!("dev {other}")).count(), 1, "{stderr}");
+    assert_eq!(
+        stderr.matches(&format!("dev {other}")).count(),
+        1,
+        "{stderr}"
+    );
     // Refused before the bridge was made.
     assert!(!Path::new(&format!("/sys/class/net/{bridge}")).exists());
     let ns = format!("cubelet-e2e-{}-subnet", std::process::id());
     let _ = run(
         "ctr",
-        &["--address", &containerd_socket().display().to_string(), "namespaces", "remove", &ns],
+        &[
+            "--address",
+            &containerd_socket().display().to_string(),
+            "namespaces",
+            "remove",
+            &ns,
+        ],
     )
     .await;
 }

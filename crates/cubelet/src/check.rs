@@ -215,9 +215,15 @@ mod tests {
         let mut handlers = BTreeMap::new();
         handlers.insert("runc".to_owned(), handler(Some(&exec)));
         assert_eq!(missing_runtime_binary(&handlers), None);
-        handlers.insert("alt".to_owned(), handler(Some(Path::new("/nonexistent/runc"))));
+        handlers.insert(
+            "alt".to_owned(),
+            handler(Some(Path::new("/nonexistent/runc"))),
+        );
         let msg = missing_runtime_binary(&handlers).unwrap();
-        assert_eq!(msg, "runtime handler alt: binary /nonexistent/runc not found");
+        assert_eq!(
+            msg,
+            "runtime handler alt: binary /nonexistent/runc not found"
+        );
         assert_eq!(msg.matches("/nonexistent/runc").count(), 1);
         handlers.insert("alt".to_owned(), handler(Some(&plain)));
         let msg = missing_runtime_binary(&handlers).unwrap();
@@ -266,6 +272,8 @@ mod tests {
         let cause = f[0].outcome.clone().unwrap_err();
         assert!(cause.contains("bad.example/hosts.toml"), "{cause}");
         assert!(f[1].outcome.is_ok(), "{f:?}");
-        assert!(registry_configs(&tmp.path().join("absent"))[0].outcome.is_ok());
+        assert!(registry_configs(&tmp.path().join("absent"))[0]
+            .outcome
+            .is_ok());
     }
 }

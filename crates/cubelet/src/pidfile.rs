@@ -101,7 +101,10 @@ mod tests {
         let err = PidLock::acquire(tmp.path()).unwrap_err();
         let msg = err.to_string();
         let pid = format!("(pid {})", std::process::id());
-        assert!(msg.starts_with(&format!("another Cubelet is running {pid}")), "{msg}");
+        assert!(
+            msg.starts_with(&format!("another Cubelet is running {pid}")),
+            "{msg}"
+        );
         assert_eq!(msg.matches(&pid).count(), 1, "{msg}");
         drop(first);
         assert!(!tmp.path().join(PID_FILE).exists());

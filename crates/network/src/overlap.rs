@@ -48,7 +48,12 @@ impl std::fmt::Display for Occupant {
         match self.kind {
             OccupantKind::Route => write!(f, "route {} dev {}", self.net, self.dev),
             OccupantKind::Address => {
-                write!(f, "address {} on {}", self.addr.unwrap_or(self.net), self.dev)
+                write!(
+                    f,
+                    "address {} on {}",
+                    self.addr.unwrap_or(self.net),
+                    self.dev
+                )
             }
         }
     }

@@ -188,7 +188,9 @@ impl RuntimeError {
     pub fn is_not_found(&self) -> bool {
         match self {
             RuntimeError::NotFound { .. } => true,
-            RuntimeError::Containerd { status: source, .. } => source.code() == tonic::Code::NotFound,
+            RuntimeError::Containerd { status: source, .. } => {
+                source.code() == tonic::Code::NotFound
+            }
             RuntimeError::Shared(e) => e.is_not_found(),
             _ => false,
         }
