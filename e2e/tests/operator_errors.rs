@@ -350,9 +350,9 @@ async fn a_subnet_another_interface_routes_is_refused_naming_both() {
     let subnet = format!("10.202.{n}.0/24");
     // Another runtime's bridge, as containerd's cni0 on 10.88.0.0/16.
     let _ = run("ip", &["link", "del", &other]).await;
-    run("ip", &["link", "add", &other, "type", "dummy"])
+    run("ip", &["link", "add", &other, "type", "bridge"])
         .await
-        .expect("add dummy link");
+        .expect("add bridge");
     struct Link(String);
     impl Drop for Link {
         fn drop(&mut self) {

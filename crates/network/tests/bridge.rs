@@ -750,7 +750,7 @@ fn a_pod_with_a_user_namespace_gets_a_netns_that_namespace_owns() {
 #[test]
 fn setup_refuses_a_subnet_another_interface_routes() {
     isolated(|env| async move {
-        run(&["ip", "link", "add", "cni0", "type", "dummy"])?;
+        run(&["ip", "link", "add", "cni0", "type", "bridge"])?;
         run(&["ip", "addr", "add", "10.88.0.1/16", "dev", "cni0"])?;
         run(&["ip", "link", "set", "cni0", "up"])?;
         let (net, _) = provider(&env, "10.88.0.0/24");
