@@ -124,7 +124,7 @@ async fn a_missing_runtime_binary_is_named_by_status_and_check_config() {
             );
             // The daemon's own bridge is no conflict for its subnet.
             ensure!(
-                stdout.contains(&format!("ok    bridge subnet {}/24", d.subnet)),
+                stdout.contains(&format!("ok    network.bridge.subnet: {}/24: ", d.subnet)),
                 "{stdout}"
             );
             Ok(())
@@ -387,7 +387,7 @@ async fn a_subnet_another_interface_routes_is_refused_naming_both() {
     assert_eq!(out.status.code(), Some(1), "exit {}", out.status);
     let stdout = text(&out.stdout);
     assert!(
-        stdout.contains(&format!("FAIL  bridge subnet {subnet}: {want}\n")),
+        stdout.contains(&format!("FAIL  network.bridge.subnet: {want}\n")),
         "{stdout}"
     );
     argv.pop();

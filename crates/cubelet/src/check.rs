@@ -178,10 +178,10 @@ pub async fn run(config: &Config) -> Vec<Finding> {
     if config.network.provider == NetworkProvider::Bridge {
         let b = &config.network.bridge;
         out.push(Finding {
-            what: format!("bridge subnet {}", b.subnet),
+            what: "network.bridge.subnet".to_owned(),
             outcome: cubelet_network::check_subnet(&b.name, b.subnet)
                 .await
-                .map(|()| "no other route or address overlaps it".to_owned())
+                .map(|()| format!("{}: no other route or address overlaps it", b.subnet))
                 .map_err(|e| cubelet_engine::chain(&e)),
         });
     }
