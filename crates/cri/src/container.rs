@@ -15,6 +15,8 @@ impl Cri {
     ) -> CriResult<cri::CreateContainerResponse> {
         let req = convert::container_request(r.config.as_ref())?;
         let config = r.config;
+        let meta = config.as_ref().and_then(|c| c.metadata.as_ref());
+        let (name, attempt) = meta.map_or((String::new(), 0), |m| (m.name.clone(), m.attempt));
         // Checked against the pod's record the service reads under its lock.
         let container_id = self
             .pods()
@@ -22,22 +24,37 @@ impl Cri {
                 crate::validate::container_userns(config.as_ref(), &pod.spec.namespaces)
             })
             .await?;
+        // At INFO, as containerd logs its CRI container calls: what an
+        // operator reads to follow a pod's containers.
+        tracing::info!(
+            container_id = %container_id,
+            sandbox_id = %r.pod_sandbox_id,
+            name = %name,
+            attempt,
+            "container created"
+        );
         Ok(cri::CreateContainerResponse { container_id })
     }
 
     pub(crate) async fn start_container_impl(&self, id: &str) -> CriResult<()> {
-        Ok(self.pods().start_container(id).await?)
+        self.pods().start_container(id).await?;
+        tracing::info!(container_id = %id, "container started");
+        Ok(())
     }
 
     pub(crate) async fn stop_container_impl(&self, id: &str, timeout: i64) -> CriResult<()> {
         let timeout = Duration::from_secs(u64::try_from(timeout).unwrap_or(0));
-        Ok(self.pods().stop_container(id, timeout).await?)
+        self.pods().stop_container(id, timeout).await?;
+        tracing::info!(container_id = %id, timeout = ?timeout, "container stopped");
+        Ok(())
     }
 
     pub(crate) async fn remove_container_impl(&self, id: &str) -> CriResult<()> {
         let removed = self.pods().remove_container(id).await;
         self.inner.fs_info.invalidate();
-        removed?;
+        if let Some(id) = removed? {
+            tracing::info!(container_id = %id, "container removed");
+        }
         Ok(())
     }
 

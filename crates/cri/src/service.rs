@@ -191,6 +191,7 @@ impl RuntimeService for Cri {
         let r = r.into_inner();
         self.call("StopPodSandbox", async {
             self.pods().stop_sandbox(&r.pod_sandbox_id).await?;
+            tracing::info!(sandbox_id = %r.pod_sandbox_id, "pod sandbox stopped");
             Ok(cri::StopPodSandboxResponse {})
         })
         .await
@@ -206,6 +207,7 @@ impl RuntimeService for Cri {
             // A failed removal may have removed some of the pod's containers.
             self.inner.fs_info.invalidate();
             removed?;
+            tracing::info!(sandbox_id = %r.pod_sandbox_id, "pod sandbox removed");
             Ok(cri::RemovePodSandboxResponse {})
         })
         .await

@@ -107,10 +107,17 @@ impl cubelet_runtime::image::PullObserver for PullMetrics {
 pub(crate) struct Conditions {
     pub(crate) readiness: Readiness,
     pub(crate) network: crate::network::PodNetwork,
+    /// The runtime handlers, whose binaries are checked on every `Status`
+    /// (a `stat` each): one removed or never installed makes the runtime
+    /// not ready, naming it.
+    pub(crate) handlers: std::collections::BTreeMap<String, crate::config::HandlerConfig>,
 }
 
 impl cubelet_cri::NodeConditions for Conditions {
     fn runtime_ready(&self) -> (bool, String, String) {
+        if let Some(message) = crate::check::missing_runtime_binary(&self.handlers) {
+            return (false, "RuntimeBinaryMissing".to_owned(), message);
+        }
         match self.readiness.reason() {
             None if self.readiness.is_ready() => (true, String::new(), String::new()),
             reason => (

@@ -52,31 +52,46 @@ pub(crate) struct Parts {
     pub(crate) podns: PodNamespaces,
 }
 
+/// Connects to containerd, trying `containerd.connect_attempts` times: each
+/// failed try is logged at once at WARN with the address and the cause in
+/// one line, the last one's cause ends start-up.
 async fn connect_containerd(config: &Config, readiness: &Readiness) -> Result<Containerd> {
     let address = &config.containerd.address;
+    let attempts = config.containerd.connect_attempts.max(1);
     let mut delay = Duration::from_millis(100);
-    for attempt in 1.. {
-        match Containerd::connect(address, &config.containerd.namespace).await {
-            Ok(cd) => match cd.version().version(()).await {
-                Ok(v) => {
-                    info!(version = %v.into_inner().version, "connected to containerd");
-                    return Ok(cd);
-                }
-                Err(e) if attempt >= 30 => {
-                    bail!("containerd at {} does not answer: {e}", address.display())
-                }
-                Err(e) => readiness.set_not_ready(format!("containerd: {e}")),
-            },
-            Err(e) if attempt >= 30 => {
-                return Err(e)
-                    .with_context(|| format!("connect to containerd at {}", address.display()))
+    let mut attempt = 1;
+    loop {
+        let cause = match crate::check::containerd_version(
+            address,
+            &config.containerd.namespace,
+            crate::check::CONTAINERD_TIMEOUT,
+        )
+        .await
+        {
+            Ok((cd, version)) => {
+                info!(address = %address.display(), %version, "connected to containerd");
+                return Ok(cd);
             }
-            Err(e) => readiness.set_not_ready(format!("containerd: {e}")),
+            Err(cause) => cause,
+        };
+        if attempt >= attempts {
+            bail!(
+                "containerd at {} does not answer after {attempts} attempts: {cause}",
+                address.display()
+            );
         }
+        warn!(
+            "containerd at {} does not answer (attempt {attempt} of {attempts}, next in {delay:?}): {cause}",
+            address.display()
+        );
+        readiness.set_not_ready(format!(
+            "containerd at {} does not answer: {cause}",
+            address.display()
+        ));
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(2));
+        attempt += 1;
     }
-    unreachable!("the loop returns or bails")
 }
 
 fn pause_binary(config: &Config) -> Result<PathBuf> {
@@ -96,6 +111,9 @@ pub async fn run(config: Config) -> Result<()> {
     for dir in [&config.root_dir, &config.state_dir] {
         ensure_agent_dir(dir).with_context(|| format!("create {}", dir.display()))?;
     }
+    // Before the database or anything else is touched: a second Cubelet on
+    // the same state_dir names the first instead of failing on a lock.
+    let _pid_lock = crate::pidfile::PidLock::acquire(&config.state_dir)?;
 
     let store = Arc::new(Store::open(&config.root_dir.join("cubelet.redb"))?);
     let registry = prometheus::Registry::new();
@@ -192,6 +210,7 @@ pub async fn run(config: Config) -> Result<()> {
     let conditions = Arc::new(Conditions {
         readiness: readiness.clone(),
         network: network.clone(),
+        handlers: config.runtime.handlers.clone(),
     });
     let pause_ref = {
         use cubelet_runtime::sandbox::PauseImageSource;

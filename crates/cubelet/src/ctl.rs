@@ -395,7 +395,7 @@ mod tests {
             namespace: "default".into(),
             state: "ready".into(),
             created_at_ms: now,
-            ips: vec!["10.88.0.2".into()],
+            ips: vec!["10.86.0.2".into()],
             flows: vec![FlowRun {
                 id: 7,
                 kind: "create".into(),
@@ -426,7 +426,7 @@ mod tests {
         let out = sandboxes_text(&[sb]);
         assert!(out.starts_with("SANDBOX"), "{out}");
         assert!(out.contains("0123456789abc  ready  default/web"), "{out}");
-        assert!(out.contains("10.88.0.2"), "{out}");
+        assert!(out.contains("10.86.0.2"), "{out}");
         let step = out.lines().find(|l| l.contains("network  error")).unwrap();
         assert!(step.contains("900µs") && step.ends_with("boom"), "{out}");
         assert!(out.lines().any(|l| l.contains("storage  running")), "{out}");

@@ -6,6 +6,7 @@
 mod adapters;
 pub mod admin;
 mod app;
+pub mod check;
 pub mod config;
 pub mod ctl;
 mod failpoint;
@@ -13,5 +14,6 @@ mod gc;
 pub mod malloc;
 mod network;
 mod notify;
+pub mod pidfile;
 
 pub use app::{run, PROVIDERS};

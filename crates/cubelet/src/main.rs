@@ -24,12 +24,95 @@ struct Args {
     /// beside the configuration file.
     #[arg(long)]
     config_dir: Option<PathBuf>,
-    /// Only check the configuration and exit.
+    /// Check the configuration, then the node against it (runtime
+    /// binaries, the containerd socket, registry host configs, the bridge
+    /// subnet), print one line per check and exit: 0 all passed, 1 one
+    /// failed, 2 the configuration is invalid.
     #[arg(long)]
     check_config: bool,
+    /// Log format: `text` (one line per event) or `json` (one object per
+    /// line); default `CUBELET_LOG_FORMAT`, else `text`. Which events are
+    /// logged: `CUBELET_LOG` (`info`, `debug`, `info,cubelet_runtime=debug`).
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
     /// A subcommand instead of running the agent.
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines, coloured only on a terminal.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// `--log-format`, else `CUBELET_LOG_FORMAT`, else text.
+fn log_format(flag: Option<LogFormat>) -> Result<LogFormat, String> {
+    if let Some(f) = flag {
+        return Ok(f);
+    }
+    match std::env::var("CUBELET_LOG_FORMAT").as_deref() {
+        Err(_) | Ok("") | Ok("text") => Ok(LogFormat::Text),
+        Ok("json") => Ok(LogFormat::Json),
+        Ok(other) => Err(format!(
+            "CUBELET_LOG_FORMAT={other:?} is not a log format (text or json)"
+        )),
+    }
+}
+
+/// Installs the global subscriber: `CUBELET_LOG` (else `RUST_LOG`, else
+/// `info`) filters, `CUBELET_LOG_SPANS=1` logs spans as they close.
+fn init_logging(format: LogFormat) {
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("CUBELET_LOG")
+                .or_else(|_| EnvFilter::try_from_default_env())
+                .unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        // CUBELET_LOG_SPANS=1 logs each enabled span as it closes, with its
+        // busy and idle time: where a CRI call's time goes (docs/performance.md,
+        // "Where a call's time goes").
+        .with_span_events(if std::env::var_os("CUBELET_LOG_SPANS").is_some() {
+            FmtSpan::CLOSE
+        } else {
+            FmtSpan::NONE
+        })
+        .with_writer(std::io::stderr);
+    match format {
+        // Colour only on a terminal: journald, kubectl logs and log files
+        // get plain text.
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+    }
+}
+
+/// Runs `cubelet --check-config` against the node: one line per check.
+fn check_node(config: &cubelet::config::Config) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cubelet: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let findings = runtime.block_on(cubelet::check::run(config));
+    println!("configuration ok");
+    for f in &findings {
+        println!("{f}");
+    }
+    if findings.iter().all(|f| f.outcome.is_ok()) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
 }
 
 /// Subcommands; without one, `cubelet` runs the agent.
@@ -70,25 +153,13 @@ fn main() -> ExitCode {
     if let Some(Command::Ctl(ctl_args)) = &args.command {
         return ctl(ctl_args);
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("CUBELET_LOG")
-                .or_else(|_| EnvFilter::try_from_default_env())
-                .unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        // CUBELET_LOG_SPANS=1 logs each enabled span as it closes, with its
-        // busy and idle time: where a CRI call's time goes (docs/performance.md,
-        // "Where a call's time goes").
-        .with_span_events(if std::env::var_os("CUBELET_LOG_SPANS").is_some() {
-            FmtSpan::CLOSE
-        } else {
-            FmtSpan::NONE
-        })
-        .with_writer(std::io::stderr)
-        // Colour only on a terminal: journald, kubectl logs and log files
-        // get plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    match log_format(args.log_format) {
+        Ok(f) => init_logging(f),
+        Err(e) => {
+            eprintln!("cubelet: {e}");
+            return ExitCode::from(2);
+        }
+    }
 
     let config = match cubelet::config::Config::load(&args.config, args.config_dir.as_deref())
         .and_then(|c| {
@@ -111,8 +182,7 @@ fn main() -> ExitCode {
         );
     }
     if args.check_config {
-        println!("configuration ok");
-        return ExitCode::SUCCESS;
+        return check_node(&config);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -132,7 +202,9 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("cubelet: {e:#}");
+            // Each cause once: many errors print their source in their own
+            // text, which `{e:#}` would print again.
+            eprintln!("cubelet: {}", cubelet_engine::chain(&*e));
             ExitCode::from(1)
         }
     }

@@ -226,17 +226,57 @@ fn rollback_note(rollback: &Option<Box<RollbackError>>) -> String {
     }
 }
 
-/// Formats an error with its whole cause chain: `a: b: c`.
+/// Formats an error with its whole cause chain: `a: b: c`. A cause whose
+/// text the message so far already contains (an error that prints its
+/// source inside its own text, as many do) is skipped, so each cause is
+/// named once.
 pub fn chain(err: &dyn StdError) -> String {
     let mut out = err.to_string();
     let mut cur = err.source();
     while let Some(e) = cur {
         let s = e.to_string();
-        if !out.ends_with(&s) {
+        if !s.is_empty() && !out.contains(&s) {
             out.push_str(": ");
             out.push_str(&s);
         }
         cur = e.source();
     }
     out
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{text}")]
+    struct E {
+        text: String,
+        #[source]
+        source: Option<Box<E>>,
+    }
+
+    fn e(text: &str, source: Option<E>) -> E {
+        E {
+            text: text.to_owned(),
+            source: source.map(Box::new),
+        }
+    }
+
+    /// An error that repeats its source in its own text (as a runc error
+    /// relayed by containerd and wrapped again) names the cause once.
+    #[test]
+    fn a_cause_already_in_the_message_is_named_once() {
+        let runc = "runc create failed: exec: \"nope\": executable file not found in $PATH";
+        let err = e(
+            &format!("start container c1: {runc}"),
+            Some(e(runc, Some(e("executable file not found in $PATH", None)))),
+        );
+        let s = chain(&err);
+        assert_eq!(s, format!("start container c1: {runc}"));
+        assert_eq!(s.matches("executable file not found").count(), 1, "{s}");
+        // Distinct causes are all kept, in order.
+        let err = e("a", Some(e("b", Some(e("c", None)))));
+        assert_eq!(chain(&err), "a: b: c");
+    }
 }

@@ -39,7 +39,7 @@ pub const VETH_PREFIX: &str = "cb";
 pub struct BridgeConfig {
     /// Bridge name (`cubelet0`); also names the lease pool and the nftables table.
     pub name: String,
-    /// Pod subnet (`10.88.0.0/16`); the bridge takes its first host address.
+    /// Pod subnet (`10.86.0.0/16`); the bridge takes its first host address.
     pub subnet: Ipv4Net,
     /// MTU of the bridge and of both veth ends.
     pub mtu: u32,
@@ -206,9 +206,11 @@ impl BridgeNetwork {
     }
 
     /// Prepares the node: bridge with the gateway address, forwarding, NAT
-    /// rules, the pin directory, and the lease state. Idempotent.
+    /// rules, the pin directory, and the lease state. Idempotent. Refuses a
+    /// subnet another route or interface address overlaps ([`crate::check_subnet`]).
     pub async fn setup(&self) -> Result<(), NetworkError> {
         let nft = self.nft()?;
+        crate::overlap::check_subnet(&self.config.name, self.config.subnet).await?;
         let handle = host_handle()?;
         let name = &self.config.name;
         let index = match link_message(&handle, name).await? {

@@ -18,6 +18,16 @@ pub enum NetworkError {
         /// What is wrong.
         reason: String,
     },
+    /// Another route or interface address on the node overlaps the bridge
+    /// subnet (another runtime's pod network, a VPN, a LAN).
+    #[error("bridge subnet {subnet} overlaps {other}")]
+    SubnetOverlap {
+        /// The configured bridge subnet.
+        subnet: Ipv4Net,
+        /// What overlaps it: `route 10.88.0.0/16 dev cni0` or
+        /// `address 10.86.0.5/24 on eth1`.
+        other: String,
+    },
     /// Every address of the pool is leased.
     #[error("no free address left in pool {pool} ({subnet})")]
     PoolExhausted {
@@ -213,6 +223,7 @@ impl NetworkError {
             NetworkError::PoolExhausted { .. } => StepErrorKind::ResourceExhausted,
             NetworkError::PortConflict { .. } => StepErrorKind::AlreadyExists,
             NetworkError::NftMissing
+            | NetworkError::SubnetOverlap { .. }
             | NetworkError::NoCniConfig { .. }
             | NetworkError::CniPluginNotFound { .. } => StepErrorKind::FailedPrecondition,
             NetworkError::CniConfig { .. } => StepErrorKind::InvalidArgument,

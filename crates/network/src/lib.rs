@@ -32,6 +32,7 @@ mod lease;
 mod netns;
 mod nft;
 mod none;
+mod overlap;
 mod userns;
 
 pub use bridge::{
@@ -43,3 +44,4 @@ pub use ipam::Ipam;
 pub use lease::{LeaseStore, MemLeases};
 pub use netns::{connect_in_netns, net_dev_in_netns};
 pub use none::{NoneGcReport, NoneNetwork};
+pub use overlap::check_subnet;

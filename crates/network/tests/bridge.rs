@@ -562,7 +562,7 @@ fn create_is_idempotent_and_concurrent_creates_do_not_collide() {
 #[test]
 fn cancelled_create_rolls_back() {
     isolated(|env| async move {
-        let (net, leases) = provider(&env, "10.88.0.0/24");
+        let (net, leases) = provider(&env, "10.86.0.0/24");
         net.init().await?;
         let id = sid(1);
         let token = tokio_util::sync::CancellationToken::new();
@@ -745,5 +745,33 @@ fn a_pod_with_a_user_namespace_gets_a_netns_that_namespace_owns() {
         assert!(!user_pin.exists());
         assert_eq!(ns_mounts(&env.state_dir), 0, "nsfs mounts left");
         assert_clean(&env, &leases, &net)
+    });
+}
+
+/// Another runtime's bridge on the subnet (containerd's `cni0` on
+/// 10.88.0.0/16): setup refuses, naming both subnets and the device once,
+/// and makes no bridge; the bridge's own earlier address is no conflict.
+#[test]
+fn setup_refuses_a_subnet_another_interface_routes() {
+    isolated(|env| async move {
+        run(&["ip", "link", "add", "cni0", "type", "bridge"])?;
+        run(&["ip", "addr", "add", "10.88.0.1/16", "dev", "cni0"])?;
+        run(&["ip", "link", "set", "cni0", "up"])?;
+        let (net, _) = provider(&env, "10.88.0.0/24");
+        let err = net.setup().await.expect_err("overlapping subnet refused");
+        assert!(matches!(err, NetworkError::SubnetOverlap { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert_eq!(
+            msg,
+            "bridge subnet 10.88.0.0/24 overlaps route 10.88.0.0/16 dev cni0"
+        );
+        assert_eq!(msg.matches("cni0").count(), 1, "{msg}");
+        assert!(!std::path::Path::new(&format!("/sys/class/net/{BRIDGE}")).exists());
+        // A free subnet works, and setting it up again (the bridge's own
+        // route and address now exist) is no conflict.
+        let (net, _) = provider(&env, "10.86.0.0/24");
+        net.setup().await?;
+        net.setup().await?;
+        Ok(())
     });
 }

@@ -61,7 +61,7 @@ pub type ExecResult = ExecOutput;
 fn exec_start_exit_code(e: &RuntimeError) -> Option<i32> {
     let RuntimeError::Containerd {
         op: "tasks.start",
-        source,
+        status: source,
     } = e
     else {
         return None;
@@ -591,7 +591,7 @@ mod tests {
     fn start_error(message: &str) -> RuntimeError {
         RuntimeError::Containerd {
             op: "tasks.start",
-            source: tonic_status(message),
+            status: tonic_status(message),
         }
     }
 

@@ -345,7 +345,7 @@ impl Runtime for FakeRuntime {
             Some(Ok(out)) => Ok(out),
             Some(Err(message)) => Err(RuntimeError::Containerd {
                 op: "tasks.start",
-                source: tonic::Status::unknown(message),
+                status: tonic::Status::unknown(message),
             }),
             None if cmd.first().is_some_and(|c| c == "sleep") => Err(RuntimeError::Timeout {
                 op: "exec",

@@ -501,6 +501,8 @@ impl RegistryClient {
         let mut url = url.to_owned();
         let mut authed = false;
         let mut redirects = 0;
+        // The HTTPS attempt a fallback to plain HTTP followed, and its cause.
+        let mut https_failed: Option<(String, String)> = None;
         loop {
             url = self.after_fallback(url);
             let uri: http::Uri =
@@ -537,24 +539,44 @@ impl RegistryClient {
                 })?;
             let resp = match self.watch.within(&url, client.request(req)).await? {
                 Ok(resp) => resp,
-                Err(e)
-                    if host.http_fallback
+                Err(e) => {
+                    let may_fall_back = host.http_fallback
                         && authority == host.authority
-                        && uri.scheme_str() == Some("https")
-                        && speaks_no_tls(&e, uri.port().is_some()) =>
-                {
-                    // Once per pull for every plain local registry: not news.
-                    tracing::debug!(
-                        host = %authority,
-                        "registry does not speak TLS; using plain HTTP"
-                    );
-                    if let Ok(mut set) = self.plain_http.lock() {
-                        set.insert(authority);
+                        && uri.scheme_str() == Some("https");
+                    if may_fall_back && speaks_no_tls(&e, uri.port().is_some()) {
+                        // Once per pull for every plain local registry: not news.
+                        tracing::debug!(
+                            host = %authority,
+                            "registry does not speak TLS; using plain HTTP"
+                        );
+                        if let Ok(mut set) = self.plain_http.lock() {
+                            set.insert(authority);
+                        }
+                        https_failed = Some((url.clone(), innermost_cause(&e)));
+                        url = format!("http://{}", url.trim_start_matches("https://"));
+                        continue;
                     }
-                    url = format!("http://{}", url.trim_start_matches("https://"));
-                    continue;
+                    if may_fall_back && is_refused(&e) {
+                        // As containerd: a local registry whose HTTPS port
+                        // refuses is tried over plain HTTP too, so that the
+                        // error, if that fails as well, names both tries.
+                        https_failed = Some((url.clone(), innermost_cause(&e)));
+                        url = format!("http://{}", url.trim_start_matches("https://"));
+                        continue;
+                    }
+                    if uri.scheme_str() == Some("http") {
+                        if let Some((https_url, https_cause)) = https_failed.take() {
+                            return Err(RegistryError::Unreachable {
+                                authority,
+                                https_url,
+                                https_cause,
+                                http_url: url,
+                                http_cause: innermost_cause(&e),
+                            });
+                        }
+                    }
+                    return Err(request_error(&url, e));
                 }
-                Err(e) => return Err(request_error(&url, e)),
             };
             let status = resp.status();
             if status == StatusCode::UNAUTHORIZED && !authed {
@@ -910,6 +932,22 @@ fn request_error(url: &str, e: hyper_util::client::legacy::Error) -> RegistryErr
     }
 }
 
+/// The innermost cause of a failed request (`Connection refused (os error
+/// 111)`), which hyper's outer errors ("client error (Connect)") hide.
+fn innermost_cause(e: &hyper_util::client::legacy::Error) -> String {
+    tls::error_chain(e)
+        .last()
+        .map_or_else(|| e.to_string(), |c| c.to_string())
+}
+
+/// True when nothing listens where the request went.
+fn is_refused(e: &hyper_util::client::legacy::Error) -> bool {
+    tls::error_chain(e).any(|err| {
+        err.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+    })
+}
+
 /// True when an HTTPS attempt failed because the server speaks plain HTTP:
 /// its answer to the TLS hello is not TLS (rustls sees an invalid record),
 /// or, when the URL gave no port, nothing listens on 443.
@@ -998,6 +1036,37 @@ mod tests {
         let e = https_get(format!("https://127.0.0.1:{port}/v2/")).await;
         assert!(speaks_no_tls(&e, false), "{e:?}");
         assert!(!speaks_no_tls(&e, true), "{e:?}");
+    }
+
+    /// A local registry's closed port: HTTPS then plain HTTP are tried and
+    /// the error names both, each once, with the cause.
+    #[tokio::test]
+    async fn a_closed_local_port_names_both_https_and_http() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = format!("127.0.0.1:{}", closed.local_addr().unwrap().port());
+        drop(closed);
+        let dir = tempfile::tempdir().unwrap();
+        let hosts = crate::hosts_for(dir.path(), &a).unwrap();
+        let reference = crate::parse_reference(&format!("{a}/r:t")).unwrap();
+        let c = RegistryClient::new(hosts, &reference, None).unwrap();
+        let err = c.manifest(0, "t").await.unwrap_err();
+        assert!(matches!(err, RegistryError::Unreachable { .. }), "{err:?}");
+        let msg = cubelet_chain(&err);
+        assert_eq!(msg.matches(&format!("https://{a}/")).count(), 1, "{msg}");
+        assert_eq!(msg.matches(&format!("http://{a}/")).count(), 1, "{msg}");
+        assert!(msg.to_lowercase().contains("connection refused"), "{msg}");
+    }
+
+    /// `a: b: c` of an error and its sources (the engine's `chain`).
+    fn cubelet_chain(e: &dyn std::error::Error) -> String {
+        let mut out = e.to_string();
+        let mut cur = e.source();
+        while let Some(s) = cur {
+            out.push_str(": ");
+            out.push_str(&s.to_string());
+            cur = s.source();
+        }
+        out
     }
 
     /// What a fake registry does with one request.

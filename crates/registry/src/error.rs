@@ -51,6 +51,21 @@ pub enum RegistryError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A local registry answered neither over HTTPS nor over plain HTTP
+    /// (nothing listens on its port, typically): both attempts are named.
+    #[error("registry {authority} unreachable over https ({https_url}: {https_cause}) and over http ({http_url}: {http_cause})")]
+    Unreachable {
+        /// The registry's host and port.
+        authority: String,
+        /// URL of the HTTPS attempt.
+        https_url: String,
+        /// Why it failed (the innermost cause).
+        https_cause: String,
+        /// URL of the plain HTTP attempt.
+        http_url: String,
+        /// Why it failed.
+        http_cause: String,
+    },
     /// A registry answered with an unexpected HTTP status.
     #[error("registry {url} answered {status}: {body}")]
     Status {

@@ -17,14 +17,15 @@ pub enum RuntimeError {
         #[source]
         source: tonic::transport::Error,
     },
-    /// A containerd call failed.
-    #[error("containerd {op} failed: {status}", status = .source.message())]
+    /// A containerd call failed. The status is not the error's source: its
+    /// message is already in this one's text, and a chain printed as
+    /// `a: b` would repeat it (runc's errors twice, once quoted).
+    #[error("containerd {op} failed: {message}", message = .status.message())]
     Containerd {
         /// Which call (e.g. `containers.create`).
         op: &'static str,
         /// gRPC status from containerd.
-        #[source]
-        source: tonic::Status,
+        status: tonic::Status,
     },
     /// An object does not exist.
     #[error("{kind} {id} not found")]
@@ -186,7 +187,7 @@ impl From<cubelet_host::pins::PinError> for RuntimeError {
 impl RuntimeError {
     /// Wraps a containerd status as it is.
     pub fn containerd(op: &'static str, source: tonic::Status) -> Self {
-        RuntimeError::Containerd { op, source }
+        RuntimeError::Containerd { op, status: source }
     }
 
     /// Wraps a containerd status about container `id`: `NotFound` and
@@ -209,7 +210,9 @@ impl RuntimeError {
     pub fn is_not_found(&self) -> bool {
         match self {
             RuntimeError::NotFound { .. } => true,
-            RuntimeError::Containerd { source, .. } => source.code() == tonic::Code::NotFound,
+            RuntimeError::Containerd { status: source, .. } => {
+                source.code() == tonic::Code::NotFound
+            }
             RuntimeError::Shared(e) => e.is_not_found(),
             _ => false,
         }
@@ -228,7 +231,7 @@ impl RuntimeError {
             RuntimeError::Registry(RegistryError::Stalled { .. }) => {
                 StepErrorKind::DeadlineExceeded
             }
-            RuntimeError::Containerd { source, .. } => match source.code() {
+            RuntimeError::Containerd { status: source, .. } => match source.code() {
                 tonic::Code::NotFound => StepErrorKind::NotFound,
                 tonic::Code::AlreadyExists => StepErrorKind::AlreadyExists,
                 tonic::Code::InvalidArgument => StepErrorKind::InvalidArgument,
@@ -270,6 +273,23 @@ impl From<RuntimeError> for StepError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// runc's error relayed by containerd was printed twice (in the
+    /// message, then again as the quoted status); it is named once, also
+    /// as a step error.
+    #[test]
+    fn a_runc_error_is_named_once() {
+        let msg = "failed to create shim task: OCI runtime create failed: runc create failed: \
+                   unable to start container process: exec: \"nope\": executable file not found \
+                   in $PATH: unknown";
+        let e = RuntimeError::containerd("tasks.create", tonic::Status::unknown(msg));
+        let s = cubelet_engine::chain(&e);
+        assert_eq!(s, format!("containerd tasks.create failed: {msg}"));
+        assert_eq!(s.matches("runc create failed").count(), 1, "{s}");
+        let step = StepError::from(e);
+        let s = cubelet_engine::chain(&step);
+        assert_eq!(s.matches("runc create failed").count(), 1, "{s}");
+    }
 
     #[test]
     fn container_statuses_become_typed_errors() {

@@ -168,9 +168,9 @@ mod tests {
 
     #[test]
     fn hosts_with_ips_lists_each() {
-        let ips: Vec<IpAddr> = vec!["10.88.0.5".parse().unwrap(), "fd00::5".parse().unwrap()];
+        let ips: Vec<IpAddr> = vec!["10.86.0.5".parse().unwrap(), "fd00::5".parse().unwrap()];
         let s = render_hosts("web-0", &ips);
-        assert!(s.contains("10.88.0.5\tweb-0\n"));
+        assert!(s.contains("10.86.0.5\tweb-0\n"));
         assert!(s.contains("fd00::5\tweb-0\n"));
         assert!(!s.contains("127.0.1.1"));
         assert!(s.starts_with("127.0.0.1\tlocalhost\n"));

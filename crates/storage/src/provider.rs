@@ -699,8 +699,8 @@ mod tests {
         assert_eq!(read(&st.hostname_path), "web-0\n");
         assert!(read(&st.hosts_path).contains("127.0.1.1\tweb-0\n"));
         // The caller adds the pod IP once the network step is done.
-        files::write_hosts(&st.sandbox_dir, "web-0", &["10.88.0.7".parse().unwrap()]).unwrap();
-        assert!(read(&st.hosts_path).ends_with("10.88.0.7\tweb-0\n"));
+        files::write_hosts(&st.sandbox_dir, "web-0", &["10.86.0.7".parse().unwrap()]).unwrap();
+        assert!(read(&st.hosts_path).ends_with("10.86.0.7\tweb-0\n"));
     }
 
     #[tokio::test]

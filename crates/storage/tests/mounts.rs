@@ -134,7 +134,7 @@ fn a_shell_has_the_pods_files_ready_and_a_claim_rewrites_them_in_place() {
         let spec = pod_spec();
         let st = fx
             .storage
-            .finish_shell(&sid, &spec, &["10.88.0.7".parse().unwrap()], shell)
+            .finish_shell(&sid, &spec, &["10.86.0.7".parse().unwrap()], shell)
             .await
             .unwrap();
         for (f, ino) in files.iter().zip(&inodes) {
@@ -146,7 +146,7 @@ fn a_shell_has_the_pods_files_ready_and_a_claim_rewrites_them_in_place() {
         );
         assert!(fs::read_to_string(&st.hosts_path)
             .unwrap()
-            .ends_with(&format!("10.88.0.7\t{}\n", spec.effective_hostname())));
+            .ends_with(&format!("10.86.0.7\t{}\n", spec.effective_hostname())));
         fx.storage.destroy_sandbox(&sid).unwrap();
         fx.storage.cleanup_sandbox(&sid).unwrap();
         assert_eq!(tree(&fx.root()), vec![PathBuf::from("sandboxes")]);

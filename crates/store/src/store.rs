@@ -1035,7 +1035,7 @@ mod tests {
         let mut rec = SandboxRecord::new(sid("sb1"), spec("default", "web", "u1", 0));
         rec.network = Some(NetworkStatus {
             netns_path: Some("/run/netns/x".into()),
-            ips: vec!["10.88.0.2".parse().unwrap()],
+            ips: vec!["10.86.0.2".parse().unwrap()],
             interface: Some("eth0".into()),
             userns_path: None,
         });
@@ -1108,14 +1108,14 @@ mod tests {
     fn a_buffered_lease_is_seen_at_once_and_kept_by_the_next_durable_commit() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cubelet.redb");
-        let l = lease("10.88.0.2", "sb1", "p");
+        let l = lease("10.86.0.2", "sb1", "p");
         {
             let store = Store::open(&path).unwrap();
             store.add_lease_buffered(&l).unwrap();
             assert_eq!(store.list_leases("p").unwrap(), vec![l.clone()]);
             // Taken is taken, buffered or not.
             assert!(matches!(
-                store.add_lease_buffered(&lease("10.88.0.2", "sb2", "p")),
+                store.add_lease_buffered(&lease("10.86.0.2", "sb2", "p")),
                 Err(StoreError::AlreadyLeased { .. })
             ));
             store.set_meta("k", "v").unwrap();
@@ -1272,11 +1272,11 @@ mod tests {
         store.delete_container("c1").unwrap();
         assert!(store.list_containers_of(&sid("sb2")).unwrap().is_empty());
 
-        store.add_lease(&lease("10.88.0.2", "sb1", "p")).unwrap();
-        store.add_lease(&lease("10.88.0.3", "sb1", "q")).unwrap();
+        store.add_lease(&lease("10.86.0.2", "sb1", "p")).unwrap();
+        store.add_lease(&lease("10.86.0.3", "sb1", "q")).unwrap();
         assert_eq!(
             store.release_leases_in("p", &sid("sb1")).unwrap(),
-            vec!["10.88.0.2".parse::<IpAddr>().unwrap()]
+            vec!["10.86.0.2".parse::<IpAddr>().unwrap()]
         );
         assert!(store
             .release_leases_in("p", &sid("sb1"))
@@ -1309,7 +1309,7 @@ mod tests {
                 cs.insert(id, bytes.as_slice()).unwrap();
             }
             let mut ls = txn.open_table(LEASES.def()).unwrap();
-            let l = lease("10.88.0.2", "a", "p");
+            let l = lease("10.86.0.2", "a", "p");
             let key = IpLease::key(&l.pool, l.ip);
             ls.insert(
                 key.as_str(),
@@ -1492,32 +1492,32 @@ mod tests {
     fn lease_conflicts_are_typed_and_release_is_by_sandbox() {
         let (_dir, store) = open_tmp();
         store
-            .add_lease(&lease("10.88.0.2", "a", "cubelet0"))
+            .add_lease(&lease("10.86.0.2", "a", "cubelet0"))
             .unwrap();
         store
-            .add_lease(&lease("10.88.0.3", "a", "cubelet0"))
+            .add_lease(&lease("10.86.0.3", "a", "cubelet0"))
             .unwrap();
         store.add_lease(&lease("fd00::2", "a", "v6")).unwrap();
         store
-            .add_lease(&lease("10.88.0.4", "b", "cubelet0"))
+            .add_lease(&lease("10.86.0.4", "b", "cubelet0"))
             .unwrap();
         // Same address in another pool is another lease.
-        store.add_lease(&lease("10.88.0.4", "c", "other")).unwrap();
+        store.add_lease(&lease("10.86.0.4", "c", "other")).unwrap();
 
         let err = store
-            .add_lease(&lease("10.88.0.2", "b", "cubelet0"))
+            .add_lease(&lease("10.86.0.2", "b", "cubelet0"))
             .unwrap_err();
         match err {
             StoreError::AlreadyLeased { pool, ip, holder } => {
                 assert_eq!(pool, "cubelet0");
-                assert_eq!(ip, "10.88.0.2".parse::<IpAddr>().unwrap());
+                assert_eq!(ip, "10.86.0.2".parse::<IpAddr>().unwrap());
                 assert_eq!(holder, sid("a"));
             }
             other => panic!("unexpected error {other}"),
         }
         // A retry by the holder succeeds and keeps the lease.
         store
-            .add_lease(&lease("10.88.0.2", "a", "cubelet0"))
+            .add_lease(&lease("10.86.0.2", "a", "cubelet0"))
             .unwrap();
 
         assert_eq!(store.list_leases("cubelet0").unwrap().len(), 3);
@@ -1531,13 +1531,13 @@ mod tests {
         assert_eq!(left[0].sandbox_id, sid("b"));
         // Released addresses can be leased again.
         store
-            .add_lease(&lease("10.88.0.2", "b", "cubelet0"))
+            .add_lease(&lease("10.86.0.2", "b", "cubelet0"))
             .unwrap();
         assert!(store
-            .release_lease("cubelet0", "10.88.0.2".parse().unwrap())
+            .release_lease("cubelet0", "10.86.0.2".parse().unwrap())
             .unwrap());
         assert!(!store
-            .release_lease("cubelet0", "10.88.0.2".parse().unwrap())
+            .release_lease("cubelet0", "10.86.0.2".parse().unwrap())
             .unwrap());
     }
 
@@ -1550,7 +1550,7 @@ mod tests {
                 let store = Arc::clone(&store);
                 std::thread::spawn(move || {
                     store
-                        .add_lease(&lease("10.88.0.9", &format!("sb{i}"), "p"))
+                        .add_lease(&lease("10.86.0.9", &format!("sb{i}"), "p"))
                         .is_ok()
                 })
             })
@@ -1584,7 +1584,7 @@ mod tests {
         let path = dir.path().join("cubelet.redb");
         let rec = SandboxRecord::new(sid("sb1"), spec("ns", "p", "u", 0));
         let c = ContainerRecord::new("c1", sid("sb1"), "app", 0, "busybox");
-        let l = lease("10.88.0.2", "sb1", "p");
+        let l = lease("10.86.0.2", "sb1", "p");
         {
             let store = Store::open(&path).unwrap();
             store.put_sandbox(&rec).unwrap();

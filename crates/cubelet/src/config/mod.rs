@@ -105,7 +105,7 @@ mod tests {
         assert_eq!(c.storage.shm_size, ByteSize(64 << 20));
         assert_eq!(c.gc.dead_sandbox_ttl, Duration::from_secs(3600));
         assert_eq!(c.images.pull_progress_timeout, Duration::from_secs(300));
-        assert_eq!(c.network.bridge.subnet.to_string(), "10.88.0.0/16");
+        assert_eq!(c.network.bridge.subnet.to_string(), "10.86.0.0/16");
         assert_eq!(c.flows, WorkflowConfig::default());
     }
 
@@ -130,7 +130,7 @@ runtime:
   sandbox: auto
 network:
   provider: bridge
-  bridge: { name: cubelet0, subnet: 10.88.0.0/16, mtu: 1500 }
+  bridge: { name: cubelet0, subnet: 10.86.0.0/16, mtu: 1500 }
   cni: { bin_dir: /opt/cni/bin, conf_dir: /etc/cni/net.d }
 storage: { shm_size: 64Mi }
 flows:

@@ -41,6 +41,10 @@ pub struct ContainerdConfig {
     /// containerd's root directory (its `root` setting), measured by
     /// CRI `ImageFsInfo`.
     pub root: PathBuf,
+    /// How many times start-up tries containerd (connect and `Version`,
+    /// 3 s each) before it gives up; each failed try is logged at WARN,
+    /// waits grow from 100 ms to 2 s. Default 30 (about a minute).
+    pub connect_attempts: u32,
 }
 
 impl Default for ContainerdConfig {
@@ -49,6 +53,7 @@ impl Default for ContainerdConfig {
             address: "/run/containerd/containerd.sock".into(),
             namespace: "k8s.cubelet.io".into(),
             root: "/var/lib/containerd".into(),
+            connect_attempts: 30,
         }
     }
 }
@@ -358,7 +363,7 @@ impl Default for BridgeSection {
     fn default() -> Self {
         Self {
             name: "cubelet0".into(),
-            subnet: Ipv4Net::new_assert(Ipv4Addr::new(10, 88, 0, 0), 16),
+            subnet: Ipv4Net::new_assert(Ipv4Addr::new(10, 86, 0, 0), 16),
             mtu: 1500,
         }
     }

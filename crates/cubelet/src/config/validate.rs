@@ -155,6 +155,12 @@ impl Config {
                 message: format!("{} is outside 68..=65535", self.network.bridge.mtu),
             });
         }
+        if self.containerd.connect_attempts == 0 {
+            return Err(ConfigError::Invalid {
+                key: "containerd.connect_attempts",
+                message: "must be >= 1".into(),
+            });
+        }
         if self.gc.interval.is_zero() {
             return Err(ConfigError::Invalid {
                 key: "gc.interval",

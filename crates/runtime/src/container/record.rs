@@ -96,7 +96,7 @@ impl ContainerRuntime {
         // The lease is shared (see `lease_for_create`): a lost one is replaced
         // and the prepare tried once more.
         let mut snap = self.prepare_snapshot(id, spec, false).await;
-        if matches!(&snap, Err(RuntimeError::Containerd { source, .. }) if source.code() == tonic::Code::NotFound)
+        if matches!(&snap, Err(RuntimeError::Containerd { status: source, .. }) if source.code() == tonic::Code::NotFound)
         {
             snap = self.prepare_snapshot(id, spec, true).await;
         }
