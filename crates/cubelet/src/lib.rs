@@ -11,6 +11,7 @@ pub mod ctl;
 mod failpoint;
 mod gc;
 pub mod malloc;
+pub mod uninstall;
 mod network;
 mod notify;
 
