@@ -6,7 +6,7 @@
 # after. Prints `up-down: 1 passed, 0 failed` or the differences.
 #
 # Names of the test harness's own objects (cubelet-e2e*, cubelet-test*,
-# test bridges and their veths) are left out of the snapshots: other test
+# test bridges cbe2e/cbt/cbsmoke) are left out of the snapshots: other test
 # runs on the same machine may come and go meanwhile.
 #
 # Usage: hack/test-up-down.sh
@@ -32,7 +32,7 @@ trap cleanup EXIT
 ignore='cubelet-e2e|cubelet-test|cbe2e|cbt[0-9]|cbsmoke|cubelet-bench|/run/cubelet-test'
 snapshot() { # DIR
     mkdir -p "$1"
-    ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -vE "^cb[0-9a-f]{8,}$" | sort >"$1/links"
+    ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | sort >"$1/links"
     nft list tables | sort >"$1/nft"
     awk '{print $5}' /proc/self/mountinfo | grep -vE "$ignore" | sort >"$1/mounts"
     find /etc/systemd/system -type l 2>/dev/null | sort >"$1/units"
