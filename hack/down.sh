@@ -36,11 +36,10 @@ if [[ -n "$(made registry)" ]]; then
 fi
 if [[ -n "$(made containerd)" ]]; then
     stop_pidfile containerd "$UP_STATE/containerd.pid"
-    # containerd 1.6 leaves its shim sockets' directory; the dirs were
-    # created by this containerd only when up.sh recorded them.
+    # containerd's root, when up.sh's containerd created it.
     for dir in $(made dir | cut -d' ' -f2); do
         case "$dir" in
-        /run/containerd | /var/lib/containerd)
+        /var/lib/containerd)
             if awk '{print $5}' /proc/self/mountinfo | grep -q "^${dir}/"; then
                 log "keeping $dir: something is still mounted under it"
             else

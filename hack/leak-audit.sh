@@ -93,7 +93,7 @@ count "nft tables" "$(printf '%s' "$tables" | grep -c . || true)" "$tables"
 # containerd forgot (matched by the shim's -namespace argument).
 shims=$(for c in /proc/[0-9]*/cmdline; do
     tr '\0' ' ' <"$c" 2>/dev/null | grep -E '^[^ ]*containerd-shim[^ ]* .*-namespace (cubelet-e2e-|cubelet-test-)' || true
-done)
+done 2>/dev/null)
 count "shim processes" "$(printf '%s' "$shims" | grep -c . || true)" "$shims"
 # iptables rules left by CNI plugins (portmap) in the host's nat table.
 cni_rules=$(iptables-save -t nat 2>/dev/null | grep -E 'CNI-' || true)
@@ -120,7 +120,7 @@ if $host; then
     fi
     procs=$(for c in /proc/[0-9]*/cmdline; do
         tr '\0' ' ' <"$c" 2>/dev/null | grep -E '^(/usr/bin/cubelet |[^ ]*containerd-shim[^ ]* .*-namespace k8s\.cubelet\.io)' || true
-    done)
+    done 2>/dev/null)
     count "processes" "$(printf '%s' "$procs" | grep -c . || true)" "$procs"
 fi
 if ((leaks)); then

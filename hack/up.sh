@@ -81,8 +81,9 @@ install -m 0755 target/cubelet-pause "$UP_STATE/bin/cubelet-pause"
 if ctr --address "$HOST_CONTAINERD" version >/dev/null 2>&1; then
     log "using the running containerd at $HOST_CONTAINERD"
 else
+    # Its root, if this makes it, goes in down.sh; /run/containerd is shared
+    # (containerd 1.6 keeps every instance's shim sockets there) and stays.
     [[ -e /var/lib/containerd ]] || record "dir /var/lib/containerd"
-    [[ -e /run/containerd ]] || record "dir /run/containerd"
     log "starting containerd by hand (log: $UP_STATE/containerd.log)"
     setsid containerd >"$UP_STATE/containerd.log" 2>&1 </dev/null &
     echo $! >"$UP_STATE/containerd.pid"

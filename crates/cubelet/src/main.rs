@@ -42,13 +42,27 @@ enum Command {
     /// bridge and its nft table, the CRI socket, the state and root
     /// directories (`--config` says where; defaults if the file is gone).
     /// Files under /etc are left alone. Refuses while an agent is running.
-    Uninstall,
+    Uninstall(UninstallArgs),
+}
+
+/// Arguments of `cubelet uninstall`.
+#[derive(Debug, clap::Args)]
+struct UninstallArgs {
+    /// Configuration file of the Cubelet to remove (default: the agent's
+    /// `--config`, /etc/cubelet/config.yaml).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Its drop-in directory (default `config.d` beside the file).
+    #[arg(long)]
+    config_dir: Option<PathBuf>,
 }
 
 /// Runs `cubelet uninstall`: prints what was removed and what failed
 /// (exit code 1 if anything did, 2 for a bad configuration).
-fn uninstall(args: &Args) -> ExitCode {
-    let config = match cubelet::uninstall::load_config(&args.config, args.config_dir.as_deref()) {
+fn uninstall(args: &Args, own: &UninstallArgs) -> ExitCode {
+    let file = own.config.as_deref().unwrap_or(&args.config);
+    let dir = own.config_dir.as_deref().or(args.config_dir.as_deref());
+    let config = match cubelet::uninstall::load_config(file, dir) {
         Ok(c) => c,
         Err(e) => {
             eprintln!(
@@ -111,8 +125,8 @@ fn main() -> ExitCode {
     if let Some(Command::Ctl(ctl_args)) = &args.command {
         return ctl(ctl_args);
     }
-    if let Some(Command::Uninstall) = &args.command {
-        return uninstall(&args);
+    if let Some(Command::Uninstall(own)) = &args.command {
+        return uninstall(&args, own);
     }
     tracing_subscriber::fmt()
         .with_env_filter(
