@@ -11,8 +11,8 @@ pub mod ctl;
 mod failpoint;
 mod gc;
 pub mod malloc;
-pub mod uninstall;
 mod network;
 mod notify;
+pub mod uninstall;
 
 pub use app::{run, PROVIDERS};

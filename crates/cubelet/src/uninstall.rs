@@ -227,7 +227,14 @@ fn mounts_under(mountinfo: &str, roots: &[&Path]) -> Vec<PathBuf> {
         .map(|p| PathBuf::from(unescape_mountinfo(p)))
         .filter(|p| roots.iter().any(|r| p.starts_with(r)))
         .collect();
-    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    // Deepest first; equal depths by name, so duplicates (a path mounted
+    // over twice) sit together and go once.
+    found.sort_by(|a, b| {
+        b.components()
+            .count()
+            .cmp(&a.components().count())
+            .then_with(|| a.cmp(b))
+    });
     found.dedup();
     found
 }
@@ -240,7 +247,8 @@ fn unescape_mountinfo(field: &str) -> String {
     while i < bytes.len() {
         if let Some(&[b'\\', a, b, c]) = bytes.get(i..i + 4) {
             if [a, b, c].iter().all(|d| (b'0'..=b'7').contains(d)) {
-                let value = u32::from(a - b'0') * 64 + u32::from(b - b'0') * 8 + u32::from(c - b'0');
+                let value =
+                    u32::from(a - b'0') * 64 + u32::from(b - b'0') * 8 + u32::from(c - b'0');
                 if let Ok(byte) = u8::try_from(value) {
                     out.push(byte);
                     i += 4;
@@ -357,7 +365,15 @@ fn directories(config: &Config, removed: &mut Vec<String>) -> Result<(), Uninsta
 /// well-known system directory: one Cubelet may own whole.
 fn is_dedicated(dir: &Path) -> bool {
     const SYSTEM: &[&str] = &[
-        "/etc", "/usr", "/var/lib", "/var/run", "/run/user", "/home", "/root", "/opt", "/srv",
+        "/etc",
+        "/usr",
+        "/var/lib",
+        "/var/run",
+        "/run/user",
+        "/home",
+        "/root",
+        "/opt",
+        "/srv",
     ];
     dir.is_absolute()
         && dir.components().count() >= 3
@@ -369,10 +385,7 @@ fn is_dedicated(dir: &Path) -> bool {
 
 /// Loads `file` (and its drop-ins) like the agent does, or the defaults when
 /// the file does not exist (a package already removed its configuration).
-pub fn load_config(
-    file: &Path,
-    dir: Option<&Path>,
-) -> Result<Config, crate::config::ConfigError> {
+pub fn load_config(file: &Path, dir: Option<&Path>) -> Result<Config, crate::config::ConfigError> {
     if file.exists() || dir.is_some_and(Path::exists) {
         Config::load(file, dir)
     } else {
@@ -414,7 +427,15 @@ mod tests {
         for ok in ["/var/lib/cubelet", "/run/cubelet", "/srv/x/cubelet"] {
             assert!(is_dedicated(Path::new(ok)), "{ok}");
         }
-        for bad in ["/", "/run", "/var", "/var/lib", "/etc", "run/cubelet", "/var/lib/../etc"] {
+        for bad in [
+            "/",
+            "/run",
+            "/var",
+            "/var/lib",
+            "/etc",
+            "run/cubelet",
+            "/var/lib/../etc",
+        ] {
             assert!(!is_dedicated(Path::new(bad)), "{bad}");
         }
     }

@@ -51,8 +51,14 @@ fn removes_the_state_and_root_directories_and_the_socket_and_is_idempotent() {
     );
     assert!(!root.exists() && !state.exists(), "{stdout}");
     assert!(!tmp.path().join("run/cri.sock").exists());
-    assert!(stdout.contains(&format!("removed directory {}", root.display())), "{stdout}");
-    assert!(config.exists(), "the configuration is the package's, not uninstall's");
+    assert!(
+        stdout.contains(&format!("removed directory {}", root.display())),
+        "{stdout}"
+    );
+    assert!(
+        config.exists(),
+        "the configuration is the package's, not uninstall's"
+    );
 
     let again = uninstall(&config);
     assert!(again.status.success());
