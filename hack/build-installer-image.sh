@@ -22,7 +22,7 @@
 # need resolving in the extracted image, one architecture throughout.
 #
 # Load it where needed, e.g.
-#   skopeo copy oci:target/installer-oci:0.1.0 docker://registry.example/cubelet-installer:0.1.0
+#   skopeo copy oci:target/installer-oci:0.2.0 docker://registry.example/cubelet-installer:0.2.0
 #   tar -C target/installer-oci -cf installer.tar . && ctr -n k8s.io images import installer.tar
 #
 # Usage: hack/build-installer-image.sh [release|debug]   (default release)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Cubelet and its test suite need: Debian packages (apt-get
-# skips what is already installed) and cargo-deny. Idempotent.
+# skips what is already installed), cargo-deny and cargo-deb. Idempotent.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -34,4 +34,15 @@ else
     log "installing cargo-deny $CARGO_DENY_VERSION (cargo install --locked)"
     CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
         cargo install --locked --version "$CARGO_DENY_VERSION" cargo-deny
+fi
+
+# cargo-deb, for hack/test-package.sh's Debian package, from crates.io;
+# pinned and built without LTO for the same reasons.
+CARGO_DEB_VERSION=3.8.0
+if [[ "$(cargo deb --version 2>/dev/null)" == *"$CARGO_DEB_VERSION"* ]]; then
+    log "cargo-deb $CARGO_DEB_VERSION present"
+else
+    log "installing cargo-deb $CARGO_DEB_VERSION (cargo install --locked)"
+    CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+        cargo install --locked --version "$CARGO_DEB_VERSION" cargo-deb
 fi

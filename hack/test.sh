@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it (`.ci/run` execs this): installs
 # packages, checks formatting and lints, builds, starts a private containerd
 # and registry with test images, runs every test (unit, root, e2e, chart
-# checks), stops the services and audits the host for leaks.
+# checks, the Debian package, up/down), stops the services and audits the
+# host for leaks.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
@@ -73,6 +74,15 @@ cargo test --workspace --no-fail-fast -- --test-threads="${TEST_THREADS:-2}"
 # build's refusal to start when failpoints are asked for is tested here.
 log "cargo test -p cubelet failpoint (default features)"
 cargo test -p cubelet --lib failpoint
+
+# The Debian package end to end, and hack/up.sh + hack/down.sh leaving the
+# host as it was. Both use one release build of the daemon (the costliest
+# step here, reused when target/release is current); they run Debian's
+# containerd by hand on its default socket, beside the private one.
+log "package: build, install, crictl, purge, audit (hack/test-package.sh)"
+"$HACK_DIR/test-package.sh"
+log "hack/up.sh then hack/down.sh leave the host as it was (hack/test-up-down.sh)"
+"$HACK_DIR/test-up-down.sh"
 
 log "disk: target/ is $(du -sh target | cut -f1), $(df -h --output=avail . | tail -1 | tr -d ' ') free"
 log "leak audit"

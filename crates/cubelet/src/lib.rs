@@ -15,5 +15,6 @@ pub mod malloc;
 mod network;
 mod notify;
 pub mod pidfile;
+pub mod uninstall;
 
 pub use app::{run, PROVIDERS};

@@ -120,6 +120,61 @@ fn check_node(config: &cubelet::config::Config) -> ExitCode {
 enum Command {
     /// Talks to a running agent's admin API (flows, limits, sandboxes, gc).
     Ctl(cubelet::ctl::CtlArgs),
+    /// Removes what Cubelet left on this host: its containerd namespace and
+    /// every object in it, mounts under its state and root directories, the
+    /// bridge and its nft table, the CRI socket, the state and root
+    /// directories (`--config` says where; defaults if the file is gone).
+    /// Files under /etc are left alone. Refuses while an agent is running.
+    Uninstall(UninstallArgs),
+}
+
+/// Arguments of `cubelet uninstall`.
+#[derive(Debug, clap::Args)]
+struct UninstallArgs {
+    /// Configuration file of the Cubelet to remove (default: the agent's
+    /// `--config`, /etc/cubelet/config.yaml).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Its drop-in directory (default `config.d` beside the file).
+    #[arg(long)]
+    config_dir: Option<PathBuf>,
+}
+
+/// Runs `cubelet uninstall`: prints what was removed and what failed
+/// (exit code 1 if anything did, 2 for a bad configuration).
+fn uninstall(args: &Args, own: &UninstallArgs) -> ExitCode {
+    let file = own.config.as_deref().unwrap_or(&args.config);
+    let dir = own.config_dir.as_deref().or(args.config_dir.as_deref());
+    let config = match cubelet::uninstall::load_config(file, dir) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "cubelet uninstall: invalid configuration: {}",
+                cubelet_engine::chain(&e)
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match cubelet::uninstall::run(&config) {
+        Ok(report) => {
+            for line in &report.removed {
+                println!("removed {line}");
+            }
+            for e in &report.failed {
+                eprintln!("cubelet uninstall: {}", cubelet_engine::chain(e));
+            }
+            if report.failed.is_empty() {
+                println!("cubelet uninstall: done");
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("cubelet uninstall: {}", cubelet_engine::chain(&e));
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// Runs `cubelet ctl …`: prints the answer, or the error (exit code 1).
@@ -152,6 +207,9 @@ fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(Command::Ctl(ctl_args)) = &args.command {
         return ctl(ctl_args);
+    }
+    if let Some(Command::Uninstall(own)) = &args.command {
+        return uninstall(&args, own);
     }
     match log_format(args.log_format) {
         Ok(f) => init_logging(f),

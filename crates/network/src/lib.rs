@@ -43,5 +43,6 @@ pub use error::NetworkError;
 pub use ipam::Ipam;
 pub use lease::{LeaseStore, MemLeases};
 pub use netns::{connect_in_netns, net_dev_in_netns};
+pub use nft::table_name as nft_table_name;
 pub use none::{NoneGcReport, NoneNetwork};
 pub use overlap::check_subnet;

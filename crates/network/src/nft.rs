@@ -37,8 +37,8 @@ pub(crate) fn find_nft() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The nftables table for bridge `bridge`.
-pub(crate) fn table_name(bridge: &str) -> String {
+/// The nftables table (family `ip`) for bridge `bridge`.
+pub fn table_name(bridge: &str) -> String {
     let clean: String = bridge
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
