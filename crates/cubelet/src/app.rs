@@ -127,6 +127,7 @@ pub async fn run(config: Config) -> Result<()> {
     let images = Arc::new(
         ImageService::new(cd.clone(), &config.images.registry_config_dir)
             .with_pull_progress_timeout(config.images.pull_progress_timeout)
+            .with_max_concurrent_downloads(config.images.max_concurrent_downloads)
             .with_pull_observer(Arc::new(crate::adapters::PullMetrics(metrics.clone()))),
     );
     let pause = Arc::new(PauseImage::configured(

@@ -228,7 +228,13 @@ pub async fn ensure_pause_image(
         ]);
         crate::owner::mark(&mut labels);
         images
-            .commit(&store, std::slice::from_ref(&name), &blobs.docs, labels)
+            .commit(
+                &store,
+                std::slice::from_ref(&name),
+                &blobs.docs,
+                labels,
+                None,
+            )
             .await
     }
     .await;

@@ -279,8 +279,14 @@ async fn bad_registry_scenario(d: &Daemon) -> anyhow::Result<()> {
     let big_digest = sha256(dir.path(), &big_declared).await?;
     let big = fake_image(dir.path(), &big_digest, big_declared.len() as u64).await?;
 
-    let docs = Arc::new([stalled, big]);
+    // The tampered blob: the declared size, other bytes than its digest.
+    let honest = vec![0x44u8; 4096];
+    let tampered_digest = sha256(dir.path(), &honest).await?;
+    let tampered = fake_image(dir.path(), &tampered_digest, honest.len() as u64).await?;
+
+    let docs = Arc::new([stalled, big, tampered]);
     let (stall_digest2, big_digest2) = (stall_digest.clone(), big_digest.clone());
+    let tampered_digest2 = tampered_digest.clone();
     let handler: Handler = Arc::new(move |path: &str| {
         let manifest = |i: usize| {
             reply(
@@ -297,6 +303,12 @@ async fn bad_registry_scenario(d: &Daemon) -> anyhow::Result<()> {
         }
         if path.starts_with("/v2/big-blob/app/manifests/") {
             return manifest(1);
+        }
+        if path.starts_with("/v2/tampered/app/manifests/") {
+            return manifest(2);
+        }
+        if path.ends_with(&tampered_digest2) {
+            return reply("200 OK", &[], &[0x45u8; 4096]);
         }
         for doc in docs.iter() {
             if path.ends_with(&doc.config_digest) {
@@ -355,8 +367,15 @@ async fn bad_registry_scenario(d: &Daemon) -> anyhow::Result<()> {
         msg.contains("declared 4096") && !msg.contains("stalled"),
         "{image}: not refused for its size: {msg}"
     );
+    // Other bytes than its digest names: refused, and nothing kept.
+    let image = format!("{host}/tampered/app:v1");
+    let (msg, _) = refused(d, &image).await?;
+    ensure!(
+        msg.contains("does not match its digest") && msg.contains(&tampered_digest),
+        "{image}: not refused for its digest: {msg}"
+    );
     let content = d.ctr(&["content", "ls", "-q"]).await?;
-    for digest in [&big_digest, &stall_digest] {
+    for digest in [&big_digest, &stall_digest, &tampered_digest] {
         ensure!(
             !content.contains(digest.as_str()),
             "{digest} was kept in the content store"
@@ -364,7 +383,9 @@ async fn bad_registry_scenario(d: &Daemon) -> anyhow::Result<()> {
     }
     let active = d.ctr(&["content", "active"]).await?;
     ensure!(
-        !active.contains(&big_digest) && !active.contains(&stall_digest),
+        [&big_digest, &stall_digest, &tampered_digest]
+            .iter()
+            .all(|digest| !active.contains(digest.as_str())),
         "an ingest was left behind:\n{active}"
     );
     still_serving(d).await?;
@@ -372,7 +393,7 @@ async fn bad_registry_scenario(d: &Daemon) -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stalled_and_oversized_registries_fail_the_pull_and_leave_nothing() {
+async fn stalled_oversized_and_tampered_registries_fail_the_pull_and_leave_nothing() {
     with_daemon(
         DaemonOpts {
             index: 43,

@@ -231,6 +231,9 @@ pub struct ImagesConfig {
     /// `0s` disables it. Default 5m.
     #[serde(with = "humantime_serde")]
     pub pull_progress_timeout: Duration,
+    /// Layers of one pull downloaded at once; containerd's
+    /// `max_concurrent_downloads`. Default 3; 0 counts as 1.
+    pub max_concurrent_downloads: usize,
 }
 
 impl Default for ImagesConfig {
@@ -240,6 +243,7 @@ impl Default for ImagesConfig {
             pause_binary: PathBuf::new(),
             registry_config_dir: "/etc/cubelet/certs.d".into(),
             pull_progress_timeout: Duration::from_secs(5 * 60),
+            max_concurrent_downloads: 3,
         }
     }
 }

@@ -250,12 +250,21 @@ impl Store {
         S: Stream<Item = Result<Bytes, RuntimeError>> + Send,
     {
         let ingest = format!("cubelet-{}-{digest}", unique());
+        // A write dropped half-way (a pull whose other layer failed, or
+        // that every caller gave up on) must not leave its ingest behind.
+        let mut guard = AbortIngest {
+            store: self.clone(),
+            ingest: Some(ingest.clone()),
+        };
         let total = i64::try_from(size).unwrap_or(i64::MAX);
         let (tx, rx) = tokio::sync::mpsc::channel::<WriteContentRequest>(4);
         let producer = async {
             let mut hasher = sha2::Sha256::new();
             let mut offset: u64 = 0;
-            let mut body = std::pin::pin!(body);
+            // HTTP bodies arrive in frames of a few KiB: each becomes one
+            // write and one answer in containerd, so they are sent in
+            // messages of about CHUNK bytes instead.
+            let mut body = std::pin::pin!(coalesce(body, CHUNK));
             while let Some(chunk) = body.next().await {
                 let chunk = chunk?;
                 // Never past the declared size: a larger blob is refused
@@ -276,10 +285,10 @@ impl Store {
                     total,
                     expected: digest.to_owned(),
                     offset: i64::try_from(offset).unwrap_or(i64::MAX),
-                    data: chunk.to_vec(),
+                    data: chunk,
                     labels: HashMap::new(),
                 };
-                offset += chunk.len() as u64;
+                offset += msg.data.len() as u64;
                 if tx.send(msg).await.is_err() {
                     // The call ended early; its error is reported below.
                     return Ok(());
@@ -313,12 +322,14 @@ impl Store {
         };
         let (produced, called) = tokio::join!(producer, call);
         if let Err(e) = produced {
+            guard.ingest = None;
             let _ = self
                 .client()
                 .abort(self.req(containerd_client::services::v1::AbortRequest { r#ref: ingest }))
                 .await;
             return Err(e);
         }
+        guard.ingest = None;
         match called {
             Ok(()) => Ok(()),
             Err(s) if s.code() == tonic::Code::AlreadyExists => {
@@ -328,5 +339,106 @@ impl Store {
             }
             Err(s) => Err(RuntimeError::containerd("content.write", s)),
         }
+    }
+}
+
+/// Aborts an ingest in the background when dropped while still armed.
+struct AbortIngest {
+    store: Store,
+    ingest: Option<String>,
+}
+
+impl Drop for AbortIngest {
+    fn drop(&mut self) {
+        let Some(r#ref) = self.ingest.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = self.store.clone();
+        runtime.spawn(async move {
+            let req = store.req(containerd_client::services::v1::AbortRequest { r#ref });
+            if let Err(s) = store.client().abort(req).await {
+                if s.code() != tonic::Code::NotFound {
+                    tracing::debug!(error = %s, "aborting a dropped ingest");
+                }
+            }
+        });
+    }
+}
+
+/// `body` regrouped into buffers of about `max` bytes: frames are joined
+/// until the next would pass `max` (a frame larger than `max` goes alone).
+/// An error ends the stream; bytes buffered before it are dropped, as the
+/// write they were for is aborted.
+fn coalesce<S, E>(body: S, max: usize) -> impl Stream<Item = Result<Vec<u8>, E>> + Send
+where
+    S: Stream<Item = Result<Bytes, E>> + Send,
+    E: Send,
+{
+    let state = (Box::pin(body), Vec::new(), false);
+    futures::stream::unfold(state, move |(mut body, mut buf, done)| async move {
+        if done {
+            return None;
+        }
+        loop {
+            match body.next().await {
+                Some(Ok(frame)) => {
+                    if !buf.is_empty() && buf.len() + frame.len() > max {
+                        let out = std::mem::replace(&mut buf, frame.to_vec());
+                        return Some((Ok(out), (body, buf, false)));
+                    }
+                    buf.extend_from_slice(&frame);
+                }
+                Some(Err(e)) => return Some((Err(e), (body, Vec::new(), true))),
+                None if buf.is_empty() => return None,
+                None => return Some((Ok(buf), (body, Vec::new(), true))),
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod coalesce_tests {
+    use super::*;
+
+    fn frames(sizes: &[usize]) -> Vec<Result<Bytes, &'static str>> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| Ok(Bytes::from(vec![i as u8; n])))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn frames_are_joined_up_to_the_limit_in_order() {
+        let body = futures::stream::iter(frames(&[3, 3, 3, 10, 1]));
+        let out: Vec<_> = coalesce(body, 8).collect().await;
+        let sizes: Vec<usize> = out.iter().map(|r| r.as_ref().map_or(0, Vec::len)).collect();
+        assert_eq!(sizes, [6, 3, 10, 1]);
+        let joined: Vec<u8> = out
+            .into_iter()
+            .flat_map(|r| r.unwrap_or_default())
+            .collect();
+        let want: Vec<u8> = [3, 3, 3, 10, 1]
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &n)| vec![i as u8; n])
+            .collect();
+        assert_eq!(joined, want);
+    }
+
+    #[tokio::test]
+    async fn an_error_ends_the_stream() {
+        let mut items = frames(&[2, 2]);
+        items.push(Err("boom"));
+        items.extend(frames(&[5]));
+        let out: Vec<_> = coalesce(futures::stream::iter(items), 8).collect().await;
+        assert_eq!(out, vec![Err("boom")]);
+        let empty: Vec<_> = coalesce(futures::stream::iter(frames(&[])), 8)
+            .collect()
+            .await;
+        assert!(empty.is_empty());
     }
 }

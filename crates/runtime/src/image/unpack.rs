@@ -48,13 +48,17 @@ pub(crate) async fn snapshot_exists(
 }
 
 /// Unpacks `layers` (whose uncompressed digests are `diff_ids`) and returns
-/// the chain id of the top layer.
+/// the chain id of the top layer. Layer `i` is unpacked once `stored` says
+/// more than `i` layers are in the content store, so a pull unpacks while
+/// its later layers still download, as containerd's does; a closed `stored`
+/// short of the stack ends the unpack with an error.
 pub(crate) async fn unpack(
     store: &Store,
     snapshotter: &str,
     reference: &str,
     layers: &[Descriptor],
     diff_ids: &[String],
+    mut stored: tokio::sync::watch::Receiver<usize>,
 ) -> Result<String, RuntimeError> {
     if layers.len() != diff_ids.len() || layers.is_empty() {
         return Err(RuntimeError::ImageFormat {
@@ -65,7 +69,13 @@ pub(crate) async fn unpack(
     let chain = chain_ids(diff_ids);
     let cd = store.containerd();
     let mut parent = String::new();
-    for ((layer, diff_id), chain_id) in layers.iter().zip(diff_ids).zip(&chain) {
+    for (i, ((layer, diff_id), chain_id)) in layers.iter().zip(diff_ids).zip(&chain).enumerate() {
+        if stored.wait_for(|&n| n > i).await.is_err() {
+            return Err(RuntimeError::ImageFormat {
+                reference: reference.to_owned(),
+                reason: format!("layer {} was not stored", layer.digest()),
+            });
+        }
         if snapshot_exists(store, snapshotter, chain_id).await? {
             parent.clone_from(chain_id);
             continue;
