@@ -14,8 +14,8 @@ use cubelet_engine::{BoxError, SandboxId};
 use cubelet_metrics::{Metrics, Readiness};
 use cubelet_network::LeaseStore;
 use cubelet_runtime::container::ContainerRuntime;
-use cubelet_runtime::exec_stream::{ExecProcess, ExecStreamOptions};
-use cubelet_runtime::logs::Stream as LogStream;
+use cubelet_runtime::io::exec_stream::{ExecProcess, ExecStreamOptions};
+use cubelet_runtime::io::logs::Stream as LogStream;
 use cubelet_runtime::RuntimeError;
 use cubelet_store::{IpLease, Store, StoreError};
 use cubelet_streaming::{

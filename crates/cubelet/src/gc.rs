@@ -4,7 +4,7 @@
 //! mounts, journal entries) that belong to no known sandbox or container.
 //!
 //! It removes only what is Cubelet's: containerd objects that carry its
-//! owner mark (`cubelet_runtime::owner`), files under its own directories
+//! owner mark (`cubelet_runtime::reclaim::owner`), files under its own directories
 //! with names of its own format. Whatever else shares the namespace or a
 //! directory is left alone (and start-up refuses a configuration that
 //! shares one with another runtime: `config::validate`).

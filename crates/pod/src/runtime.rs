@@ -190,7 +190,7 @@ impl Runtime for Containerd {
     }
 
     fn pins_alive(&self, process: &SandboxProcess) -> bool {
-        cubelet_runtime::podns::pins_alive(process)
+        cubelet_runtime::sandbox::podns::pins_alive(process)
     }
 
     fn oom_killed(&self, id: &str, cgroup_parent: Option<&str>) -> bool {

@@ -4,35 +4,29 @@
 //! own containerd namespace: image pull and unpack, the pod infra (pause)
 //! image, containers and tasks, stdio FIFOs and CRI log files, exit events,
 //! and the `sandbox` flow provider (a pause container, or the pod's IPC and
-//! UTS namespaces pinned without one: `podns`). Registries are spoken to through the
+//! UTS namespaces pinned without one: `sandbox::podns`). Modules go by job:
+//! `image`, `sandbox`, `container` and `spec`, `stats`, `io` (stdio, logs,
+//! exec streams, ttrpc), `reclaim` (what the GC may take back: inventory,
+//! owner mark, orphan shims). Registries are spoken to through the
 //! `cubelet-registry` crate, whose oci-spec image types this crate stores.
 //! Containerd's protobuf types stay inside this crate (converted in
 //! `convert.rs`-style helpers); it knows nothing of CRI wire types, of the
 //! store or of the other providers.
 
-pub mod cgroups;
 pub mod client;
-mod collect;
 pub mod container;
 pub mod error;
 pub mod events;
-pub mod exec_stream;
 #[allow(unsafe_code)]
 mod idmap;
 pub mod image;
-pub mod inventory;
 pub mod io;
-pub mod logs;
-pub mod owner;
-pub mod pause;
-pub mod podns;
+pub mod reclaim;
 pub mod safe_read;
 pub mod sandbox;
-pub mod shims;
 pub mod spec;
 mod staged;
 pub mod stats;
-pub mod ttrpc;
 pub mod types;
 
 pub use client::Containerd;

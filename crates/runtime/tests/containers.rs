@@ -11,16 +11,16 @@ use std::time::Duration;
 
 use cubelet_engine::spec::{NamespaceMode, NamespaceOptions, NetworkStatus, SandboxProcess};
 use cubelet_engine::{Flow, FlowContext, SandboxId, SandboxSpec, StepErrorKind};
-use cubelet_runtime::cgroups::{CgroupSupport, ResourceKind};
 use cubelet_runtime::container::ContainerRuntime;
 use cubelet_runtime::container::ContainerState;
 use cubelet_runtime::events::{ContainerEventKind, EventMonitor};
-use cubelet_runtime::logs::parse_entry;
-use cubelet_runtime::podns::PodNamespaces;
+use cubelet_runtime::io::logs::parse_entry;
+use cubelet_runtime::sandbox::podns::PodNamespaces;
 use cubelet_runtime::sandbox::{PauseImage, PauseImageSource, SandboxMode, SandboxProvider};
 use cubelet_runtime::spec::{
     ContainerNamespaces, HugepageLimit, PodNamespacePaths, Resources, UserRequest,
 };
+use cubelet_runtime::stats::cgroups::{CgroupSupport, ResourceKind};
 use cubelet_runtime::types::ImageInfo;
 use cubelet_runtime::RuntimeError;
 
@@ -669,7 +669,7 @@ async fn a_sandbox_without_infra_pins_what_its_containers_share() {
     assert_eq!(process.pid, None);
     assert_eq!(process.runtime_handler, "runc");
     assert_eq!(process.pins_dir, Some(pins.sandbox_dir(&sid)));
-    assert!(cubelet_runtime::podns::pins_alive(&process));
+    assert!(cubelet_runtime::sandbox::podns::pins_alive(&process));
     assert!(
         env.runtime
             .status(sid.as_str())
@@ -737,7 +737,7 @@ async fn a_sandbox_without_infra_pins_what_its_containers_share() {
     // Teardown unpins and never asks containerd; twice is fine.
     provider.destroy(&ctx).await.unwrap();
     assert!(!pins.sandbox_dir(&sid).exists());
-    assert!(!cubelet_runtime::podns::pins_alive(&process));
+    assert!(!cubelet_runtime::sandbox::podns::pins_alive(&process));
     provider.destroy(&ctx).await.unwrap();
     provider.cleanup(&ctx).await.unwrap();
 
@@ -856,7 +856,7 @@ async fn sandbox_with_the_builtin_pause_image() {
         .unwrap_err()
         .is_not_found());
     images
-        .remove(&cubelet_runtime::pause::pause_image_ref())
+        .remove(&cubelet_runtime::sandbox::pause::pause_image_ref())
         .await
         .unwrap();
     env.teardown().await;

@@ -23,8 +23,8 @@ use containerd_client::services::v1::{
     ListContentRequest, ListImagesRequest, ListRequest,
 };
 use cubelet_runtime::image::{ImageService, DEFAULT_SNAPSHOTTER};
-use cubelet_runtime::pause::{ensure_pause_image, pause_image_ref};
 use cubelet_runtime::registry::RegistryError;
+use cubelet_runtime::sandbox::pause::{ensure_pause_image, pause_image_ref};
 use cubelet_runtime::{Containerd, RuntimeError};
 
 const DEFAULT_SOCKET: &str = "/run/cubelet-test/containerd/containerd.sock";

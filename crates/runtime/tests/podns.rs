@@ -15,7 +15,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use cubelet_engine::spec::SandboxProcess;
 use cubelet_engine::SandboxId;
-use cubelet_runtime::podns::{is_pinned, pins_alive, PinRequest, PodNamespaces};
+use cubelet_runtime::sandbox::podns::{is_pinned, pins_alive, PinRequest, PodNamespaces};
 
 /// Runs `body` with a pin directory in a private mount namespace, on a
 /// current-thread runtime. Prints a note and passes when not root.
@@ -80,7 +80,7 @@ fn sid(n: u32) -> SandboxId {
     SandboxId::parse(&format!("{n:064x}")).unwrap()
 }
 
-fn process(pins: &cubelet_runtime::podns::Pins) -> SandboxProcess {
+fn process(pins: &cubelet_runtime::sandbox::podns::Pins) -> SandboxProcess {
     SandboxProcess {
         pid: None,
         runtime_handler: "runc".into(),
@@ -175,7 +175,7 @@ fn claimed_shells_get_their_hostnames_from_one_thread_that_stays_home() {
         for (id, name) in [(&a, "web-0"), (&b, "web-1"), (&a, "web-0b")] {
             pods.set_hostname(id, name).await?;
         }
-        let uts = |pins: &cubelet_runtime::podns::Pins| {
+        let uts = |pins: &cubelet_runtime::sandbox::podns::Pins| {
             format!("--uts={}", pins.uts.as_ref().unwrap().display())
         };
         assert_eq!(

@@ -39,10 +39,10 @@ use prost_types::Any;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
-use crate::cgroups::CgroupSupport;
 use crate::client::Containerd;
 use crate::error::{cd_container, RuntimeError};
-use crate::logs::LogSink;
+use crate::io::logs::LogSink;
+use crate::stats::cgroups::CgroupSupport;
 
 /// Type URL of an OCI runtime spec in containerd.
 pub const SPEC_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Spec";

@@ -213,7 +213,7 @@ impl ContainerRuntime {
             parent: spec.image.chain_id.clone(),
             labels: {
                 let mut labels = HashMap::from([(LABEL_NAME.to_owned(), spec.name.clone())]);
-                crate::owner::mark(&mut labels);
+                crate::reclaim::owner::mark(&mut labels);
                 labels
             },
         });
@@ -266,11 +266,11 @@ impl ContainerRuntime {
                 labels: HashMap::from([
                     (
                         "containerd.io/gc.expire".to_owned(),
-                        crate::logs::rfc3339_nano(expires),
+                        crate::io::logs::rfc3339_nano(expires),
                     ),
                     (
-                        crate::owner::OWNER_LABEL.to_owned(),
-                        crate::owner::OWNER_VALUE.to_owned(),
+                        crate::reclaim::owner::OWNER_LABEL.to_owned(),
+                        crate::reclaim::owner::OWNER_VALUE.to_owned(),
                     ),
                 ]),
             }))
@@ -346,7 +346,7 @@ impl ContainerRuntime {
             labels.insert(LABEL_STDIN_ONCE.to_owned(), "true".to_owned());
         }
         // Last, so no label of the request can take it off.
-        crate::owner::mark(&mut labels);
+        crate::reclaim::owner::mark(&mut labels);
         let container = Container {
             id: id.to_owned(),
             labels,

@@ -22,8 +22,8 @@ use super::{
 };
 use crate::client::Containerd;
 use crate::error::{cd, RuntimeError};
+use crate::io::logs::{copy_stream, LogSink, Stream};
 use crate::io::{self as fifo_io, Fifos};
-use crate::logs::{copy_stream, LogSink, Stream};
 
 impl ContainerRuntime {
     /// Ends an attach session's input: for a container created with

@@ -59,7 +59,7 @@ impl Store {
         let expire = humantime::format_rfc3339_seconds(SystemTime::now() + LEASE_EXPIRY);
         let mut labels =
             HashMap::from([("containerd.io/gc.expire".to_owned(), expire.to_string())]);
-        crate::owner::mark(&mut labels);
+        crate::reclaim::owner::mark(&mut labels);
         cd.leases()
             .create(cd.request(CreateRequest {
                 id: id.clone(),

@@ -361,7 +361,7 @@ impl ImageService {
                 names.push(r.clone_with_digest(docs.top.digest.clone()).to_string());
             }
             let mut labels = HashMap::from([(LABEL_MANAGED.to_owned(), "managed".to_owned())]);
-            crate::owner::mark(&mut labels);
+            crate::reclaim::owner::mark(&mut labels);
             self.commit(store, &names, &docs, labels, Some(top_chain))
                 .await
         }

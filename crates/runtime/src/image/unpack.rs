@@ -85,7 +85,7 @@ pub(crate) async fn unpack(
             snapshotter: snapshotter.to_owned(),
             key: key.clone(),
             parent: parent.clone(),
-            labels: crate::owner::owner_labels(),
+            labels: crate::reclaim::owner::owner_labels(),
         };
         let mounts = cd
             .snapshots()
@@ -151,7 +151,7 @@ async fn apply_and_commit(
         snapshotter: snapshotter.to_owned(),
         name: chain_id.to_owned(),
         key: key.to_owned(),
-        labels: crate::owner::owner_labels(),
+        labels: crate::reclaim::owner::owner_labels(),
     };
     match cd.snapshots().commit(store.req(commit)).await {
         Ok(_) => Ok(()),

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use cubelet_engine::{Collector, GcReport, LiveSandboxes};
 
 use crate::container::ContainerRuntime;
-use crate::podns::PodNamespaces;
+use crate::sandbox::podns::PodNamespaces;
 
 #[async_trait]
 impl Collector for ContainerRuntime {

@@ -84,7 +84,7 @@ pub struct LogSink {
     path: Option<PathBuf>,
     file: Mutex<Option<tokio::fs::File>>,
     /// Every entry is also broadcast here (attach).
-    tap: crate::exec_stream::OutputTap,
+    tap: crate::io::exec_stream::OutputTap,
 }
 
 async fn open_log(path: &Path) -> Result<tokio::fs::File, RuntimeError> {
@@ -147,7 +147,7 @@ impl LogSink {
     }
 
     /// The broadcast of the entries written (for attach).
-    pub fn tap(&self) -> &crate::exec_stream::OutputTap {
+    pub fn tap(&self) -> &crate::io::exec_stream::OutputTap {
         &self.tap
     }
 

@@ -15,6 +15,9 @@
 //! ([`ContainerRuntime::refresh_snapshot_usage_every`]). Cgroup readings stay
 //! live.
 
+pub mod cgroups;
+pub(crate) mod collect;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -22,9 +25,9 @@ use std::time::{Duration, SystemTime};
 
 use containerd_client::services::v1::snapshots::UsageRequest;
 
-use crate::cgroups::cgroup_mounts;
 use crate::container::ContainerRuntime;
 use crate::error::RuntimeError;
+use crate::stats::cgroups::cgroup_mounts;
 
 /// Memory usage of one cgroup.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //!
 //! containerd's shims serve their task API over ttrpc, not gRPC. The only
 //! call the agent makes to a shim directly is `containerd.task.v2.Task/Shutdown`
-//! (to stop a shim containerd forgot, see [`crate::shims`]), so this is a
+//! (to stop a shim containerd forgot, see [`crate::reclaim::shims`]), so this is a
 //! client for exactly one request and its response, written from the
 //! protocol:
 //!

@@ -6,7 +6,7 @@
 //! them; [`ExecProcess`] resizes its terminal (`Tasks.ResizePty`), waits for
 //! its exit code, kills it and cleans up. For attach, the container's own
 //! output is tapped from its log copier ([`ContainerRuntime::attach_output`]
-//! subscribes to the broadcast every [`LogSink`](crate::logs::LogSink) carries) and its stdin is the
+//! subscribes to the broadcast every [`LogSink`](crate::io::logs::LogSink) carries) and its stdin is the
 //! FIFO held open since start ([`ContainerRuntime::open_stdin`]).
 
 use std::path::PathBuf;
@@ -25,10 +25,10 @@ use tokio::sync::broadcast;
 use crate::client::Containerd;
 use crate::container::{ContainerRuntime, PROCESS_TYPE_URL};
 use crate::error::{cd, cd_container, cd_process, RuntimeError};
-use crate::io::{self as fifo_io, Fifos};
 #[cfg(test)]
-use crate::logs::LogSink;
-use crate::logs::Stream;
+use crate::io::logs::LogSink;
+use crate::io::logs::Stream;
+use crate::io::{self as fifo_io, Fifos};
 
 /// How many output chunks an attach subscriber may fall behind before it
 /// starts losing the oldest.
@@ -44,7 +44,7 @@ pub struct OutputChunk {
     pub data: Bytes,
 }
 
-/// The broadcast half of a [`LogSink`](crate::logs::LogSink): output is sent here as it is read,
+/// The broadcast half of a [`LogSink`](crate::io::logs::LogSink): output is sent here as it is read,
 /// before it is cut into log entries.
 ///
 /// The channel exists only while someone is attached: a broadcast channel
@@ -425,13 +425,17 @@ mod tests {
         let log = dir.path().join("c.log");
         let sink = std::sync::Arc::new(LogSink::open(Some(log.clone())).await.unwrap());
         // Nobody listens yet: nothing is kept, and no channel is allocated.
-        crate::logs::copy_stream(&b"early\n"[..], Stream::Stdout, sink.clone()).await;
+        crate::io::logs::copy_stream(&b"early\n"[..], Stream::Stdout, sink.clone()).await;
         assert!(!sink.tap().is_open());
         let mut rx = sink.tap().subscribe();
         assert!(sink.tap().is_open());
         // A prompt without a newline, then a line ended by CRLF.
         let (mut w, r) = tokio::io::duplex(64);
-        let copier = tokio::spawn(crate::logs::copy_stream(r, Stream::Stderr, sink.clone()));
+        let copier = tokio::spawn(crate::io::logs::copy_stream(
+            r,
+            Stream::Stderr,
+            sink.clone(),
+        ));
         w.write_all(b"hello").await.unwrap();
         let a = rx.recv().await.unwrap();
         assert_eq!(
@@ -456,7 +460,7 @@ mod tests {
         let text = std::fs::read_to_string(&log).unwrap();
         let entries: Vec<_> = text
             .lines()
-            .filter_map(crate::logs::parse_entry)
+            .filter_map(crate::io::logs::parse_entry)
             .map(|(_, stream, partial, text)| (stream.to_owned(), partial, text.to_owned()))
             .collect();
         assert_eq!(

@@ -11,7 +11,7 @@
 //! not share a PID namespace nor have a user namespace of their own:
 //! [`SandboxProvider::needs_infra`]) `create`
 //! makes the pod's IPC and UTS namespaces on a thread of their own, sets the
-//! hostname and pins them ([`crate::podns`]); containers join those pins and
+//! hostname and pins them ([`crate::sandbox::podns`]); containers join those pins and
 //! the network step's netns pin by path. This is most of RunPodSandbox's
 //! cost saved: no container, no shim, no task.
 //!
@@ -22,6 +22,9 @@
 //! touches no containerd object; any other sandbox's teardown kills and
 //! deletes the pause task, its rootfs snapshot, container record and FIFOs.
 
+pub mod pause;
+pub mod podns;
+
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -30,7 +33,7 @@ use cubelet_engine::{Flow, FlowContext, SandboxSpec, StepError};
 
 use crate::container::{ContainerRuntime, HandlerConfig};
 use crate::error::RuntimeError;
-use crate::podns::{PinRequest, PodNamespaces};
+use crate::sandbox::podns::{PinRequest, PodNamespaces};
 use crate::spec::{ContainerKind, ContainerNamespaces, ContainerSpec, Resources, SeccompProfile};
 use crate::types::ImageInfo;
 
@@ -49,7 +52,7 @@ pub trait PauseImageSource: Send + Sync + std::fmt::Debug + 'static {
 
 /// The pod infra image: the built-in `cubelet-pause` image, built from the
 /// static pause binary and imported on first use (see
-/// [`crate::pause::ensure_pause_image`]), or a configured registry image,
+/// [`crate::sandbox::pause::ensure_pause_image`]), or a configured registry image,
 /// pulled on first use.
 #[derive(Debug, Clone)]
 pub struct PauseImage {
@@ -92,7 +95,7 @@ impl PauseImageSource for PauseImage {
     fn reference(&self) -> String {
         self.reference
             .clone()
-            .unwrap_or_else(crate::pause::pause_image_ref)
+            .unwrap_or_else(crate::sandbox::pause::pause_image_ref)
     }
 
     async fn pause_image(&self) -> Result<ImageInfo, RuntimeError> {
@@ -104,9 +107,15 @@ impl PauseImageSource for PauseImage {
             None => {
                 // Imported once: later sandboxes find it without reading
                 // (or needing) the binary again.
-                match self.images.status(&crate::pause::pause_image_ref()).await? {
+                match self
+                    .images
+                    .status(&crate::sandbox::pause::pause_image_ref())
+                    .await?
+                {
                     Some(info) => Ok(info),
-                    None => crate::pause::ensure_pause_image(&self.images, &self.binary).await,
+                    None => {
+                        crate::sandbox::pause::ensure_pause_image(&self.images, &self.binary).await
+                    }
                 }
             }
         }

@@ -7,6 +7,10 @@
 //! after creation we open the real read-only ends and drop the keepers, so
 //! our readers see end-of-file exactly when the shim closes its write ends.
 
+pub mod exec_stream;
+pub mod logs;
+pub mod ttrpc;
+
 use std::path::{Path, PathBuf};
 
 use nix::sys::stat::Mode;

@@ -226,7 +226,7 @@ pub async fn ensure_pause_image(
             (LABEL_MANAGED.to_owned(), "managed".to_owned()),
             (LABEL_PINNED.to_owned(), "pinned".to_owned()),
         ]);
-        crate::owner::mark(&mut labels);
+        crate::reclaim::owner::mark(&mut labels);
         images
             .commit(
                 &store,

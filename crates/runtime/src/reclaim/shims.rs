@@ -45,8 +45,8 @@ use containerd_client::services::v1::ListTasksRequest;
 
 use crate::container::ContainerRuntime;
 use crate::error::RuntimeError;
+use crate::io::ttrpc::{self, SocketAddress};
 use crate::safe_read::read_no_follow;
-use crate::ttrpc::{self, SocketAddress};
 
 /// A shim younger than this may be one whose task containerd is still
 /// creating (that takes milliseconds); it is never reaped.

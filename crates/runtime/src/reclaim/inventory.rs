@@ -1,7 +1,7 @@
 //! What the agent's containerd namespace holds, for the garbage collector:
 //! containers, tasks and writable snapshots, each keyed by the container id
 //! it belongs to, plus extraction snapshots a crashed pull left behind; and
-//! which of them carry Cubelet's owner mark ([`crate::owner`]): the GC
+//! which of them carry Cubelet's owner mark ([`crate::reclaim::owner`]): the GC
 //! removes only those.
 
 use std::collections::{BTreeSet, HashMap};
@@ -17,7 +17,7 @@ use futures::TryStreamExt;
 
 use crate::container::ContainerRuntime;
 use crate::error::RuntimeError;
-use crate::owner::{is_marked, owner_labels, OWNER_LABEL};
+use crate::reclaim::owner::{is_marked, owner_labels, OWNER_LABEL};
 
 /// Prefix of the keys of the snapshots an image unpack writes into.
 pub const EXTRACT_PREFIX: &str = "extract-";
