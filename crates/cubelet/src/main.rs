@@ -91,17 +91,23 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-/// Runs `cubelet --check-config` against the node: one line per check.
-fn check_node(config: &cubelet::config::Config) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+/// A single-threaded async runtime for a one-shot command; on failure the
+/// error is printed under `who` and the exit code returned.
+fn small_runtime(who: &str) -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
+        .map_err(|e| {
+            eprintln!("{who}: cannot start the async runtime: {e}");
+            ExitCode::from(1)
+        })
+}
+
+/// Runs `cubelet --check-config` against the node: one line per check.
+fn check_node(config: &cubelet::config::Config) -> ExitCode {
+    let runtime = match small_runtime("cubelet") {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cubelet: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
+        Err(code) => return code,
     };
     let findings = runtime.block_on(cubelet::check::run(config));
     println!("configuration ok");
@@ -179,15 +185,9 @@ fn uninstall(args: &Args, own: &UninstallArgs) -> ExitCode {
 
 /// Runs `cubelet ctl …`: prints the answer, or the error (exit code 1).
 fn ctl(args: &cubelet::ctl::CtlArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match small_runtime("cubelet ctl") {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cubelet ctl: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
+        Err(code) => return code,
     };
     match runtime.block_on(cubelet::ctl::run(args)) {
         Ok(text) => {
