@@ -49,8 +49,38 @@ pub fn containerd_socket() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CONTAINERD))
 }
 
+/// `runtime.cgroup_driver` of the daemons the harness starts:
+/// `$CUBELET_E2E_CGROUP_DRIVER` (`systemd`, `cgroupfs` or `auto`), or
+/// `None` for the daemon's default (`auto`).
+pub fn e2e_cgroup_driver() -> Option<String> {
+    std::env::var("CUBELET_E2E_CGROUP_DRIVER")
+        .ok()
+        .filter(|d| !d.is_empty())
+}
+
+/// The CRI socket of an already running Cubelet to attach to instead of
+/// starting one: `$CUBELET_E2E_SOCKET` (a systemd service in a guest). See
+/// [`Daemon::attach`].
+pub fn attach_socket() -> Option<PathBuf> {
+    std::env::var_os("CUBELET_E2E_SOCKET")
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+}
+
 /// Why the end-to-end tests cannot run here, if they cannot.
 pub fn skip_reason() -> Option<String> {
+    if let Some(sock) = attach_socket() {
+        if !nix::unistd::Uid::effective().is_root() {
+            return Some("not running as root".to_owned());
+        }
+        return match std::os::unix::net::UnixStream::connect(&sock) {
+            Ok(_) => None,
+            Err(e) => Some(format!(
+                "CUBELET_E2E_SOCKET {} does not answer: {e}",
+                sock.display()
+            )),
+        };
+    }
     let sock = containerd_socket();
     if !sock.exists() {
         return Some(format!(
@@ -190,6 +220,9 @@ pub struct Daemon {
     pub images: ImageServiceClient<Channel>,
     config_dir: tempfile::TempDir,
     ip_forward_before: Option<String>,
+    /// Attached to a Cubelet the harness did not start ([`Daemon::attach`]):
+    /// teardown removes only what the harness made (its log directory).
+    attached: bool,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -248,6 +281,13 @@ impl Daemon {
         let namespace = format!("cubelet-e2e-{tag}");
         let metrics: SocketAddr = (Ipv4Addr::LOCALHOST, free_port()?).into();
         let containerd = containerd_socket();
+        let cgroup_driver = match e2e_cgroup_driver() {
+            Some(d) if ["systemd", "cgroupfs", "auto"].contains(&d.as_str()) => {
+                format!("  cgroup_driver: {d}\n")
+            }
+            Some(d) => bail!("CUBELET_E2E_CGROUP_DRIVER={d:?}: want systemd, cgroupfs or auto"),
+            None => String::new(),
+        };
 
         let config_dir = tempfile::Builder::new()
             .prefix("cubelet-e2e-config")
@@ -264,6 +304,7 @@ impl Daemon {
              runtime:\n  default_handler: runc\n  handlers:\n\
              \x20   runc: {{ runtime_type: io.containerd.runc.v2, binary: /usr/sbin/runc, root: {runc} }}\n\
              \x20   runc-alt: {{ runtime_type: io.containerd.runc.v2, binary: /usr/sbin/runc, root: {runc_alt} }}\n\
+             {cgroup_driver}\
              network:\n  provider: bridge\n  bridge: {{ name: {bridge}, subnet: {subnet}/24, mtu: 1500 }}\n\
              {gc}",
             socket = socket.display(),
@@ -347,7 +388,84 @@ impl Daemon {
             images: ImageServiceClient::new(channel),
             config_dir,
             ip_forward_before,
+            attached: false,
         })
+    }
+
+    /// Attaches to a Cubelet already serving CRI on `socket` (a systemd
+    /// service in a guest) instead of starting one. What the harness
+    /// cannot know of that daemon comes from the environment, with
+    /// Cubelet's defaults: `CUBELET_TEST_CONTAINERD`
+    /// (`/run/containerd/containerd.sock`), `CUBELET_E2E_NAMESPACE`
+    /// (`k8s.cubelet.io`), `CUBELET_E2E_ROOT_DIR` (`/var/lib/cubelet`),
+    /// `CUBELET_E2E_STATE_DIR` (`/run/cubelet`), `CUBELET_E2E_METRICS`
+    /// (`127.0.0.1:9385`), `CUBELET_E2E_BRIDGE` (`cubelet0`). The pods'
+    /// log directories go under `/var/lib/cubelet-e2e-attach-<pid>`, the
+    /// only thing [`Daemon::teardown`] then removes: the daemon, its
+    /// containerd namespace and its pods other than the test's are left
+    /// alone, so a test removes what it made itself.
+    pub async fn attach(socket: &Path) -> anyhow::Result<Daemon> {
+        let env_path = |k: &str, d: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map_or_else(|| PathBuf::from(d), PathBuf::from)
+        };
+        let env = |k: &str, d: &str| {
+            std::env::var(k)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| d.to_owned())
+        };
+        let metrics: SocketAddr = env("CUBELET_E2E_METRICS", "127.0.0.1:9385")
+            .parse()
+            .context("CUBELET_E2E_METRICS")?;
+        let lib_base = PathBuf::from(format!("/var/lib/cubelet-e2e-attach-{}", std::process::id()));
+        let log_base = lib_base.join("logs");
+        std::fs::create_dir_all(&log_base)
+            .with_context(|| format!("create {}", log_base.display()))?;
+        let channel = connect(socket).await?;
+        let config_dir = tempfile::Builder::new()
+            .prefix("cubelet-e2e-attach")
+            .tempdir()?;
+        Ok(Daemon {
+            child: std::sync::Mutex::new(None),
+            bin: cubelet_bin(),
+            config_file: config_dir.path().join("config.yaml"),
+            drop_ins: config_dir.path().join("config.d"),
+            socket: socket.to_path_buf(),
+            root_dir: env_path("CUBELET_E2E_ROOT_DIR", "/var/lib/cubelet"),
+            state_dir: env_path("CUBELET_E2E_STATE_DIR", "/run/cubelet"),
+            run_base: lib_base.clone(),
+            daemon_log: lib_base.join("no-daemon-log"),
+            lib_base,
+            log_base,
+            namespace: env("CUBELET_E2E_NAMESPACE", "k8s.cubelet.io"),
+            bridge: env("CUBELET_E2E_BRIDGE", "cubelet0"),
+            subnet: Ipv4Addr::UNSPECIFIED,
+            gateway: Ipv4Addr::UNSPECIFIED,
+            metrics,
+            containerd: env_path("CUBELET_TEST_CONTAINERD", "/run/containerd/containerd.sock"),
+            runtime: RuntimeServiceClient::new(channel.clone()),
+            images: ImageServiceClient::new(channel),
+            config_dir,
+            ip_forward_before: None,
+            attached: true,
+        })
+    }
+
+    /// Whether this is a daemon the harness attached to rather than
+    /// started ([`Daemon::attach`]).
+    pub fn is_attached(&self) -> bool {
+        self.attached
+    }
+
+    /// [`Daemon::attach`] when `CUBELET_E2E_SOCKET` is set, else
+    /// [`Daemon::start`] with `opts`.
+    pub async fn start_or_attach(opts: DaemonOpts) -> anyhow::Result<Daemon> {
+        match attach_socket() {
+            Some(socket) => Daemon::attach(&socket).await,
+            None => Daemon::start(opts).await,
+        }
     }
 
     /// Where the daemon pins the IPC and UTS namespaces of sandboxes
@@ -373,8 +491,12 @@ impl Daemon {
         self.child.lock().ok().and_then(|mut c| c.take())
     }
 
-    /// The last `n` lines of the daemon's log.
+    /// The last `n` lines of the daemon's log (nothing for an attached
+    /// daemon, whose log is its service's).
     pub fn log_tail(&self, n: usize) -> String {
+        if self.attached {
+            return "(attached daemon: see its service's journal)".to_owned();
+        }
         tail(&self.daemon_log, n)
     }
 
@@ -667,6 +789,15 @@ impl Daemon {
     /// ip_forward, mounts and dirs, containerd objects and namespace.
     /// Every step runs; the errors are returned together.
     pub async fn teardown(self) -> anyhow::Result<()> {
+        if self.attached {
+            // Not ours: only the log directory the harness made goes.
+            return match std::fs::remove_dir_all(&self.lib_base) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    bail!("teardown: remove {}: {e}", self.lib_base.display())
+                }
+                _ => Ok(()),
+            };
+        }
         let mut errors = Vec::new();
         if self.pid().is_some() {
             if let Err(e) = self.remove_all().await {

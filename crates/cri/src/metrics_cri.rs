@@ -228,6 +228,7 @@ mod tests {
                 limit_bytes: None,
             }),
             processes: None,
+            ..Default::default()
         };
         let labels: Vec<String> = LABELS.iter().map(|l| format!("v-{l}")).collect();
         let m = container_metrics(&labels, &cg, 7);

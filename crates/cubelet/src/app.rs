@@ -17,7 +17,7 @@ use cubelet_runtime::events::{ContainerEventKind, EventMonitor};
 use cubelet_runtime::image::ImageService;
 use cubelet_runtime::sandbox::podns::PodNamespaces;
 use cubelet_runtime::sandbox::{PauseImage, SandboxMode, SandboxProvider};
-use cubelet_runtime::stats::cgroups::CgroupSupport;
+use cubelet_runtime::stats::cgroups::{CgroupSupport, CgroupVersion};
 use cubelet_runtime::Containerd;
 use cubelet_storage::{LocalStorage, ScratchConfig, StorageConfig};
 use cubelet_store::{SandboxState, Store};
@@ -102,6 +102,52 @@ fn pause_binary(config: &Config) -> Result<PathBuf> {
     Ok(exe.with_file_name("cubelet-pause"))
 }
 
+/// The cgroup driver `requested` (`runtime.cgroup_driver`) comes to on a
+/// node whose init is systemd or not, with cgroup hierarchy `version`
+/// (`None`: unknown, which `auto` takes for cgroupfs).
+fn resolve_cgroup_driver(
+    requested: CgroupDriver,
+    systemd_booted: bool,
+    version: Option<CgroupVersion>,
+) -> cubelet_runtime::cgroup::CgroupDriver {
+    use cubelet_runtime::cgroup::{auto_driver, CgroupDriver as Effective};
+    match requested {
+        CgroupDriver::Cgroupfs => Effective::Cgroupfs,
+        CgroupDriver::Systemd => Effective::Systemd,
+        CgroupDriver::Auto => version.map_or(Effective::Cgroupfs, |v| auto_driver(systemd_booted, v)),
+    }
+}
+
+/// The cgroup driver in effect: `runtime.cgroup_driver`, with `auto`
+/// decided from this node (`/run/systemd/system`, the file system type of
+/// `/sys/fs/cgroup`), logged with what it was decided from.
+fn effective_cgroup_driver(requested: CgroupDriver) -> Result<cubelet_runtime::cgroup::CgroupDriver> {
+    use cubelet_runtime::cgroup::{detect_version, systemd_booted, CGROUP_ROOT, SYSTEMD_RUN_DIR};
+    let systemd = systemd_booted(std::path::Path::new(SYSTEMD_RUN_DIR));
+    let version = match detect_version(std::path::Path::new(CGROUP_ROOT)) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!(error = %e, "cgroup hierarchy unknown");
+            None
+        }
+    };
+    let driver = resolve_cgroup_driver(requested, systemd, version);
+    info!(
+        requested = requested.as_str(),
+        driver = driver.as_str(),
+        systemd_init = systemd,
+        hierarchy = ?version,
+        "cgroup driver"
+    );
+    if driver == cubelet_runtime::cgroup::CgroupDriver::Systemd && !systemd {
+        tracing::warn!(
+            "runtime.cgroup_driver is systemd but systemd is not the init system \
+             ({SYSTEMD_RUN_DIR} is missing): runc will fail to create containers"
+        );
+    }
+    Ok(driver)
+}
+
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(config: Config) -> Result<()> {
     // Before anything is bound or made: a bad failpoint list, or one given
@@ -161,6 +207,8 @@ pub async fn run(config: Config) -> Result<()> {
         controllers = ?cgroups.report().controllers,
         "cgroup controllers for containers"
     );
+    rt_config.cgroup_driver = effective_cgroup_driver(config.runtime.cgroup_driver)?;
+    let cgroup_driver = rt_config.cgroup_driver;
     let runtime = Arc::new(ContainerRuntime::with_cgroups(
         cd.clone(),
         rt_config,
@@ -260,9 +308,10 @@ pub async fn run(config: Config) -> Result<()> {
         images,
         conditions: conditions.clone(),
         observer: Arc::new(CriMetrics(metrics.clone())),
-        cgroup_driver: match config.runtime.cgroup_driver {
-            CgroupDriver::Cgroupfs => k8s_cri::v1::CgroupDriver::Cgroupfs,
-            CgroupDriver::Systemd => k8s_cri::v1::CgroupDriver::Systemd,
+        // The driver in effect (`auto` resolved), as kubelet must match it.
+        cgroup_driver: match cgroup_driver {
+            cubelet_runtime::cgroup::CgroupDriver::Cgroupfs => k8s_cri::v1::CgroupDriver::Cgroupfs,
+            cubelet_runtime::cgroup::CgroupDriver::Systemd => k8s_cri::v1::CgroupDriver::Systemd,
         },
         pause_image: pause_ref,
         image_fs: (
@@ -495,6 +544,20 @@ async fn event_loop(parts: Arc<Parts>, monitor: EventMonitor, shutdown: Cancella
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn auto_resolves_to_systemd_only_on_systemd_with_cgroup_v2() {
+        use cubelet_runtime::cgroup::CgroupDriver as E;
+        let v2 = Some(CgroupVersion::V2);
+        let hybrid = Some(CgroupVersion::Hybrid);
+        assert_eq!(resolve_cgroup_driver(CgroupDriver::Auto, true, v2), E::Systemd);
+        assert_eq!(resolve_cgroup_driver(CgroupDriver::Auto, false, v2), E::Cgroupfs);
+        assert_eq!(resolve_cgroup_driver(CgroupDriver::Auto, true, hybrid), E::Cgroupfs);
+        assert_eq!(resolve_cgroup_driver(CgroupDriver::Auto, true, None), E::Cgroupfs);
+        // An explicit choice is kept whatever the node.
+        assert_eq!(resolve_cgroup_driver(CgroupDriver::Systemd, false, hybrid), E::Systemd);
+        assert_eq!(resolve_cgroup_driver(CgroupDriver::Cgroupfs, true, v2), E::Cgroupfs);
+    }
 
     /// `root_dir` and `state_dir` were 0755 (anyone listed every sandbox
     /// and pin); they are made 0711 as containerd's root and state, and an

@@ -57,6 +57,8 @@ struct State {
     cgroups: HashMap<String, CgroupStats>,
     /// The interfaces every pod's network namespace shows.
     interfaces: Vec<InterfaceStats>,
+    /// The cgroup driver the fake names cgroups by (cgroupfs unless set).
+    cgroup_driver: cubelet_runtime::cgroup::CgroupDriver,
 }
 
 /// The fake runtime. Cheap to clone; clones share state.
@@ -182,6 +184,12 @@ impl FakeRuntime {
     /// Makes container `id`'s memory cgroup count an OOM kill.
     pub fn set_oom_killed(&self, id: &str) {
         self.lock().oom_killed.insert(id.to_owned());
+    }
+
+    /// Names cgroups by `driver` from now on (cgroup directories, and the
+    /// check of a pod's `cgroup_parent`).
+    pub fn set_cgroup_driver(&self, driver: cubelet_runtime::cgroup::CgroupDriver) {
+        self.lock().cgroup_driver = driver;
     }
 
     /// The cgroup at `path` reads `stats` from now on.
@@ -391,6 +399,10 @@ impl Runtime for FakeRuntime {
 
     fn oom_killed(&self, id: &str, _cgroup_parent: Option<&str>) -> bool {
         self.lock().oom_killed.contains(id)
+    }
+
+    fn cgroup_driver(&self) -> cubelet_runtime::cgroup::CgroupDriver {
+        self.lock().cgroup_driver
     }
 
     fn read_cgroup(&self, path: &str, processes: bool, _files: Option<&OpenFiles>) -> CgroupStats {

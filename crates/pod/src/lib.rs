@@ -37,7 +37,8 @@ pub use reconcile::ReconcileReport;
 pub use runtime::{Containerd, NetnsCounters, Runtime};
 pub use service::{PodDeps, PodEvent, PodEventKind, PodService, EVENT_BUFFER};
 pub use stats::{
-    CgroupStats, ContainerStats, CpuUsage, InterfaceStats, MemoryStats, PodStats, SnapshotUsage,
+    CgroupStats, ContainerStats, CpuUsage, InterfaceStats, IoStats, MemoryStats, PodStats,
+    Pressure, PsiData, PsiStats, SnapshotUsage,
 };
 
 /// The records the service keeps, as callers read them.

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use cubelet_engine::spec::SandboxProcess;
+use cubelet_runtime::cgroup::CgroupDriver;
 use cubelet_runtime::container::{ContainerRuntime, ContainerStatus, ExecOutput, TaskExit};
 use cubelet_runtime::image::ImageService;
 use cubelet_runtime::spec::{ContainerSpec, Resources};
@@ -77,9 +78,35 @@ pub trait Runtime: Send + Sync + 'static {
     /// exit reports when the runtime's OOM event has not come.
     fn oom_killed(&self, id: &str, cgroup_parent: Option<&str>) -> bool;
 
-    /// The readings of the cgroup at `path` (as in the OCI spec, e.g.
-    /// `/cubelet/<id>`; empty when it is gone): with the process count if
-    /// `processes`, through the files `files` keeps open if given.
+    /// The node's cgroup driver: every cgroup directory of a container or
+    /// pod is derived from it ([`CgroupDriver`]).
+    fn cgroup_driver(&self) -> CgroupDriver;
+
+    /// The directory of container `id`'s cgroup below the hierarchy root,
+    /// in a pod with `cgroup_parent` (`/kubepods/pod1/<id>` with cgroupfs,
+    /// `/kubepods.slice/kubepods-pod1.slice/cubelet-<id>.scope` with
+    /// systemd).
+    fn container_cgroup(&self, cgroup_parent: Option<&str>, id: &str) -> String {
+        self.cgroup_driver().container_dir(cgroup_parent, id)
+    }
+
+    /// The directory of a pod's own cgroup (its `cgroup_parent`, made by
+    /// kubelet) below the hierarchy root; `None` without one.
+    fn pod_cgroup(&self, cgroup_parent: &str) -> Option<String> {
+        self.cgroup_driver().parent_dir(cgroup_parent)
+    }
+
+    /// Checks a pod's `cgroup_parent` against the driver:
+    /// `InvalidArgument` naming `config.linux.cgroup_parent` otherwise.
+    fn check_cgroup_parent(&self, cgroup_parent: &str) -> Result<(), RuntimeError> {
+        self.cgroup_driver()
+            .check_parent(cubelet_runtime::cgroup::PARENT_FIELD, cgroup_parent)
+    }
+
+    /// The readings of the cgroup at `path`, a directory below the
+    /// hierarchy root ([`Runtime::container_cgroup`],
+    /// [`Runtime::pod_cgroup`]; empty when it is gone): with the process
+    /// count if `processes`, through the files `files` keeps open if given.
     fn read_cgroup(&self, path: &str, processes: bool, files: Option<&OpenFiles>) -> CgroupStats;
 
     /// Usage of container `id`'s writable layer and when it was read.
@@ -195,8 +222,12 @@ impl Runtime for Containerd {
 
     fn oom_killed(&self, id: &str, cgroup_parent: Option<&str>) -> bool {
         CgroupLayout::node()
-            .oom_kills(&cubelet_runtime::spec::cgroup_path(cgroup_parent, id))
+            .oom_kills(&self.container_cgroup(cgroup_parent, id))
             .is_some_and(|n| n > 0)
+    }
+
+    fn cgroup_driver(&self) -> CgroupDriver {
+        self.containers.config().cgroup_driver
     }
 
     fn read_cgroup(&self, path: &str, processes: bool, files: Option<&OpenFiles>) -> CgroupStats {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use cubelet_engine::{chain, EngineError, FlowContext, FlowKind, SandboxId, SandboxSpec};
+use cubelet_runtime::RuntimeError;
 use cubelet_store::{SandboxRecord, SandboxState};
 use tracing::{info, info_span, warn, Instrument};
 
@@ -28,6 +29,18 @@ impl PodService {
     }
 
     async fn run_sandbox_locked(&self, spec: SandboxSpec) -> PodResult<SandboxId> {
+        // A parent the node's cgroup driver refuses fails here, before any
+        // step, naming the field (runc would fail at the first container).
+        if let Some(parent) = spec.cgroup_parent.as_deref() {
+            self.runtime()
+                .check_cgroup_parent(parent)
+                .map_err(|e| match e {
+                    RuntimeError::InvalidArgument { field, reason } => {
+                        PodError::invalid(field, reason)
+                    }
+                    e => PodError::Runtime(e),
+                })?;
+        }
         let key = pod_key(&spec);
         let _pod = self.lock_pod(&key).await;
         let store = self.store();

@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cubelet_engine::SandboxId;
-use cubelet_runtime::spec::cgroup_path;
 use cubelet_runtime::stats::{cpu_nano_cores, CpuSample, OpenFiles};
 use cubelet_store::{ContainerRecord, SandboxRecord, SandboxState};
 use futures::StreamExt;
@@ -20,7 +19,9 @@ use crate::error::{PodError, PodResult};
 use crate::runtime::Runtime;
 use crate::service::PodService;
 
-pub use cubelet_runtime::stats::{CgroupStats, InterfaceStats, MemoryStats, SnapshotUsage};
+pub use cubelet_runtime::stats::{
+    CgroupStats, InterfaceStats, IoStats, MemoryStats, Pressure, PsiData, PsiStats, SnapshotUsage,
+};
 
 /// CPU usage at one instant, with the rate since the previous sample of
 /// the same container or pod.
@@ -233,8 +234,9 @@ impl PodService {
     /// else the sum of its infra container (a sandbox without an infra
     /// process has no cgroup of its own) and containers.
     fn pod_cgroup(&self, sb: &SandboxRecord, containers: &[CgroupStats]) -> CgroupStats {
-        if let Some(parent) = sb.spec.cgroup_parent.as_deref().filter(|p| !p.is_empty()) {
-            let s = self.read_cgroup(parent, Reading::Full);
+        let parent = sb.spec.cgroup_parent.as_deref();
+        if let Some(dir) = parent.and_then(|p| self.runtime().pod_cgroup(p)) {
+            let s = self.read_cgroup(&dir, Reading::Full);
             if !s.is_empty() {
                 return s;
             }
@@ -244,7 +246,7 @@ impl PodService {
             CgroupStats::default()
         } else {
             self.read_cgroup(
-                &cgroup_path(sb.spec.cgroup_parent.as_deref(), sb.id.as_str()),
+                &self.runtime().container_cgroup(parent, sb.id.as_str()),
                 Reading::Full,
             )
         };
@@ -361,7 +363,10 @@ impl PodService {
     pub async fn container_stats(&self, id: &str) -> PodResult<ContainerStats> {
         let c = self.require_container(id)?;
         let sb = self.sandbox(&c.sandbox_id)?;
-        let cg = self.read_cgroup(&cgroup_path(parent_of(sb.as_ref()), &c.id), Reading::Usage);
+        let dir = self
+            .runtime()
+            .container_cgroup(parent_of(sb.as_ref()), &c.id);
+        let cg = self.read_cgroup(&dir, Reading::Usage);
         Ok(self.container_stats_of(Arc::new(c), cg).await)
     }
 
@@ -385,7 +390,7 @@ impl PodService {
             .iter()
             .map(|c| {
                 let parent = parents.get(c.sandbox_id.as_str()).copied().flatten();
-                cgroup_path(parent, &c.id)
+                self.runtime().container_cgroup(parent, &c.id)
             })
             .collect();
         let cgroups = self.read_cgroups(paths, Reading::Usage).await?;
@@ -412,7 +417,8 @@ impl PodService {
             .containers_of(&sb.id)?
             .into_iter()
             .map(|c| {
-                let cg = self.read_cgroup(&cgroup_path(parent_of(Some(&sb)), &c.id), Reading::Full);
+                let dir = self.runtime().container_cgroup(parent_of(Some(&sb)), &c.id);
+                let cg = self.read_cgroup(&dir, Reading::Full);
                 (Arc::new(c), cg)
             })
             .collect();
@@ -477,7 +483,7 @@ impl PodService {
             .collect();
         let paths = containers
             .iter()
-            .map(|(c, sb)| cgroup_path(parent_of(Some(sb)), &c.id))
+            .map(|(c, sb)| self.runtime().container_cgroup(parent_of(Some(sb)), &c.id))
             .collect();
         let cgroups = self.read_cgroups(paths, Reading::Full).await?;
         let mut by_pod: HashMap<&str, Vec<(Arc<ContainerRecord>, CgroupStats)>> = HashMap::new();

@@ -13,6 +13,7 @@
 //! `convert.rs`-style helpers); it knows nothing of CRI wire types, of the
 //! store or of the other providers.
 
+pub mod cgroup;
 pub mod client;
 pub mod container;
 pub mod error;

@@ -196,6 +196,9 @@ mod tests {
             ("runtime.cgroup_driver", "systemd", |c| {
                 c.runtime.cgroup_driver = CgroupDriver::Systemd
             }),
+            ("runtime.cgroup_driver", "cgroupfs", |c| {
+                c.runtime.cgroup_driver = CgroupDriver::Cgroupfs
+            }),
             ("runtime.handlers.runc.binary", "/usr/local/bin/runc", |c| {
                 c.runtime.handlers.get_mut("runc").unwrap().binary =
                     Some("/usr/local/bin/runc".into())

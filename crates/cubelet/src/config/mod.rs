@@ -124,7 +124,7 @@ runtime:
   default_handler: runc
   handlers:
     runc: { runtime_type: io.containerd.runc.v2, binary: /usr/sbin/runc }
-  cgroup_driver: cgroupfs
+  cgroup_driver: auto
   restrict_oom_score_adj: true
   tolerate_missing_hugetlb_controller: true
   sandbox: auto

@@ -248,22 +248,27 @@ impl Default for ImagesConfig {
     }
 }
 
-/// Cgroup driver.
+/// `runtime.cgroup_driver`: who manages container cgroups (it must match
+/// kubelet's `cgroupDriver`; see docs/cgroups.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CgroupDriver {
     /// Paths under the cgroup filesystem.
     Cgroupfs,
-    /// systemd slices.
+    /// systemd slices and scopes (runc's systemd manager).
     Systemd,
+    /// systemd when systemd is the init system and the hierarchy is
+    /// cgroup v2, else cgroupfs (decided once at start).
+    Auto,
 }
 
 impl CgroupDriver {
-    /// Name as CRI `RuntimeConfig` reports it.
+    /// Name as written in the config.
     pub fn as_str(self) -> &'static str {
         match self {
             CgroupDriver::Cgroupfs => "cgroupfs",
             CgroupDriver::Systemd => "systemd",
+            CgroupDriver::Auto => "auto",
         }
     }
 }
@@ -290,7 +295,7 @@ pub struct RuntimeConfig {
     pub default_handler: String,
     /// Handlers by RuntimeClass handler name.
     pub handlers: BTreeMap<String, HandlerConfig>,
-    /// Cgroup driver.
+    /// Cgroup driver (`auto` by default: see [`CgroupDriver::Auto`]).
     pub cgroup_driver: CgroupDriver,
     /// Never give a container an `oom_score_adj` below the agent's own (a
     /// process without CAP_SYS_RESOURCE cannot lower it); as containerd's option.
@@ -331,7 +336,7 @@ impl Default for RuntimeConfig {
         Self {
             default_handler: "runc".into(),
             handlers,
-            cgroup_driver: CgroupDriver::Cgroupfs,
+            cgroup_driver: CgroupDriver::Auto,
             restrict_oom_score_adj: true,
             tolerate_missing_hugetlb_controller: true,
             sandbox: SandboxMode::Auto,

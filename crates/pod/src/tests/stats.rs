@@ -16,6 +16,7 @@ fn cgroup(cpu_ns: u64, processes: u64) -> CgroupStats {
             ..Default::default()
         }),
         processes: Some(processes),
+        ..Default::default()
     }
 }
 
@@ -135,4 +136,38 @@ async fn a_writable_layer_the_runtime_cannot_read_is_left_out_not_an_error() {
         .unwrap()
         .writable_layer
         .is_some());
+}
+
+/// Under the systemd driver every cgroup the service reads is named as
+/// systemd lays it out: each container's scope in the pod's slice, and
+/// the pod's own slice expanded by its dashes; a cgroupfs-style parent is
+/// refused at RunPodSandbox, naming the field, before any step runs.
+#[tokio::test]
+async fn the_systemd_driver_names_the_scopes_and_slices_stats_read() {
+    use cubelet_runtime::cgroup::CgroupDriver;
+    let r = Rig::new();
+    r.runtime.set_cgroup_driver(CgroupDriver::Systemd);
+    let mut s = super::harness::spec("web");
+    s.cgroup_parent = Some("/kubepods/pod-test".to_owned());
+    match r.pods.run_sandbox(s.clone()).await.unwrap_err() {
+        crate::PodError::InvalidArgument { field, reason } => {
+            assert_eq!(field, "config.linux.cgroup_parent");
+            assert!(reason.contains("systemd"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(r.held(), 0, "no step ran");
+    s.cgroup_parent =
+        Some("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podx.slice".to_owned());
+    let sb = r.pods.run_sandbox(s).await.unwrap();
+    let a = r.running(&sb, "a").await;
+    let slice = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podx.slice";
+    r.runtime
+        .set_cgroup(&format!("{slice}/cubelet-{a}.scope"), cgroup(1_000, 1));
+    r.runtime.set_cgroup(slice, cgroup(5_000, 3));
+    let one = r.pods.container_stats(&a).await.unwrap();
+    assert_eq!(one.cgroup.cpu_usage_ns, Some(1_000));
+    let pod = r.pods.pod_stats("pod_sandbox_id", sb.as_str()).await.unwrap();
+    assert_eq!(pod.cgroup, cgroup(5_000, 3));
+    assert_eq!(pod.containers[0].cgroup.cpu_usage_ns, Some(1_000));
 }

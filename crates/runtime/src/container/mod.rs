@@ -39,6 +39,7 @@ use prost_types::Any;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
+use crate::cgroup::CgroupDriver;
 use crate::client::Containerd;
 use crate::error::{cd_container, RuntimeError};
 use crate::io::logs::LogSink;
@@ -106,6 +107,10 @@ pub struct RuntimeConfig {
     pub restrict_oom_score_adj: bool,
     /// Snapshotter for container rootfs.
     pub snapshotter: String,
+    /// Who manages container cgroups: how `linux.cgroupsPath` is written
+    /// and whether runc's shim options ask for systemd
+    /// (`SystemdCgroup`); see [`crate::cgroup`].
+    pub cgroup_driver: CgroupDriver,
 }
 
 impl RuntimeConfig {
@@ -117,6 +122,7 @@ impl RuntimeConfig {
             default_handler: "runc".to_owned(),
             restrict_oom_score_adj: true,
             snapshotter: "overlayfs".to_owned(),
+            cgroup_driver: CgroupDriver::Cgroupfs,
         }
     }
 
@@ -246,12 +252,18 @@ struct Retiring {
     done: tokio::sync::watch::Receiver<bool>,
 }
 
+/// The fields of runc's shim options (`containerd.runc.v1.Options`,
+/// containerd's `api/types/runc/options/oci.proto`) Cubelet sets.
 #[derive(Clone, PartialEq, prost::Message)]
 struct RuncOptions {
     #[prost(string, tag = "6")]
     binary_name: String,
     #[prost(string, tag = "7")]
     root: String,
+    /// `SystemdCgroup`: runc's systemd cgroup manager, which reads
+    /// `cgroupsPath` as `slice:prefix:name`.
+    #[prost(bool, tag = "9")]
+    systemd_cgroup: bool,
 }
 
 fn ts_to_system(ts: Option<&prost_types::Timestamp>) -> Option<SystemTime> {
@@ -335,11 +347,19 @@ impl ContainerRuntime {
         self.config.handler(name)
     }
 
-    fn runtime_options(handler: &HandlerConfig) -> Option<Any> {
-        if handler.binary.is_none() && handler.root.is_none() {
+    /// The shim options of a container on `handler`: runc's binary and
+    /// root when configured, and `SystemdCgroup` under the systemd driver.
+    /// Only runc's shims (`io.containerd.runc.*`) take runc's options; a
+    /// handler of another runtime type with neither binary nor root gets
+    /// none.
+    fn runtime_options(handler: &HandlerConfig, driver: CgroupDriver) -> Option<Any> {
+        let systemd_cgroup =
+            driver == CgroupDriver::Systemd && handler.runtime_type.starts_with("io.containerd.runc.");
+        if handler.binary.is_none() && handler.root.is_none() && !systemd_cgroup {
             return None;
         }
         let opts = RuncOptions {
+            systemd_cgroup,
             binary_name: handler
                 .binary
                 .as_ref()
@@ -460,18 +480,53 @@ mod tests {
 
     #[test]
     fn runc_options_encode_root_and_binary() {
-        let any = ContainerRuntime::runtime_options(&HandlerConfig {
-            runtime_type: "io.containerd.runc.v2".into(),
-            binary: Some("/usr/sbin/runc".into()),
-            root: Some("/run/x".into()),
-        })
+        let any = ContainerRuntime::runtime_options(
+            &HandlerConfig {
+                runtime_type: "io.containerd.runc.v2".into(),
+                binary: Some("/usr/sbin/runc".into()),
+                root: Some("/run/x".into()),
+            },
+            CgroupDriver::Cgroupfs,
+        )
         .unwrap();
         assert_eq!(any.type_url, RUNC_OPTIONS_TYPE_URL);
         // field 6 (binary_name), length-delimited: tag byte 0x32; field 7: 0x3a.
         assert_eq!(any.value[0], 0x32);
         let decoded: RuncOptions = prost::Message::decode(any.value.as_slice()).unwrap();
         assert_eq!(decoded.root, "/run/x");
-        assert!(ContainerRuntime::runtime_options(&HandlerConfig::default()).is_none());
+        assert!(!decoded.systemd_cgroup);
+        assert!(
+            ContainerRuntime::runtime_options(&HandlerConfig::default(), CgroupDriver::Cgroupfs)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn the_systemd_driver_sets_systemd_cgroup_in_runcs_options() {
+        let any =
+            ContainerRuntime::runtime_options(&HandlerConfig::default(), CgroupDriver::Systemd)
+                .unwrap();
+        assert_eq!(any.type_url, RUNC_OPTIONS_TYPE_URL);
+        // Field 9, varint: tag byte 0x48, then 1 (containerd's
+        // `SystemdCgroup = true`, and nothing else set).
+        assert_eq!(any.value, [0x48, 0x01]);
+        let with_root = ContainerRuntime::runtime_options(
+            &HandlerConfig {
+                root: Some("/run/r".into()),
+                ..HandlerConfig::default()
+            },
+            CgroupDriver::Systemd,
+        )
+        .unwrap();
+        let decoded: RuncOptions = prost::Message::decode(with_root.value.as_slice()).unwrap();
+        assert!(decoded.systemd_cgroup);
+        assert_eq!(decoded.root, "/run/r");
+        // Another runtime's shim does not read runc's options.
+        let kata = HandlerConfig {
+            runtime_type: "io.containerd.kata.v2".into(),
+            ..HandlerConfig::default()
+        };
+        assert!(ContainerRuntime::runtime_options(&kata, CgroupDriver::Systemd).is_none());
     }
 
     #[test]

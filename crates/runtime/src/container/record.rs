@@ -80,8 +80,13 @@ impl ContainerRuntime {
         };
         let (handler_name, handler) = self.handler(&spec.runtime_handler)?;
         let handler_name = handler_name.to_owned();
-        let runtime_options = Self::runtime_options(handler);
+        let runtime_options = Self::runtime_options(handler, self.config.cgroup_driver);
         let runtime_type = handler.runtime_type.clone();
+        // A parent the driver refuses fails before anything is made.
+        self.config.cgroup_driver.check_parent(
+            crate::cgroup::PARENT_FIELD,
+            spec.cgroup_parent.as_deref().unwrap_or(""),
+        )?;
         if spec.image.chain_id.is_empty() {
             return Err(RuntimeError::InvalidArgument {
                 field: "image".to_owned(),
@@ -317,6 +322,7 @@ impl ContainerRuntime {
         let opts = SpecOptions {
             min_oom_score_adj: self.agent_oom_floor()?,
             user,
+            cgroup_driver: self.config.cgroup_driver,
         };
         let oci = debug_span!("build_oci_spec").in_scope(|| build_oci_spec(id, spec, &opts))?;
         let mut labels: HashMap<String, String> = spec

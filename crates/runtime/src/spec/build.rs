@@ -15,7 +15,7 @@ use super::mounts::{
     default_mounts, rootfs_propagation, DEFAULT_MASKED_PATHS, DEFAULT_READONLY_PATHS,
 };
 use super::oci_err;
-use super::resources::{cgroup_path, clamp_oom_score_adj, linux_resources};
+use super::resources::{clamp_oom_score_adj, linux_resources};
 use super::seccomp::seccomp_filter;
 use super::user::{ResolvedUser, UserRequest};
 use crate::error::RuntimeError;
@@ -121,7 +121,10 @@ pub fn build_oci_spec(
     let mut linux = LinuxBuilder::default()
         .namespaces(namespaces)
         .resources(resources)
-        .cgroups_path(cgroup_path(spec.cgroup_parent.as_deref(), id))
+        .cgroups_path(
+            opts.cgroup_driver
+                .cgroups_path(spec.cgroup_parent.as_deref(), id)?,
+        )
         .devices(devices)
         .sysctl(spec.sysctls.clone().into_iter().collect::<HashMap<_, _>>());
     if let Some(p) = rootfs_propagation(&spec.mounts) {
@@ -296,6 +299,34 @@ mod tests {
             oci.linux().as_ref().unwrap().cgroups_path().as_deref(),
             Some(Path::new("/cubelet/c"))
         );
+    }
+
+    #[test]
+    fn the_systemd_driver_writes_runcs_slice_prefix_name() {
+        use crate::cgroup::CgroupDriver;
+        let opts = SpecOptions {
+            cgroup_driver: CgroupDriver::Systemd,
+            ..Default::default()
+        };
+        let mut s = ContainerSpec {
+            image: image(&[], &["x"], &[]),
+            cgroup_parent: Some(
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice".into(),
+            ),
+            ..Default::default()
+        };
+        let oci = build_oci_spec("c", &s, &opts).unwrap();
+        assert_eq!(
+            oci.linux().as_ref().unwrap().cgroups_path().as_deref(),
+            Some(Path::new("kubepods-burstable-pod1.slice:cubelet:c"))
+        );
+        s.cgroup_parent = Some("/kubepods/burstable/pod1".into());
+        match build_oci_spec("c", &s, &opts).unwrap_err() {
+            RuntimeError::InvalidArgument { field, .. } => {
+                assert_eq!(field, "config.linux.cgroup_parent")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

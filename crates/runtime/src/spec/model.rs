@@ -431,6 +431,8 @@ pub struct SpecOptions {
     pub min_oom_score_adj: Option<i32>,
     /// Resolved user; `None` means root unless the request gave ids.
     pub user: Option<ResolvedUser>,
+    /// How `linux.cgroupsPath` is written ([`crate::cgroup`]).
+    pub cgroup_driver: crate::cgroup::CgroupDriver,
 }
 
 impl ContainerSpec {

@@ -10,6 +10,7 @@ use oci_spec::runtime::{
 
 use super::model::Resources;
 use super::oci_err;
+use crate::cgroup::CgroupDriver;
 use crate::error::RuntimeError;
 
 /// Converts [`Resources`] to OCI `LinuxResources`, with the device rules of
@@ -74,17 +75,11 @@ pub fn clamp_oom_score_adj(requested: i32, floor: Option<i32>) -> i32 {
     }
 }
 
-/// The cgroupfs path of a container: `<cgroup_parent>/<id>`.
+/// The cgroupfs path of a container: `<cgroup_parent>/<id>`
+/// ([`CgroupDriver::container_dir`] of the cgroupfs driver; what knows the
+/// node's driver asks [`CgroupDriver`] itself).
 pub fn cgroup_path(cgroup_parent: Option<&str>, id: &str) -> String {
-    let parent = cgroup_parent
-        .filter(|p| !p.is_empty())
-        .unwrap_or("/cubelet");
-    let parent = parent.trim_end_matches('/');
-    if parent.starts_with('/') {
-        format!("{parent}/{id}")
-    } else {
-        format!("/{parent}/{id}")
-    }
+    CgroupDriver::Cgroupfs.container_dir(cgroup_parent, id)
 }
 
 #[cfg(test)]

@@ -54,9 +54,69 @@ impl MemoryStats {
     }
 }
 
+/// Block I/O of one cgroup, summed over its devices (cgroup v2 `io.stat`:
+/// `<major>:<minor> rbytes=.. wbytes=.. rios=.. wios=.. dbytes=.. dios=..`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoStats {
+    /// Bytes read (`rbytes`).
+    pub read_bytes: u64,
+    /// Bytes written (`wbytes`).
+    pub write_bytes: u64,
+    /// Read operations (`rios`).
+    pub read_ops: u64,
+    /// Write operations (`wios`).
+    pub write_ops: u64,
+}
+
+/// One line of a pressure stall information file: the share of wall time
+/// (in percent) some or all tasks were stalled, averaged over 10 s, 60 s
+/// and 300 s, and the total stall time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PsiData {
+    /// `avg10`, percent.
+    pub avg10: f64,
+    /// `avg60`, percent.
+    pub avg60: f64,
+    /// `avg300`, percent.
+    pub avg300: f64,
+    /// `total`: cumulative stall time in microseconds.
+    pub total_us: u64,
+}
+
+/// A pressure stall information file (`cpu.pressure`, `memory.pressure`,
+/// `io.pressure` of a cgroup v2 directory, kernel 4.20+ with PSI on).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Pressure {
+    /// `some`: at least one task stalled.
+    pub some: PsiData,
+    /// `full`: every non-idle task stalled at once (`None` where the kernel
+    /// does not report it, as for `cpu.pressure` before 5.13).
+    pub full: Option<PsiData>,
+}
+
+/// The pressure stall information of one cgroup, each resource `None`
+/// when its file is missing (cgroup v1, or PSI off). Kubernetes 1.36's CRI
+/// carries these as `PsiStats` of `CpuUsage`, `MemoryUsage` and `IoUsage`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PsiStats {
+    /// `cpu.pressure`.
+    pub cpu: Option<Pressure>,
+    /// `memory.pressure`.
+    pub memory: Option<Pressure>,
+    /// `io.pressure`.
+    pub io: Option<Pressure>,
+}
+
+impl PsiStats {
+    /// True when no pressure file was read.
+    pub fn is_empty(&self) -> bool {
+        self.cpu.is_none() && self.memory.is_none() && self.io.is_none()
+    }
+}
+
 /// What one cgroup reports; each part is `None` when its controller is
 /// missing or unreadable.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CgroupStats {
     /// Cumulative CPU time in nanoseconds.
     pub cpu_usage_ns: Option<u64>,
@@ -64,11 +124,16 @@ pub struct CgroupStats {
     pub memory: Option<MemoryStats>,
     /// Number of processes (`pids.current`, else `cgroup.procs` lines).
     pub processes: Option<u64>,
+    /// Block I/O (cgroup v2 `io.stat`; `None` on v1 or without the `io`
+    /// controller).
+    pub io: Option<IoStats>,
+    /// Pressure stall information (cgroup v2 only; see [`PsiStats`]).
+    pub psi: PsiStats,
 }
 
 impl CgroupStats {
     /// Adds `other` into `self` (pod totals from container cgroups); the
-    /// memory limit of a sum is unknown.
+    /// memory limit and the pressure of a sum are unknown.
     pub fn accumulate(&mut self, other: &CgroupStats) {
         fn add(a: &mut Option<u64>, b: Option<u64>) {
             if let Some(b) = b {
@@ -77,6 +142,15 @@ impl CgroupStats {
         }
         add(&mut self.cpu_usage_ns, other.cpu_usage_ns);
         add(&mut self.processes, other.processes);
+        if let Some(o) = other.io {
+            let io = self.io.get_or_insert_with(IoStats::default);
+            io.read_bytes = io.read_bytes.saturating_add(o.read_bytes);
+            io.write_bytes = io.write_bytes.saturating_add(o.write_bytes);
+            io.read_ops = io.read_ops.saturating_add(o.read_ops);
+            io.write_ops = io.write_ops.saturating_add(o.write_ops);
+        }
+        // Stall shares of several cgroups do not add up: a sum has none.
+        self.psi = PsiStats::default();
         if let Some(o) = other.memory {
             let m = self.memory.get_or_insert_with(MemoryStats::default);
             m.usage_bytes = m.usage_bytes.saturating_add(o.usage_bytes);
@@ -90,7 +164,11 @@ impl CgroupStats {
 
     /// True if no controller reported anything (the cgroup does not exist).
     pub fn is_empty(&self) -> bool {
-        self.cpu_usage_ns.is_none() && self.memory.is_none() && self.processes.is_none()
+        self.cpu_usage_ns.is_none()
+            && self.memory.is_none()
+            && self.processes.is_none()
+            && self.io.is_none()
+            && self.psi.is_empty()
     }
 }
 
@@ -236,6 +314,9 @@ impl CgroupLayout {
                     processes: dir(pids)
                         .filter(|_| processes)
                         .and_then(|d| processes_in(&d)),
+                    // v1's blkio counts are not read, and v1 has no PSI.
+                    io: None,
+                    psi: PsiStats::default(),
                 }
             }
             CgroupLayout::V2 { root } => read_v2_parts(&CgroupDir::new(root, rel, open), processes),
@@ -394,7 +475,7 @@ fn one_record(name: &str) -> bool {
 /// The cgroup files [`OpenFiles`] keeps open, v1 and v2 (a name is in one
 /// controller's directory only, so one cgroup's files of every controller
 /// share a slot table).
-const KEPT_FILES: [&str; 9] = [
+const KEPT_FILES: [&str; 13] = [
     "cpuacct.usage",
     "cpu.stat",
     "memory.usage_in_bytes",
@@ -404,6 +485,10 @@ const KEPT_FILES: [&str; 9] = [
     "memory.max",
     "pids.current",
     "cgroup.procs",
+    "io.stat",
+    "cpu.pressure",
+    "memory.pressure",
+    "io.pressure",
 ];
 
 /// The files of one cgroup that [`OpenFiles`] keeps, a slot per name of
@@ -457,11 +542,15 @@ impl OpenFiles {
         self.lock().remove(rel);
     }
 
-    /// Closes the files of every cgroup whose directory name `keep` (a
-    /// container id) refuses.
+    /// Closes the files of every cgroup whose container id `keep` refuses
+    /// (the id its directory name carries under either cgroup driver:
+    /// `<id>` or `cubelet-<id>.scope`).
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
-        self.lock()
-            .retain(|rel, _| keep(rel.rsplit('/').next().unwrap_or(rel)));
+        self.lock().retain(|rel, _| {
+            keep(crate::cgroup::container_id_of_dir(
+                rel.rsplit('/').next().unwrap_or(rel),
+            ))
+        });
     }
 
     /// How many files are open.
@@ -613,8 +702,10 @@ fn processes_in(dir: &CgroupDir<'_>) -> Option<u64> {
     })
 }
 
-/// A cgroup v2 directory: `cpu.stat`, `memory.current`, `memory.stat`,
-/// `memory.max`, `pids.current`.
+/// A cgroup v2 directory: `cpu.stat` (`usage_usec`), `memory.current`,
+/// `memory.stat` (working set = current − `inactive_file`, as kubelet's
+/// cAdvisor), `memory.max`, `pids.current`, `io.stat` and the pressure
+/// files (`cpu.pressure`, `memory.pressure`, `io.pressure`) when present.
 pub fn read_v2(dir: &Path) -> CgroupStats {
     read_v2_parts(&CgroupDir::at(dir), true)
 }
@@ -643,7 +734,78 @@ fn read_v2_parts(dir: &CgroupDir<'_>, processes: bool) -> CgroupStats {
         cpu_usage_ns: cpu,
         memory,
         processes: processes.then(|| processes_in(dir)).flatten(),
+        io: dir.parse("io.stat", parse_io_stat),
+        psi: PsiStats {
+            cpu: dir.parse("cpu.pressure", parse_pressure),
+            memory: dir.parse("memory.pressure", parse_pressure),
+            io: dir.parse("io.pressure", parse_pressure),
+        },
     }
+}
+
+/// The totals of a v2 `io.stat` over its devices; `None` for a text with
+/// no device line (the file is empty until the cgroup does I/O, which is
+/// zero I/O, not a missing controller: so an empty file gives zeros).
+pub fn parse_io_stat(text: &str) -> Option<IoStats> {
+    let mut io = IoStats::default();
+    for line in text.lines() {
+        let mut fields = line.split_ascii_whitespace();
+        if fields.next().is_none() {
+            continue;
+        }
+        for kv in fields {
+            let Some((k, v)) = kv.split_once('=') else {
+                continue;
+            };
+            let Ok(v) = v.parse::<u64>() else {
+                continue;
+            };
+            let slot = match k {
+                "rbytes" => &mut io.read_bytes,
+                "wbytes" => &mut io.write_bytes,
+                "rios" => &mut io.read_ops,
+                "wios" => &mut io.write_ops,
+                _ => continue,
+            };
+            *slot = slot.saturating_add(v);
+        }
+    }
+    Some(io)
+}
+
+/// A pressure stall information file: `some avg10=0.00 avg60=0.00
+/// avg300=0.00 total=0` and, where the kernel reports it, a `full` line
+/// of the same shape. `None` without a well-formed `some` line.
+pub fn parse_pressure(text: &str) -> Option<Pressure> {
+    let mut some = None;
+    let mut full = None;
+    for line in text.lines() {
+        let mut fields = line.split_ascii_whitespace();
+        let slot = match fields.next() {
+            Some("some") => &mut some,
+            Some("full") => &mut full,
+            _ => continue,
+        };
+        let mut d = PsiData::default();
+        let mut seen = 0;
+        for kv in fields {
+            let Some((k, v)) = kv.split_once('=') else {
+                continue;
+            };
+            let ok = match k {
+                "avg10" => v.parse().map(|x| d.avg10 = x).is_ok(),
+                "avg60" => v.parse().map(|x| d.avg60 = x).is_ok(),
+                "avg300" => v.parse().map(|x| d.avg300 = x).is_ok(),
+                "total" => v.parse().map(|x| d.total_us = x).is_ok(),
+                _ => false,
+            };
+            seen += usize::from(ok);
+        }
+        if seen == 4 {
+            *slot = Some(d);
+        }
+    }
+    Some(Pressure { some: some?, full })
 }
 
 /// A cumulative CPU time taken at a moment.
@@ -1168,6 +1330,114 @@ mod tests {
     }
 
     #[test]
+    fn parses_pressure_files() {
+        let cpu = "some avg10=1.50 avg60=0.25 avg300=0.00 total=123456\n\
+                   full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
+        let p = parse_pressure(cpu).unwrap();
+        assert_eq!(
+            p.some,
+            PsiData {
+                avg10: 1.5,
+                avg60: 0.25,
+                avg300: 0.0,
+                total_us: 123_456
+            }
+        );
+        assert_eq!(p.full, Some(PsiData::default()));
+        // A kernel without `full` for CPU (before 5.13).
+        let p = parse_pressure("some avg10=0.00 avg60=0.00 avg300=0.00 total=7\n").unwrap();
+        assert_eq!(p.some.total_us, 7);
+        assert_eq!(p.full, None);
+        // Malformed or empty: nothing.
+        assert_eq!(parse_pressure(""), None);
+        assert_eq!(parse_pressure("some avg10=x avg60=0 avg300=0 total=1\n"), None);
+        assert_eq!(parse_pressure("full avg10=0 avg60=0 avg300=0 total=1\n"), None);
+    }
+
+    #[test]
+    fn io_stat_is_summed_over_devices() {
+        let text = "8:0 rbytes=1024 wbytes=2048 rios=1 wios=2 dbytes=0 dios=0\n\
+                    253:1 rbytes=10 wbytes=20 rios=3 wios=4 dbytes=5 dios=6\n";
+        assert_eq!(
+            parse_io_stat(text),
+            Some(IoStats {
+                read_bytes: 1034,
+                write_bytes: 2068,
+                read_ops: 4,
+                write_ops: 6,
+            })
+        );
+        // No I/O yet: an empty file, zeros.
+        assert_eq!(parse_io_stat(""), Some(IoStats::default()));
+    }
+
+    /// A cgroup v2 tree as the systemd driver lays it out: the scope of a
+    /// container in kubelet's pod slice, with the pressure and I/O files
+    /// of a v2 node, read through the path the driver gives.
+    #[test]
+    fn reads_a_systemd_scope_on_v2_with_psi_and_io() {
+        use crate::cgroup::CgroupDriver;
+        let root = tempfile::tempdir().unwrap();
+        let parent = "kubepods-burstable-pod1.slice";
+        let rel = CgroupDriver::Systemd.container_dir(Some(parent), "c1");
+        let d = root.path().join(rel.trim_start_matches('/'));
+        assert!(d.ends_with(
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cubelet-c1.scope"
+        ));
+        write(&d, "cpu.stat", "usage_usec 10\n");
+        write(&d, "memory.current", "4096\n");
+        write(&d, "memory.stat", "anon 1024\ninactive_file 1000\n");
+        write(&d, "memory.max", "8192\n");
+        write(&d, "pids.current", "3\n");
+        write(&d, "io.stat", "8:0 rbytes=5 wbytes=6 rios=1 wios=2\n");
+        let psi = "some avg10=2.00 avg60=1.00 avg300=0.50 total=900\n\
+                   full avg10=1.00 avg60=0.50 avg300=0.25 total=400\n";
+        for f in ["cpu.pressure", "memory.pressure", "io.pressure"] {
+            write(&d, f, psi);
+        }
+        write(&d, "memory.events", "oom 1\noom_kill 1\n");
+        let layout = CgroupLayout::V2 {
+            root: root.path().to_path_buf(),
+        };
+        let files = OpenFiles::default();
+        for s in [layout.read(&rel), layout.read_with(&rel, true, &files)] {
+            assert_eq!(s.cpu_usage_ns, Some(10_000));
+            let m = s.memory.unwrap();
+            assert_eq!((m.usage_bytes, m.working_set_bytes), (4096, 3096));
+            assert_eq!(m.limit_bytes, Some(8192));
+            assert_eq!(s.processes, Some(3));
+            assert_eq!(s.io.unwrap().read_bytes, 5);
+            for p in [s.psi.cpu, s.psi.memory, s.psi.io] {
+                let p = p.unwrap();
+                assert_eq!(p.some.avg10, 2.0);
+                assert_eq!(p.full.unwrap().total_us, 400);
+            }
+        }
+        assert_eq!(layout.oom_kills(&rel), Some(1));
+        // The scope's open files are the container's: kept for its id.
+        assert!(!files.is_empty());
+        files.retain(|id| id == "c1");
+        assert!(!files.is_empty());
+        files.retain(|id| id != "c1");
+        assert!(files.is_empty());
+        // The pod's slice, as the driver names it, is a cgroup too.
+        let pod = CgroupDriver::Systemd.parent_dir(parent).unwrap();
+        write(&root.path().join(pod.trim_start_matches('/')), "cpu.stat", "usage_usec 99\n");
+        assert_eq!(layout.read(&pod).cpu_usage_ns, Some(99_000));
+        // v1 has no PSI and no io.stat readings.
+        let v1 = tempfile::tempdir().unwrap();
+        write(&v1.path().join("cubelet/c"), "io.stat", "8:0 rbytes=1\n");
+        let v1_layout = CgroupLayout::V1 {
+            memory: Some(v1.path().to_path_buf()),
+            cpuacct: Some(v1.path().to_path_buf()),
+            pids: None,
+        };
+        let s = v1_layout.read("/cubelet/c");
+        assert_eq!(s.io, None);
+        assert!(s.psi.is_empty());
+    }
+
+    #[test]
     fn sums_container_cgroups() {
         let mut total = CgroupStats::default();
         let one = CgroupStats {
@@ -1181,6 +1451,7 @@ mod tests {
                 limit_bytes: Some(1000),
             }),
             processes: Some(1),
+            ..Default::default()
         };
         total.accumulate(&one);
         total.accumulate(&one);
