@@ -419,7 +419,10 @@ impl Daemon {
         let metrics: SocketAddr = env("CUBELET_E2E_METRICS", "127.0.0.1:9385")
             .parse()
             .context("CUBELET_E2E_METRICS")?;
-        let lib_base = PathBuf::from(format!("/var/lib/cubelet-e2e-attach-{}", std::process::id()));
+        let lib_base = PathBuf::from(format!(
+            "/var/lib/cubelet-e2e-attach-{}",
+            std::process::id()
+        ));
         let log_base = lib_base.join("logs");
         std::fs::create_dir_all(&log_base)
             .with_context(|| format!("create {}", log_base.display()))?;

@@ -28,11 +28,12 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context};
 use cubelet_e2e::cri::{
     ContainerStatsRequest, ExecSyncRequest, LinuxContainerResources, LinuxPodSandboxConfig,
-    PodSandboxStatsRequest, RemoveContainerRequest, RemovePodSandboxRequest,
-    RuntimeConfigRequest, StopContainerRequest, StopPodSandboxRequest,
-    UpdateContainerResourcesRequest,
+    PodSandboxStatsRequest, RemoveContainerRequest, RemovePodSandboxRequest, RuntimeConfigRequest,
+    StopContainerRequest, StopPodSandboxRequest, UpdateContainerResourcesRequest,
 };
-use cubelet_e2e::{container_config, eventually, leaks, pod_config, skip_reason, Daemon, DaemonOpts};
+use cubelet_e2e::{
+    container_config, eventually, leaks, pod_config, skip_reason, Daemon, DaemonOpts,
+};
 
 const MIB: i64 = 1 << 20;
 
@@ -202,11 +203,7 @@ impl PodCgroups {
                 // Stopping the top slice stops everything below it; a slice
                 // that is not loaded any more is not an error.
                 let _ = cubelet_e2e::run("systemctl", &["stop", unit]).await;
-                let dirs: Vec<PathBuf> = self
-                    .roots()
-                    .into_iter()
-                    .map(|r| r.join(unit))
-                    .collect();
+                let dirs: Vec<PathBuf> = self.roots().into_iter().map(|r| r.join(unit)).collect();
                 eventually("the test's slices to go", Duration::from_secs(20), || {
                     let dirs = dirs.clone();
                     async move { Ok(dirs.iter().all(|d| !d.exists())) }
@@ -269,12 +266,18 @@ fn assert_limits(
     match cg.hierarchy {
         Hierarchy::V1 => {
             let mem = read(&cg.dir("memory", &rel).join("memory.limit_in_bytes"))?;
-            ensure!(mem == memory.to_string(), "memory.limit_in_bytes {mem}, want {memory}");
+            ensure!(
+                mem == memory.to_string(),
+                "memory.limit_in_bytes {mem}, want {memory}"
+            );
             let cpu = cg.dir("cpu", &rel);
             let q = read(&cpu.join("cpu.cfs_quota_us"))?;
             ensure!(q == quota.to_string(), "cpu.cfs_quota_us {q}, want {quota}");
             let p = read(&cpu.join("cpu.cfs_period_us"))?;
-            ensure!(p == period.to_string(), "cpu.cfs_period_us {p}, want {period}");
+            ensure!(
+                p == period.to_string(),
+                "cpu.cfs_period_us {p}, want {period}"
+            );
             let s = read(&cpu.join("cpu.shares"))?;
             ensure!(s == shares.to_string(), "cpu.shares {s}, want {shares}");
         }
@@ -289,7 +292,10 @@ fn assert_limits(
             );
             let w: u64 = read(&d.join("cpu.weight"))?.parse()?;
             let want = weights_for(shares as u64);
-            ensure!(want.contains(&w), "cpu.weight {w}, want one of {want:?} for shares {shares}");
+            ensure!(
+                want.contains(&w),
+                "cpu.weight {w}, want one of {want:?} for shares {shares}"
+            );
         }
     }
     Ok(())
@@ -326,7 +332,16 @@ async fn run_pod(d: &Daemon, name: &str, driver: Driver, h: Hierarchy) -> anyhow
         cgroup_parent: cgroups.parent.clone(),
         ..Default::default()
     });
-    let id = d.run_pod(&config, "").await?;
+    let id = match d.run_pod(&config, "").await {
+        Ok(id) => id,
+        Err(e) => {
+            // Kubelet's part of a pod that did not start: its cgroups go.
+            return Err(match cgroups.remove().await {
+                Ok(()) => e,
+                Err(r) => e.context(format!("and removing its cgroups failed: {r:#}")),
+            });
+        }
+    };
     Ok(TestPod {
         id,
         config,
@@ -371,7 +386,10 @@ async fn stop_and_remove(d: &Daemon, pod: &TestPod, containers: &[String]) -> an
             }
         }
     }
-    ensure!(left.is_empty(), "container cgroups left after removal: {left:?}");
+    ensure!(
+        left.is_empty(),
+        "container cgroups left after removal: {left:?}"
+    );
     pod.cgroups.remove().await
 }
 
@@ -406,7 +424,11 @@ async fn limits_update_stats_exec(d: &Daemon, driver: Driver, h: Hierarchy) -> a
     let image = busybox();
     d.pull(&image).await?;
     let pod = run_pod(d, "cg-limits", driver, h).await?;
-    let mut cfg = container_config("limited", &image, &["sh", "-c", "while true; do sleep 1; done"]);
+    let mut cfg = container_config(
+        "limited",
+        &image,
+        &["sh", "-c", "while true; do sleep 1; done"],
+    );
     cfg.linux = Some(cubelet_e2e::cri::LinuxContainerConfig {
         resources: Some(resources(64 * MIB, 50_000, 512)),
         ..Default::default()
@@ -493,7 +515,11 @@ async fn oom_killed(d: &Daemon, driver: Driver, h: Hierarchy) -> anyhow::Result<
     let mut cfg = container_config(
         "hog",
         &image,
-        &["sh", "-c", "x=0123456789abcdef; while true; do x=$x$x; done"],
+        &[
+            "sh",
+            "-c",
+            "x=0123456789abcdef; while true; do x=$x$x; done",
+        ],
     );
     cfg.linux = Some(cubelet_e2e::cri::LinuxContainerConfig {
         resources: Some(resources(16 * MIB, 0, 2)),
@@ -502,7 +528,8 @@ async fn oom_killed(d: &Daemon, driver: Driver, h: Hierarchy) -> anyhow::Result<
     let id = d.start_in(&pod.id, &pod.config, cfg).await?;
     let result = async {
         eventually("the hog to exit", Duration::from_secs(60), || async {
-            Ok(d.container_status(&id).await?.state == cubelet_e2e::cri::ContainerState::ContainerExited as i32)
+            Ok(d.container_status(&id).await?.state
+                == cubelet_e2e::cri::ContainerState::ContainerExited as i32)
         })
         .await?;
         let st = d.container_status(&id).await?;
@@ -535,7 +562,10 @@ async fn driver_reported_and_bad_parent_refused(d: &Daemon, driver: Driver) -> a
         Driver::Systemd => cubelet_e2e::cri::CgroupDriver::Systemd,
         Driver::Cgroupfs => cubelet_e2e::cri::CgroupDriver::Cgroupfs,
     } as i32;
-    ensure!(reported == Some(want), "RuntimeConfig cgroup_driver {reported:?}, want {driver:?}");
+    ensure!(
+        reported == Some(want),
+        "RuntimeConfig cgroup_driver {reported:?}, want {driver:?}"
+    );
     let bad = match driver {
         Driver::Systemd => "/kubepods/burstable/podx",
         Driver::Cgroupfs => "/kubepods/../../x",
@@ -547,7 +577,11 @@ async fn driver_reported_and_bad_parent_refused(d: &Daemon, driver: Driver) -> a
         ..Default::default()
     });
     let before = d.pod_ids().await?;
-    let err = d.run_pod(&config, "").await.err().context("a bad cgroup_parent was accepted")?;
+    let err = d
+        .run_pod(&config, "")
+        .await
+        .err()
+        .context("a bad cgroup_parent was accepted")?;
     let status = err
         .chain()
         .find_map(|e| e.downcast_ref::<tonic::Status>())
@@ -574,7 +608,10 @@ async fn cgroups() {
         .await
         .expect("start or attach to the daemon");
     let mut failures = Vec::new();
-    type Case<'a> = (&'static str, futures::future::BoxFuture<'a, anyhow::Result<()>>);
+    type Case<'a> = (
+        &'static str,
+        futures::future::BoxFuture<'a, anyhow::Result<()>>,
+    );
     let cases: Vec<Case<'_>> = vec![
         (
             "driver_reported_and_bad_parent_refused",

@@ -114,14 +114,18 @@ fn resolve_cgroup_driver(
     match requested {
         CgroupDriver::Cgroupfs => Effective::Cgroupfs,
         CgroupDriver::Systemd => Effective::Systemd,
-        CgroupDriver::Auto => version.map_or(Effective::Cgroupfs, |v| auto_driver(systemd_booted, v)),
+        CgroupDriver::Auto => {
+            version.map_or(Effective::Cgroupfs, |v| auto_driver(systemd_booted, v))
+        }
     }
 }
 
 /// The cgroup driver in effect: `runtime.cgroup_driver`, with `auto`
 /// decided from this node (`/run/systemd/system`, the file system type of
 /// `/sys/fs/cgroup`), logged with what it was decided from.
-fn effective_cgroup_driver(requested: CgroupDriver) -> Result<cubelet_runtime::cgroup::CgroupDriver> {
+fn effective_cgroup_driver(
+    requested: CgroupDriver,
+) -> Result<cubelet_runtime::cgroup::CgroupDriver> {
     use cubelet_runtime::cgroup::{detect_version, systemd_booted, CGROUP_ROOT, SYSTEMD_RUN_DIR};
     let systemd = systemd_booted(std::path::Path::new(SYSTEMD_RUN_DIR));
     let version = match detect_version(std::path::Path::new(CGROUP_ROOT)) {
@@ -550,13 +554,31 @@ mod tests {
         use cubelet_runtime::cgroup::CgroupDriver as E;
         let v2 = Some(CgroupVersion::V2);
         let hybrid = Some(CgroupVersion::Hybrid);
-        assert_eq!(resolve_cgroup_driver(CgroupDriver::Auto, true, v2), E::Systemd);
-        assert_eq!(resolve_cgroup_driver(CgroupDriver::Auto, false, v2), E::Cgroupfs);
-        assert_eq!(resolve_cgroup_driver(CgroupDriver::Auto, true, hybrid), E::Cgroupfs);
-        assert_eq!(resolve_cgroup_driver(CgroupDriver::Auto, true, None), E::Cgroupfs);
+        assert_eq!(
+            resolve_cgroup_driver(CgroupDriver::Auto, true, v2),
+            E::Systemd
+        );
+        assert_eq!(
+            resolve_cgroup_driver(CgroupDriver::Auto, false, v2),
+            E::Cgroupfs
+        );
+        assert_eq!(
+            resolve_cgroup_driver(CgroupDriver::Auto, true, hybrid),
+            E::Cgroupfs
+        );
+        assert_eq!(
+            resolve_cgroup_driver(CgroupDriver::Auto, true, None),
+            E::Cgroupfs
+        );
         // An explicit choice is kept whatever the node.
-        assert_eq!(resolve_cgroup_driver(CgroupDriver::Systemd, false, hybrid), E::Systemd);
-        assert_eq!(resolve_cgroup_driver(CgroupDriver::Cgroupfs, true, v2), E::Cgroupfs);
+        assert_eq!(
+            resolve_cgroup_driver(CgroupDriver::Systemd, false, hybrid),
+            E::Systemd
+        );
+        assert_eq!(
+            resolve_cgroup_driver(CgroupDriver::Cgroupfs, true, v2),
+            E::Cgroupfs
+        );
     }
 
     /// `root_dir` and `state_dir` were 0755 (anyone listed every sandbox

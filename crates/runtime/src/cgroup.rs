@@ -215,7 +215,9 @@ pub fn detect_version(root: &Path) -> Result<CgroupVersion, RuntimeError> {
 /// root cgroup.
 pub fn expand_slice(slice: &str) -> Result<String, String> {
     let Some(name) = slice.strip_suffix(SLICE_SUFFIX) else {
-        return Err(format!("{slice:?} is not a systemd slice (no .slice suffix)"));
+        return Err(format!(
+            "{slice:?} is not a systemd slice (no .slice suffix)"
+        ));
     };
     if slice.len() > UNIT_NAME_MAX {
         return Err(format!(
@@ -439,7 +441,10 @@ mod tests {
         for (parent, want) in [
             (None, "/cubelet/c1"),
             (Some(""), "/cubelet/c1"),
-            (Some("/kubepods/burstable/pod1"), "/kubepods/burstable/pod1/c1"),
+            (
+                Some("/kubepods/burstable/pod1"),
+                "/kubepods/burstable/pod1/c1",
+            ),
             (Some("kubepods/pod1/"), "/kubepods/pod1/c1"),
             (Some("/"), "/c1"),
         ] {

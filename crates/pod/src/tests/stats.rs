@@ -167,7 +167,11 @@ async fn the_systemd_driver_names_the_scopes_and_slices_stats_read() {
     r.runtime.set_cgroup(slice, cgroup(5_000, 3));
     let one = r.pods.container_stats(&a).await.unwrap();
     assert_eq!(one.cgroup.cpu_usage_ns, Some(1_000));
-    let pod = r.pods.pod_stats("pod_sandbox_id", sb.as_str()).await.unwrap();
+    let pod = r
+        .pods
+        .pod_stats("pod_sandbox_id", sb.as_str())
+        .await
+        .unwrap();
     assert_eq!(pod.cgroup, cgroup(5_000, 3));
     assert_eq!(pod.containers[0].cgroup.cpu_usage_ns, Some(1_000));
 }

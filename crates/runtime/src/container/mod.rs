@@ -353,8 +353,8 @@ impl ContainerRuntime {
     /// handler of another runtime type with neither binary nor root gets
     /// none.
     fn runtime_options(handler: &HandlerConfig, driver: CgroupDriver) -> Option<Any> {
-        let systemd_cgroup =
-            driver == CgroupDriver::Systemd && handler.runtime_type.starts_with("io.containerd.runc.");
+        let systemd_cgroup = driver == CgroupDriver::Systemd
+            && handler.runtime_type.starts_with("io.containerd.runc.");
         if handler.binary.is_none() && handler.root.is_none() && !systemd_cgroup {
             return None;
         }
@@ -495,10 +495,11 @@ mod tests {
         let decoded: RuncOptions = prost::Message::decode(any.value.as_slice()).unwrap();
         assert_eq!(decoded.root, "/run/x");
         assert!(!decoded.systemd_cgroup);
-        assert!(
-            ContainerRuntime::runtime_options(&HandlerConfig::default(), CgroupDriver::Cgroupfs)
-                .is_none()
-        );
+        assert!(ContainerRuntime::runtime_options(
+            &HandlerConfig::default(),
+            CgroupDriver::Cgroupfs
+        )
+        .is_none());
     }
 
     #[test]

@@ -1350,8 +1350,14 @@ mod tests {
         assert_eq!(p.full, None);
         // Malformed or empty: nothing.
         assert_eq!(parse_pressure(""), None);
-        assert_eq!(parse_pressure("some avg10=x avg60=0 avg300=0 total=1\n"), None);
-        assert_eq!(parse_pressure("full avg10=0 avg60=0 avg300=0 total=1\n"), None);
+        assert_eq!(
+            parse_pressure("some avg10=x avg60=0 avg300=0 total=1\n"),
+            None
+        );
+        assert_eq!(
+            parse_pressure("full avg10=0 avg60=0 avg300=0 total=1\n"),
+            None
+        );
     }
 
     #[test]
@@ -1422,7 +1428,11 @@ mod tests {
         assert!(files.is_empty());
         // The pod's slice, as the driver names it, is a cgroup too.
         let pod = CgroupDriver::Systemd.parent_dir(parent).unwrap();
-        write(&root.path().join(pod.trim_start_matches('/')), "cpu.stat", "usage_usec 99\n");
+        write(
+            &root.path().join(pod.trim_start_matches('/')),
+            "cpu.stat",
+            "usage_usec 99\n",
+        );
         assert_eq!(layout.read(&pod).cpu_usage_ns, Some(99_000));
         // v1 has no PSI and no io.stat readings.
         let v1 = tempfile::tempdir().unwrap();
