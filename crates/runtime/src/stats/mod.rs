@@ -400,7 +400,7 @@ impl<'a> CgroupDir<'a> {
             readable = true;
             parse(text)
         });
-        if !readable {
+        if !readable && !may_fail_to_read(name) {
             // The cgroup is gone: its files are closed once the readings
             // holding them are done.
             all.forget(rel);
@@ -464,6 +464,13 @@ fn parse_from_start<R>(
         }
         parse(std::str::from_utf8(&buf[..n]).ok()?)
     })
+}
+
+/// Whether cgroup file `name` may be there and still fail to read while
+/// its cgroup lives: the pressure files of a kernel with PSI off
+/// (`EOPNOTSUPP`). Such a failure does not close the cgroup's files.
+fn may_fail_to_read(name: &str) -> bool {
+    name.ends_with(".pressure")
 }
 
 /// Whether cgroup file `name` is one seq_file record (see
@@ -1445,6 +1452,29 @@ mod tests {
         let s = v1_layout.read("/cubelet/c");
         assert_eq!(s.io, None);
         assert!(s.psi.is_empty());
+    }
+
+    /// A pressure file that opens but cannot be read (PSI off in the
+    /// kernel: `EOPNOTSUPP`; here a directory of that name, `EISDIR`)
+    /// leaves the cgroup's other files open, and the reading without PSI.
+    #[test]
+    fn an_unreadable_pressure_file_keeps_the_other_files_open() {
+        let root = tempfile::tempdir().unwrap();
+        let d = root.path().join("pods/c1");
+        write(&d, "cpu.stat", "usage_usec 1\n");
+        write(&d, "memory.current", "100\n");
+        std::fs::create_dir_all(d.join("cpu.pressure")).unwrap();
+        let layout = CgroupLayout::V2 {
+            root: root.path().to_path_buf(),
+        };
+        let files = OpenFiles::default();
+        let s = layout.read_with("/pods/c1", false, &files);
+        assert_eq!(s.cpu_usage_ns, Some(1000));
+        assert_eq!(s.psi.cpu, None);
+        let open = files.len();
+        assert!(open >= 2, "{open} files open");
+        layout.read_with("/pods/c1", false, &files);
+        assert_eq!(files.len(), open);
     }
 
     #[test]
