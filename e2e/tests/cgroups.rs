@@ -566,6 +566,21 @@ async fn driver_reported_and_bad_parent_refused(d: &Daemon, driver: Driver) -> a
         reported == Some(want),
         "RuntimeConfig cgroup_driver {reported:?}, want {driver:?}"
     );
+    let info = rt
+        .status(cubelet_e2e::cri::StatusRequest { verbose: true })
+        .await
+        .context("Status")?
+        .into_inner()
+        .info;
+    let name = match driver {
+        Driver::Systemd => "\"systemd\"",
+        Driver::Cgroupfs => "\"cgroupfs\"",
+    };
+    ensure!(
+        info.get("cgroupDriver").map(String::as_str) == Some(name),
+        "Status info cgroupDriver {:?}, want {name}",
+        info.get("cgroupDriver")
+    );
     let bad = match driver {
         Driver::Systemd => "/kubepods/burstable/podx",
         Driver::Cgroupfs => "/kubepods/../../x",

@@ -280,6 +280,11 @@ pub async fn run(config: Config) -> Result<()> {
         "config".to_owned(),
         serde_json::to_string(&config).unwrap_or_default(),
     );
+    // The driver in effect (the config may say `auto`), as a JSON string.
+    status_info.insert(
+        "cgroupDriver".to_owned(),
+        serde_json::to_string(cgroup_driver.as_str()).unwrap_or_default(),
+    );
     let streaming = cubelet_streaming::StreamingServer::bind(&cubelet_streaming::StreamingConfig {
         address: config.streaming.address,
         port: config.streaming.port,
