@@ -67,20 +67,28 @@ pub fn attach_socket() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// Why a test that attaches when `CUBELET_E2E_SOCKET` is set
+/// ([`Daemon::start_or_attach`]) cannot run here, if it cannot: the
+/// socket must answer (and the test run as root); without it, as
+/// [`skip_reason`].
+pub fn attach_skip_reason() -> Option<String> {
+    let Some(sock) = attach_socket() else {
+        return skip_reason();
+    };
+    if !nix::unistd::Uid::effective().is_root() {
+        return Some("not running as root".to_owned());
+    }
+    match std::os::unix::net::UnixStream::connect(&sock) {
+        Ok(_) => None,
+        Err(e) => Some(format!(
+            "CUBELET_E2E_SOCKET {} does not answer: {e}",
+            sock.display()
+        )),
+    }
+}
+
 /// Why the end-to-end tests cannot run here, if they cannot.
 pub fn skip_reason() -> Option<String> {
-    if let Some(sock) = attach_socket() {
-        if !nix::unistd::Uid::effective().is_root() {
-            return Some("not running as root".to_owned());
-        }
-        return match std::os::unix::net::UnixStream::connect(&sock) {
-            Ok(_) => None,
-            Err(e) => Some(format!(
-                "CUBELET_E2E_SOCKET {} does not answer: {e}",
-                sock.display()
-            )),
-        };
-    }
     let sock = containerd_socket();
     if !sock.exists() {
         return Some(format!(

@@ -32,7 +32,7 @@ use cubelet_e2e::cri::{
     StopContainerRequest, StopPodSandboxRequest, UpdateContainerResourcesRequest,
 };
 use cubelet_e2e::{
-    container_config, eventually, leaks, pod_config, skip_reason, Daemon, DaemonOpts,
+    attach_skip_reason, container_config, eventually, leaks, pod_config, Daemon, DaemonOpts,
 };
 
 const MIB: i64 = 1 << 20;
@@ -612,7 +612,7 @@ async fn driver_reported_and_bad_parent_refused(d: &Daemon, driver: Driver) -> a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cgroups() {
-    if let Some(reason) = skip_reason() {
+    if let Some(reason) = attach_skip_reason() {
         println!("SKIP: {reason}");
         return;
     }
