@@ -57,6 +57,10 @@ struct State {
     cgroups: HashMap<String, CgroupStats>,
     /// The interfaces every pod's network namespace shows.
     interfaces: Vec<InterfaceStats>,
+    /// Sandboxes given a stats anchor, in order.
+    anchors: Vec<String>,
+    /// Anchors counted by `stats_anchor_observed`: started, failed.
+    anchor_counts: (u32, u32),
 }
 
 /// The fake runtime. Cheap to clone; clones share state.
@@ -79,6 +83,17 @@ impl FakeRuntime {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The sandboxes given a stats anchor so far, in order (one entry per
+    /// anchor started).
+    pub fn anchors(&self) -> Vec<String> {
+        self.lock().anchors.clone()
+    }
+
+    /// Anchors counted as started and as failed.
+    pub fn anchor_counts(&self) -> (u32, u32) {
+        self.lock().anchor_counts
     }
 
     /// Makes `info` findable by `reference` and by its id.
@@ -252,6 +267,32 @@ impl Runtime for FakeRuntime {
             },
         );
         Ok(())
+    }
+
+    /// Anchors a sandbox once: later calls find it running. Fails (and
+    /// counts) as `ensure_stats_anchor` when told to.
+    async fn ensure_stats_anchor(
+        &self,
+        sandbox: &cubelet_store::SandboxRecord,
+    ) -> Result<Option<cubelet_runtime::sandbox::anchor::AnchorOutcome>, RuntimeError> {
+        use cubelet_runtime::sandbox::anchor::AnchorOutcome;
+        let id = sandbox.id.as_str();
+        self.enter("ensure_stats_anchor", id).await?;
+        let mut s = self.lock();
+        if s.anchors.iter().any(|a| a == id) {
+            return Ok(Some(AnchorOutcome::Running));
+        }
+        s.anchors.push(id.to_owned());
+        Ok(Some(AnchorOutcome::Started(1)))
+    }
+
+    fn stats_anchor_observed(&self, started: bool) {
+        let mut s = self.lock();
+        if started {
+            s.anchor_counts.0 += 1;
+        } else {
+            s.anchor_counts.1 += 1;
+        }
     }
 
     async fn start(&self, id: &str) -> Result<u32, RuntimeError> {

@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use cubelet_engine::spec::SandboxProcess;
 use cubelet_runtime::container::{ContainerRuntime, ContainerStatus, ExecOutput, TaskExit};
 use cubelet_runtime::image::ImageService;
+use cubelet_runtime::sandbox::anchor::{AnchorOutcome, StatsAnchor};
 use cubelet_runtime::spec::{ContainerSpec, Resources};
 use cubelet_runtime::stats::{
     parse_net_dev, read_net_dev, CgroupLayout, CgroupStats, InterfaceStats, OpenFiles,
@@ -19,6 +20,7 @@ use cubelet_runtime::stats::{
 };
 use cubelet_runtime::types::ImageInfo;
 use cubelet_runtime::RuntimeError;
+use cubelet_store::SandboxRecord;
 use futures::future::BoxFuture;
 
 /// The container runtime surface of the pod lifecycle.
@@ -88,6 +90,19 @@ pub trait Runtime: Send + Sync + 'static {
         id: &str,
     ) -> Result<(SnapshotUsage, SystemTime), RuntimeError>;
 
+    /// Makes sure pod `sandbox` (without an infra process) has a running
+    /// stats anchor (`cubelet_runtime::sandbox::anchor`); `None` when this
+    /// runtime makes none (the default).
+    async fn ensure_stats_anchor(
+        &self,
+        _sandbox: &SandboxRecord,
+    ) -> Result<Option<AnchorOutcome>, RuntimeError> {
+        Ok(None)
+    }
+
+    /// Counts an anchor started (`true`) or one that failed.
+    fn stats_anchor_observed(&self, _started: bool) {}
+
     /// The interfaces of a pod's network namespace: read through its infra
     /// process `pid`, or, without one, inside the namespace pinned at
     /// `netns`.
@@ -108,6 +123,12 @@ pub trait NetnsCounters: Send + Sync + fmt::Debug + 'static {
     fn net_dev(&self, netns: PathBuf) -> BoxFuture<'static, io::Result<String>>;
 }
 
+/// Counts stats anchors started and failed (a metric, in the binary).
+pub trait AnchorObserver: Send + Sync + fmt::Debug + 'static {
+    /// One anchor started (`true`) or failed to.
+    fn observed(&self, started: bool);
+}
+
 /// The real runtime: containers and tasks in containerd, images in its
 /// content store.
 #[derive(Debug, Clone)]
@@ -115,6 +136,7 @@ pub struct Containerd {
     containers: Arc<ContainerRuntime>,
     images: Arc<ImageService>,
     netns_counters: Arc<dyn NetnsCounters>,
+    anchor: Option<(StatsAnchor, Arc<dyn AnchorObserver>)>,
 }
 
 impl Containerd {
@@ -130,7 +152,19 @@ impl Containerd {
             containers,
             images,
             netns_counters,
+            anchor: None,
         }
+    }
+
+    /// Gives pods without an infra process a stats anchor made by `anchor`
+    /// (`runtime.stats_anchor`), counted by `observer`.
+    pub fn with_stats_anchor(
+        mut self,
+        anchor: StatsAnchor,
+        observer: Arc<dyn AnchorObserver>,
+    ) -> Self {
+        self.anchor = Some((anchor, observer));
+        self
     }
 }
 
@@ -213,6 +247,29 @@ impl Runtime for Containerd {
         id: &str,
     ) -> Result<(SnapshotUsage, SystemTime), RuntimeError> {
         self.containers.writable_layer_usage(id).await
+    }
+
+    async fn ensure_stats_anchor(
+        &self,
+        sandbox: &SandboxRecord,
+    ) -> Result<Option<AnchorOutcome>, RuntimeError> {
+        let (Some((anchor, _)), Some(process)) = (&self.anchor, &sandbox.process) else {
+            return Ok(None);
+        };
+        let netns = sandbox
+            .network
+            .as_ref()
+            .and_then(|n| n.netns_path.as_deref());
+        anchor
+            .ensure(sandbox.id.as_str(), &sandbox.spec, process, netns)
+            .await
+            .map(Some)
+    }
+
+    fn stats_anchor_observed(&self, started: bool) {
+        if let Some((_, observer)) = &self.anchor {
+            observer.observed(started);
+        }
     }
 
     async fn pod_interfaces(
