@@ -767,6 +767,14 @@ async fn stats_anchor(d: &Daemon) -> anyhow::Result<()> {
     .await?;
     let again = anchor_pid(d, &pod).await?;
     ensure!(again != pid, "the same anchor");
+    let (_, metrics) = http_get(d.metrics, "/metrics").await?;
+    let started = metrics
+        .lines()
+        .find(|l| l.starts_with("cubelet_stats_anchors_total{result=\"started\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    ensure!(started >= 2.0, "anchors not counted: {started}");
 
     // A kill of the agent, then a restart: the anchor is still there, and
     // the pod's stop and removal take it with the pins.
@@ -783,8 +791,8 @@ async fn stats_anchor(d: &Daemon) -> anyhow::Result<()> {
     );
     ensure!(!d.podns_dir().join(&pod).exists(), "pins left");
 
-    // A pod removed right after its first container started: the anchor
-    // being made in the background never outlives it (the leak audit
+    // A pod removed right after its first container started (before the
+    // anchor's delay): none is made for it, then or later (the leak audit
     // after this scenario checks containerd, tasks and shims).
     for i in 0..5 {
         let (p, cfg) = infraless(d, &format!("quick-{i}")).await?;
@@ -800,19 +808,28 @@ async fn stats_anchor(d: &Daemon) -> anyhow::Result<()> {
             "an anchor outlived pod quick-{i}"
         );
     }
-    // Nothing made later either.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A pod removed while its anchor is being made (just past the delay):
+    // the removal waits for it and takes it.
+    for i in 0..4u64 {
+        let (p, cfg) = infraless(d, &format!("racing-{i}")).await?;
+        d.start_in(
+            &p,
+            &cfg,
+            container_config("c", BUSYBOX, &["sleep", "100000"]),
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_millis(2000 + 40 * i)).await;
+        stop_and_remove(d, &p).await?;
+        ensure!(
+            !containerd_containers(d).await?.contains(&p),
+            "an anchor outlived pod racing-{i}"
+        );
+    }
+    // Nothing made later either (past the delay, 2 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
     ensure!(
         containerd_containers(d).await?.is_empty(),
         "anchors made after their pods went"
     );
-    let (_, metrics) = http_get(d.metrics, "/metrics").await?;
-    let started = metrics
-        .lines()
-        .find(|l| l.starts_with("cubelet_stats_anchors_total{result=\"started\"}"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    ensure!(started >= 2.0, "anchors not counted: {started}");
     Ok(())
 }

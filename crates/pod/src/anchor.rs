@@ -4,7 +4,11 @@
 //!
 //! An anchor is never on a path a client waits on: StartContainer answers
 //! before it is asked for, and its failure is logged and counted, never
-//! the pod's. Making one holds the sandbox's own key in the container
+//! the pod's. It is asked for a moment after the start
+//! ([`Runtime::stats_anchor_delay`](crate::Runtime::stats_anchor_delay)):
+//! the pod's next containers start without it competing for the node, and a
+//! pod that is gone by then (a job, a benchmark, a `crictl` run) never gets
+//! one, so its stop waits for nothing. Making one holds the sandbox's own key in the container
 //! locks (a sandbox id is never a container id), which the pod's stop and
 //! removal take around their teardown: a teardown never runs beside a
 //! half-made anchor, and an anchor never starts after its pod's teardown
@@ -33,7 +37,15 @@ impl PodService {
         let this = self.clone();
         let id = sandbox_id.clone();
         let span = info_span!("stats_anchor", sandbox_id = %id);
-        tokio::spawn(async move { this.anchor(&id).await }.instrument(span));
+        let delay = this.runtime().stats_anchor_delay();
+        tokio::spawn(
+            async move {
+                // Outside any lock: a pod stopped meanwhile is not waited for.
+                tokio::time::sleep(delay).await;
+                this.anchor(&id).await
+            }
+            .instrument(span),
+        );
     }
 
     async fn anchor(&self, id: &SandboxId) {

@@ -61,6 +61,8 @@ struct State {
     anchors: Vec<String>,
     /// Anchors counted by `stats_anchor_observed`: started, failed.
     anchor_counts: (u32, u32),
+    /// `stats_anchor_delay`.
+    anchor_delay: Duration,
 }
 
 /// The fake runtime. Cheap to clone; clones share state.
@@ -89,6 +91,11 @@ impl FakeRuntime {
     /// anchor started).
     pub fn anchors(&self) -> Vec<String> {
         self.lock().anchors.clone()
+    }
+
+    /// Sets what `stats_anchor_delay` answers (zero unless told).
+    pub fn set_anchor_delay(&self, delay: Duration) {
+        self.lock().anchor_delay = delay;
     }
 
     /// Anchors counted as started and as failed.
@@ -284,6 +291,10 @@ impl Runtime for FakeRuntime {
         }
         s.anchors.push(id.to_owned());
         Ok(Some(AnchorOutcome::Started(1)))
+    }
+
+    fn stats_anchor_delay(&self) -> Duration {
+        self.lock().anchor_delay
     }
 
     fn stats_anchor_observed(&self, started: bool) {

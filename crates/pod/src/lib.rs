@@ -36,7 +36,7 @@ pub use container::{ContainerRequest, ExecResult};
 pub use error::{PodError, PodResult};
 pub use pool::{NoopPoolObserver, PoolConfig, PoolObserver};
 pub use reconcile::ReconcileReport;
-pub use runtime::{AnchorObserver, Containerd, NetnsCounters, Runtime};
+pub use runtime::{AnchorObserver, Containerd, NetnsCounters, Runtime, DEFAULT_ANCHOR_DELAY};
 pub use service::{PodDeps, PodEvent, PodEventKind, PodService, EVENT_BUFFER};
 pub use stats::{
     CgroupStats, ContainerStats, CpuUsage, InterfaceStats, MemoryStats, PodStats, SnapshotUsage,

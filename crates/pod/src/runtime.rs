@@ -103,6 +103,11 @@ pub trait Runtime: Send + Sync + 'static {
     /// Counts an anchor started (`true`) or one that failed.
     fn stats_anchor_observed(&self, _started: bool) {}
 
+    /// How long after a container's start its pod's anchor is asked for.
+    fn stats_anchor_delay(&self) -> Duration {
+        Duration::ZERO
+    }
+
     /// The interfaces of a pod's network namespace: read through its infra
     /// process `pid`, or, without one, inside the namespace pinned at
     /// `netns`.
@@ -123,6 +128,12 @@ pub trait NetnsCounters: Send + Sync + fmt::Debug + 'static {
     fn net_dev(&self, netns: PathBuf) -> BoxFuture<'static, io::Result<String>>;
 }
 
+/// How long after a container's start [`Containerd`] asks for its pod's
+/// stats anchor: a kubelet's cAdvisor looks at new cgroups on its own
+/// housekeeping period (10 s) and its stats are scraped less often still,
+/// so this is invisible to it; a pod gone before then gets none.
+pub const DEFAULT_ANCHOR_DELAY: Duration = Duration::from_secs(2);
+
 /// Counts stats anchors started and failed (a metric, in the binary).
 pub trait AnchorObserver: Send + Sync + fmt::Debug + 'static {
     /// One anchor started (`true`) or failed to.
@@ -137,6 +148,7 @@ pub struct Containerd {
     images: Arc<ImageService>,
     netns_counters: Arc<dyn NetnsCounters>,
     anchor: Option<(StatsAnchor, Arc<dyn AnchorObserver>)>,
+    anchor_delay: Duration,
 }
 
 impl Containerd {
@@ -153,7 +165,15 @@ impl Containerd {
             images,
             netns_counters,
             anchor: None,
+            anchor_delay: DEFAULT_ANCHOR_DELAY,
         }
+    }
+
+    /// Asks for a pod's stats anchor `delay` after a container's start
+    /// ([`DEFAULT_ANCHOR_DELAY`] unless told).
+    pub fn with_stats_anchor_delay(mut self, delay: Duration) -> Self {
+        self.anchor_delay = delay;
+        self
     }
 
     /// Gives pods without an infra process a stats anchor made by `anchor`
@@ -270,6 +290,10 @@ impl Runtime for Containerd {
         if let Some((_, observer)) = &self.anchor {
             observer.observed(started);
         }
+    }
+
+    fn stats_anchor_delay(&self) -> Duration {
+        self.anchor_delay
     }
 
     async fn pod_interfaces(

@@ -937,6 +937,20 @@ async fn a_stopped_pod_gets_no_stats_anchor() {
 }
 
 #[tokio::test]
+async fn a_pod_stopped_before_the_anchor_delay_gets_none_and_its_stop_waits_for_nothing() {
+    let r = Rig::new();
+    r.runtime.set_anchor_delay(Duration::from_millis(300));
+    let sb = r.infraless_pod("web").await;
+    r.running(&sb, "app").await;
+    within("the stop", r.pods.stop_sandbox(sb.as_str()))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(r.runtime.calls("ensure_stats_anchor"), 0);
+    assert!(r.runtime.anchors().is_empty());
+}
+
+#[tokio::test]
 async fn a_failed_stats_anchor_is_counted_and_the_start_still_succeeds() {
     let r = Rig::new();
     let sb = r.infraless_pod("web").await;
