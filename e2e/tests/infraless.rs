@@ -28,7 +28,8 @@ use cubelet_e2e::cri::{
     ContainerEventType, ExecSyncRequest, GetEventsRequest, IdMapping, LinuxContainerConfig,
     LinuxContainerSecurityContext, ListPodSandboxMetricsRequest, NamespaceMode, PodSandboxConfig,
     PodSandboxState, PodSandboxStatsRequest, PodSandboxStatusRequest, PortForwardRequest,
-    RemovePodSandboxRequest, StatusRequest, StopPodSandboxRequest, UserNamespace,
+    RemoveContainerRequest, RemovePodSandboxRequest, StatusRequest, StopContainerRequest,
+    StopPodSandboxRequest, UserNamespace,
 };
 use cubelet_e2e::{
     container_config, eventually, http_get, pid_per_container, Daemon, DaemonOpts, Scenario,
@@ -723,6 +724,17 @@ async fn stats_anchor(d: &Daemon) -> anyhow::Result<()> {
     let labels = &info["Labels"];
     ensure!(labels["io.cri-containerd.kind"] == "sandbox", "{labels}");
     ensure!(labels["app"] == "anchored", "the pod's labels: {labels}");
+    // It shares the container's shim: no shim of its own.
+    let parent = |p: u32| -> anyhow::Result<String> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat"))?;
+        let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+        Ok(after.split_whitespace().nth(1).unwrap_or("").to_owned())
+    };
+    let c_pid = task_pid(d, &c).await?.context("no task of c")?;
+    ensure!(
+        parent(pid)? == parent(c_pid)?,
+        "the anchor has a shim of its own"
+    );
     let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
     ensure!(
         cgroup
@@ -743,6 +755,29 @@ async fn stats_anchor(d: &Daemon) -> anyhow::Result<()> {
     ensure!(
         d.podns_dir().join(&pod).join("stats-anchor").exists(),
         "no anchor marker in the pin directory"
+    );
+
+    // The container whose shim it shares goes: the shim stays for the
+    // anchor, and the GC (every second here) does not take it for an
+    // orphan once it is past the reaper's minimum age (10 s).
+    let mut rt = d.runtime.clone();
+    rt.stop_container(StopContainerRequest {
+        container_id: c.clone(),
+        timeout: 0,
+    })
+    .await?;
+    rt.remove_container(RemoveContainerRequest {
+        container_id: c.clone(),
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    ensure!(
+        task_pid(d, &pod).await? == Some(pid),
+        "the anchor did not outlive the container whose shim it shares"
+    );
+    ensure!(
+        Path::new(&format!("/proc/{}", parent(pid)?)).exists(),
+        "the shared shim is gone"
     );
 
     // Its death is not the pod's; the next container start makes it again.

@@ -20,7 +20,7 @@ use std::time::Duration;
 use cubelet_engine::SandboxId;
 use cubelet_runtime::sandbox::anchor::AnchorOutcome;
 use cubelet_runtime::RuntimeError;
-use cubelet_store::SandboxState;
+use cubelet_store::{ContainerState, SandboxState};
 use tracing::{debug, info_span, warn, Instrument};
 
 use crate::service::PodService;
@@ -63,16 +63,25 @@ impl PodService {
         {
             return;
         }
-        let outcome =
-            tokio::time::timeout(ANCHOR_TIMEOUT, self.runtime().ensure_stats_anchor(&rec))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(RuntimeError::Timeout {
-                        op: "start the stats anchor",
-                        id: id.as_str().to_owned(),
-                        timeout: ANCHOR_TIMEOUT,
-                    })
-                });
+        // A running container's shim serves the anchor too.
+        let group = self
+            .store()
+            .list_containers_of(id)
+            .ok()
+            .and_then(|cs| cs.into_iter().find(|c| c.state == ContainerState::Running))
+            .map(|c| c.id);
+        let outcome = tokio::time::timeout(
+            ANCHOR_TIMEOUT,
+            self.runtime().ensure_stats_anchor(&rec, group.as_deref()),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(RuntimeError::Timeout {
+                op: "start the stats anchor",
+                id: id.as_str().to_owned(),
+                timeout: ANCHOR_TIMEOUT,
+            })
+        });
         match outcome {
             Ok(Some(AnchorOutcome::Started(pid))) => {
                 debug!(pid, "stats anchor started");

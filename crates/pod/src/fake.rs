@@ -281,6 +281,7 @@ impl Runtime for FakeRuntime {
     async fn ensure_stats_anchor(
         &self,
         sandbox: &cubelet_store::SandboxRecord,
+        _group: Option<&str>,
     ) -> Result<Option<cubelet_runtime::sandbox::anchor::AnchorOutcome>, RuntimeError> {
         use cubelet_runtime::sandbox::anchor::AnchorOutcome;
         let id = sandbox.id.as_str();

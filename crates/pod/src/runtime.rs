@@ -93,9 +93,12 @@ pub trait Runtime: Send + Sync + 'static {
     /// Makes sure pod `sandbox` (without an infra process) has a running
     /// stats anchor (`cubelet_runtime::sandbox::anchor`); `None` when this
     /// runtime makes none (the default).
+    /// `group` is a running container of the pod, whose shim the anchor
+    /// may share.
     async fn ensure_stats_anchor(
         &self,
         _sandbox: &SandboxRecord,
+        _group: Option<&str>,
     ) -> Result<Option<AnchorOutcome>, RuntimeError> {
         Ok(None)
     }
@@ -272,6 +275,7 @@ impl Runtime for Containerd {
     async fn ensure_stats_anchor(
         &self,
         sandbox: &SandboxRecord,
+        group: Option<&str>,
     ) -> Result<Option<AnchorOutcome>, RuntimeError> {
         let (Some((anchor, _)), Some(process)) = (&self.anchor, &sandbox.process) else {
             return Ok(None);
@@ -281,7 +285,7 @@ impl Runtime for Containerd {
             .as_ref()
             .and_then(|n| n.netns_path.as_deref());
         anchor
-            .ensure(sandbox.id.as_str(), &sandbox.spec, process, netns)
+            .ensure(sandbox.id.as_str(), &sandbox.spec, process, netns, group)
             .await
             .map(Some)
     }

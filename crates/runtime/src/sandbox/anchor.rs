@@ -13,7 +13,10 @@
 //! network, IPC and UTS namespaces (in a PID namespace of its own), started
 //! after the pod's first container has started. The pod never depends on
 //! it: readiness is still its pins, nothing joins the anchor's namespaces,
-//! and its exit is not the pod's. Before the container is created a marker
+//! and its exit is not the pod's. It joins the shim of a running container
+//! of the pod ([`SHIM_GROUP_ANNOTATION`]), which then serves it until it is
+//! removed, whatever becomes of that container. Before the container is
+//! created a marker
 //! file is written in the pod's pin directory ([`ANCHOR_MARKER`]), so
 //! teardown (which reads that directory first) knows there is a containerd
 //! container to remove too, also after a kill in the middle of making it.
@@ -35,6 +38,12 @@ use crate::types::ImageInfo;
 /// The file in a pod's pin directory that says a stats anchor was (or is
 /// being) made for it.
 pub const ANCHOR_MARKER: &str = "stats-anchor";
+
+/// The OCI annotation by which containerd's runc shim (v2) starts a task in
+/// the shim of another (`containerd-shim-runc-v2 start` reads it from the
+/// new task's spec and answers the running shim's address), as containerd's
+/// CRI runs a pod's containers in its sandbox's shim.
+pub const SHIM_GROUP_ANNOTATION: &str = "io.containerd.runc.v2.group";
 
 /// Whether the pin directory `pins_dir` says its pod has (or may have) a
 /// stats anchor.
@@ -72,12 +81,17 @@ impl StatsAnchor {
     /// `process`, its netns pinned at `netns`) has a running anchor: one
     /// already running is kept; one that is not running is replaced. On
     /// failure nothing but the marker is left (teardown removes it).
+    ///
+    /// `group` names a running container of the pod whose shim the anchor
+    /// joins (the runc shim's [`SHIM_GROUP_ANNOTATION`]), so it costs no
+    /// shim of its own; without one (or with that shim gone) it gets one.
     pub async fn ensure(
         &self,
         id: &str,
         spec: &SandboxSpec,
         process: &SandboxProcess,
         netns: Option<&Path>,
+        group: Option<&str>,
     ) -> Result<AnchorOutcome, RuntimeError> {
         let Some(pins_dir) = process.pins_dir.clone().filter(|_| process.is_infraless()) else {
             return Ok(AnchorOutcome::NotNeeded);
@@ -95,7 +109,12 @@ impl StatsAnchor {
             return Ok(AnchorOutcome::NotNeeded);
         }
         let image = self.pause.pause_image().await?;
-        let container = anchor_spec(spec, process, netns, self.pause.reference(), image)?;
+        let mut container = anchor_spec(spec, process, netns, self.pause.reference(), image)?;
+        if let Some(group) = group {
+            container
+                .annotations
+                .insert(SHIM_GROUP_ANNOTATION.to_owned(), group.to_owned());
+        }
         self.runtime.create(id, &container).await?;
         match self.runtime.start(id).await {
             Ok(pid) => Ok(AnchorOutcome::Started(pid)),
