@@ -59,6 +59,8 @@ struct State {
     interfaces: Vec<InterfaceStats>,
     /// Sandboxes given a stats anchor, in order.
     anchors: Vec<String>,
+    /// The shim group each `ensure_stats_anchor` call named, in order.
+    anchor_groups: Vec<Option<String>>,
     /// Anchors counted by `stats_anchor_observed`: started, failed.
     anchor_counts: (u32, u32),
     /// `stats_anchor_delay`.
@@ -96,6 +98,11 @@ impl FakeRuntime {
     /// Sets what `stats_anchor_delay` answers (zero unless told).
     pub fn set_anchor_delay(&self, delay: Duration) {
         self.lock().anchor_delay = delay;
+    }
+
+    /// The container whose shim each `ensure_stats_anchor` call named.
+    pub fn anchor_groups(&self) -> Vec<Option<String>> {
+        self.lock().anchor_groups.clone()
     }
 
     /// Anchors counted as started and as failed.
@@ -281,12 +288,13 @@ impl Runtime for FakeRuntime {
     async fn ensure_stats_anchor(
         &self,
         sandbox: &cubelet_store::SandboxRecord,
-        _group: Option<&str>,
+        group: Option<&str>,
     ) -> Result<Option<cubelet_runtime::sandbox::anchor::AnchorOutcome>, RuntimeError> {
         use cubelet_runtime::sandbox::anchor::AnchorOutcome;
         let id = sandbox.id.as_str();
         self.enter("ensure_stats_anchor", id).await?;
         let mut s = self.lock();
+        s.anchor_groups.push(group.map(str::to_owned));
         if s.anchors.iter().any(|a| a == id) {
             return Ok(Some(AnchorOutcome::Running));
         }

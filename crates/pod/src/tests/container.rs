@@ -905,6 +905,8 @@ async fn a_pod_without_infra_gets_one_stats_anchor_once_a_container_runs() {
     r.pods.start_container(&id).await.unwrap();
     until("the anchor", || !r.runtime.anchors().is_empty()).await;
     assert_eq!(r.runtime.anchors(), [sb.as_str().to_owned()]);
+    // It goes into the running container's shim.
+    assert_eq!(r.runtime.anchor_groups(), [Some(id.clone())]);
     // A second container finds it running: still one.
     r.running(&sb, "sidecar").await;
     until("the second ensure", || {
