@@ -10,7 +10,10 @@
 //! container; `runtime.sandbox: pause` gives
 //! every pod one, and a restart in either mode keeps the pods of the other.
 //! A restart keeps an infra-less pod ready while its pins exist, and the GC
-//! takes pins no sandbox owns.
+//! takes pins no sandbox owns. Once a container runs, such a pod gets a
+//! stats anchor (a pause container with the sandbox id in the pod's
+//! namespaces, for kubelet's cAdvisor); its death is not the pod's, and
+//! the pod's teardown, a kill in the middle and a restart leave none.
 //!
 //! Custom runner ([`cubelet_e2e::scenario_main`]): one daemon, scenarios in
 //! order, each followed by removal through CRI and the leak audit.
@@ -25,7 +28,8 @@ use cubelet_e2e::cri::{
     ContainerEventType, ExecSyncRequest, GetEventsRequest, IdMapping, LinuxContainerConfig,
     LinuxContainerSecurityContext, ListPodSandboxMetricsRequest, NamespaceMode, PodSandboxConfig,
     PodSandboxState, PodSandboxStatsRequest, PodSandboxStatusRequest, PortForwardRequest,
-    RemovePodSandboxRequest, StatusRequest, StopPodSandboxRequest, UserNamespace,
+    RemoveContainerRequest, RemovePodSandboxRequest, StatusRequest, StopContainerRequest,
+    StopPodSandboxRequest, UserNamespace,
 };
 use cubelet_e2e::{
     container_config, eventually, http_get, pid_per_container, Daemon, DaemonOpts, Scenario,
@@ -56,6 +60,11 @@ fn scenarios() -> Vec<Scenario> {
         ("gc_reclaims_orphan_pins", 120, |d| {
             Box::pin(gc_orphan_pins(d))
         }),
+        (
+            "a_stats_anchor_serves_cadvisor_and_goes_with_its_pod",
+            180,
+            |d| Box::pin(stats_anchor(d)),
+        ),
     ]
 }
 
@@ -276,10 +285,17 @@ async fn shares_ipc_and_uts(d: &Daemon) -> anyhow::Result<()> {
             container_config("b", BUSYBOX, &["sleep", "100000"]),
         )
         .await?;
-    ensure!(
-        containerd_containers(d).await? == [a.clone(), b.clone()].into_iter().collect(),
-        "containerd should hold the two containers and nothing else"
-    );
+    // The two containers, and (made in the background once a container
+    // runs) the pod's stats anchor: nothing else.
+    eventually(
+        "the two containers and the stats anchor",
+        Duration::from_secs(30),
+        || async {
+            Ok(containerd_containers(d).await?
+                == [a.clone(), b.clone(), pod.clone()].into_iter().collect())
+        },
+    )
+    .await?;
     eventually(
         "b sees a's message queue",
         Duration::from_secs(10),
@@ -663,4 +679,192 @@ async fn gc_orphan_pins(d: &Daemon) -> anyhow::Result<()> {
         .unwrap_or(0.0);
     ensure!(reclaimed >= 1.0, "podns reclaims not counted: {reclaimed}");
     stop_and_remove(d, &pod).await
+}
+
+/// The pid of the running task `id` (`ctr tasks ls`), if there is one.
+async fn task_pid(d: &Daemon, id: &str) -> anyhow::Result<Option<u32>> {
+    let tasks = d.ctr(&["tasks", "ls"]).await?;
+    Ok(tasks.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() >= 3 && f[0] == id && f[2] == "RUNNING")
+            .then(|| f[1].parse().ok())
+            .flatten()
+    }))
+}
+
+/// Waits for pod `pod`'s stats anchor to run; its pid.
+async fn anchor_pid(d: &Daemon, pod: &str) -> anyhow::Result<u32> {
+    eventually("the stats anchor runs", Duration::from_secs(30), || async {
+        Ok(task_pid(d, pod).await?.is_some())
+    })
+    .await?;
+    task_pid(d, pod).await?.context("no anchor pid")
+}
+
+async fn stats_anchor(d: &Daemon) -> anyhow::Result<()> {
+    let (pod, cfg) = infraless(d, "anchored").await?;
+    // None before a container runs: RunPodSandbox makes nothing in containerd.
+    ensure!(
+        containerd_containers(d).await?.is_empty(),
+        "an anchor before any container"
+    );
+    let c = d
+        .start_in(
+            &pod,
+            &cfg,
+            container_config("c", BUSYBOX, &["sleep", "100000"]),
+        )
+        .await?;
+    let pid = anchor_pid(d, &pod).await?;
+
+    // What kubelet's cAdvisor needs: the sandbox id, the sandbox kind and
+    // the pod's labels, a cgroup named by the id, a task in the pod's netns.
+    let info: serde_json::Value =
+        serde_json::from_str(&d.ctr(&["containers", "info", &pod]).await?)?;
+    let labels = &info["Labels"];
+    ensure!(labels["io.cri-containerd.kind"] == "sandbox", "{labels}");
+    ensure!(labels["app"] == "anchored", "the pod's labels: {labels}");
+    // It shares the container's shim: no shim of its own.
+    let parent = |p: u32| -> anyhow::Result<String> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat"))?;
+        let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+        Ok(after.split_whitespace().nth(1).unwrap_or("").to_owned())
+    };
+    let c_pid = task_pid(d, &c).await?.context("no task of c")?;
+    ensure!(
+        parent(pid)? == parent(c_pid)?,
+        "the anchor has a shim of its own"
+    );
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+    ensure!(
+        cgroup
+            .lines()
+            .any(|l| l.trim_end().ends_with(&format!("/{pod}"))),
+        "the anchor's cgroup is not named by the sandbox id: {cgroup}"
+    );
+    let anchor_net = std::fs::read_link(format!("/proc/{pid}/ns/net"))?;
+    ensure!(
+        sh(d, &c, "readlink /proc/self/ns/net").await? == anchor_net.display().to_string(),
+        "the anchor is not in the pod's network namespace"
+    );
+    let anchor_uts = std::fs::read_link(format!("/proc/{pid}/ns/uts"))?;
+    ensure!(
+        sh(d, &c, "readlink /proc/self/ns/uts").await? == anchor_uts.display().to_string(),
+        "the anchor is not in the pod's UTS namespace"
+    );
+    ensure!(
+        d.podns_dir().join(&pod).join("stats-anchor").exists(),
+        "no anchor marker in the pin directory"
+    );
+
+    // The container whose shim it shares goes: the shim stays for the
+    // anchor, and the GC (every second here) does not take it for an
+    // orphan once it is past the reaper's minimum age (10 s).
+    let mut rt = d.runtime.clone();
+    rt.stop_container(StopContainerRequest {
+        container_id: c.clone(),
+        timeout: 0,
+    })
+    .await?;
+    rt.remove_container(RemoveContainerRequest {
+        container_id: c.clone(),
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    ensure!(
+        task_pid(d, &pod).await? == Some(pid),
+        "the anchor did not outlive the container whose shim it shares"
+    );
+    ensure!(
+        Path::new(&format!("/proc/{}", parent(pid)?)).exists(),
+        "the shared shim is gone"
+    );
+
+    // Its death is not the pod's; the next container start makes it again.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid)?),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
+    eventually("the anchor's exit", Duration::from_secs(10), || async {
+        Ok(task_pid(d, &pod).await?.is_none())
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ensure!(
+        d.pod_status(&pod).await?.state == PodSandboxState::SandboxReady as i32,
+        "the anchor's exit made the pod not ready"
+    );
+    d.start_in(
+        &pod,
+        &cfg,
+        container_config("c2", BUSYBOX, &["sleep", "100000"]),
+    )
+    .await?;
+    let again = anchor_pid(d, &pod).await?;
+    ensure!(again != pid, "the same anchor");
+    let (_, metrics) = http_get(d.metrics, "/metrics").await?;
+    let started = metrics
+        .lines()
+        .find(|l| l.starts_with("cubelet_stats_anchors_total{result=\"started\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    ensure!(started >= 2.0, "anchors not counted: {started}");
+
+    // A kill of the agent, then a restart: the anchor is still there, and
+    // the pod's stop and removal take it with the pins.
+    d.kill9().await?;
+    d.start_with_env(&[]).await?;
+    ensure!(
+        task_pid(d, &pod).await? == Some(again),
+        "the anchor did not survive the agent's restart"
+    );
+    stop_and_remove(d, &pod).await?;
+    ensure!(
+        !containerd_containers(d).await?.contains(&pod),
+        "the anchor outlived its pod"
+    );
+    ensure!(!d.podns_dir().join(&pod).exists(), "pins left");
+
+    // A pod removed right after its first container started (before the
+    // anchor's delay): none is made for it, then or later (the leak audit
+    // after this scenario checks containerd, tasks and shims).
+    for i in 0..5 {
+        let (p, cfg) = infraless(d, &format!("quick-{i}")).await?;
+        d.start_in(
+            &p,
+            &cfg,
+            container_config("c", BUSYBOX, &["sleep", "100000"]),
+        )
+        .await?;
+        stop_and_remove(d, &p).await?;
+        ensure!(
+            !containerd_containers(d).await?.contains(&p),
+            "an anchor outlived pod quick-{i}"
+        );
+    }
+    // A pod removed while its anchor is being made (just past the delay):
+    // the removal waits for it and takes it.
+    for i in 0..4u64 {
+        let (p, cfg) = infraless(d, &format!("racing-{i}")).await?;
+        d.start_in(
+            &p,
+            &cfg,
+            container_config("c", BUSYBOX, &["sleep", "100000"]),
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_millis(2000 + 40 * i)).await;
+        stop_and_remove(d, &p).await?;
+        ensure!(
+            !containerd_containers(d).await?.contains(&p),
+            "an anchor outlived pod racing-{i}"
+        );
+    }
+    // Nothing made later either (past the delay, 2 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(
+        containerd_containers(d).await?.is_empty(),
+        "anchors made after their pods went"
+    );
+    Ok(())
 }

@@ -16,13 +16,19 @@
 //!
 //! Kubelet's cAdvisor is pointed at the daemon's containerd namespace
 //! (`--containerd`, `--containerd-namespace`), so pod network stats come
-//! from the infra container as they do for containerd's own pods. In the
-//! daemon's default `runtime.sandbox: auto` only the pod that shares its
-//! process namespace (`shared`) has one; the others run without an infra
-//! process, and kubelet's `/stats/summary` has no `network` for them (every
-//! other field is there): the suite asserts exactly that.
+//! from the containerd container with the sandbox's id, as they do for
+//! containerd's own pods. In the daemon's default `runtime.sandbox: auto`
+//! only the pod that shares its process namespace (`shared`) has an infra
+//! container; the others run without an infra process and get a *stats
+//! anchor* in the background once a container runs (docs/infraless.md), so
+//! every pod has every `/stats/summary` field, `network` included, with
+//! traffic counted, and `container_network_*` series in
+//! `/metrics/cadvisor`: the suite asserts exactly that.
+//! `CUBELET_KUBELET_STATS_ANCHOR=0` runs the daemon with
+//! `runtime.stats_anchor: false`, where the pods without an infra process
+//! have every field but `network`, and no network series.
 //! `CUBELET_KUBELET_SANDBOX=pause` runs the daemon with `runtime.sandbox:
-//! pause`, where every pod has network stats again.
+//! pause`, where every pod has an infra container.
 //! `CUBELET_KUBELET_CRI_STATS=1` turns on kubelet's alpha
 //! `PodAndContainerStatsFromCRI`: every pod's network then comes from
 //! Cubelet's `ListPodSandboxStats` (read through the netns pin), and the
@@ -262,6 +268,9 @@ struct Target {
     /// Whether every pod gets an infra container (containerd; Cubelet in
     /// `pause` mode); else only a pod that shares its process namespace.
     infra_for_every_pod: bool,
+    /// Whether a pod without an infra container gets a stats anchor
+    /// (Cubelet's `runtime.stats_anchor`, on by default).
+    stats_anchors: bool,
 }
 
 /// The host nat table's rules and chains made by CNI plugins.
@@ -318,6 +327,12 @@ fn pause_mode() -> bool {
     std::env::var("CUBELET_KUBELET_SANDBOX").as_deref() == Ok("pause")
 }
 
+/// `CUBELET_KUBELET_STATS_ANCHOR=0`: the daemon runs with
+/// `runtime.stats_anchor: false`.
+fn stats_anchor() -> bool {
+    std::env::var("CUBELET_KUBELET_STATS_ANCHOR").as_deref() != Ok("0")
+}
+
 /// `CUBELET_KUBELET_CRI_STATS=1`: kubelet runs with the alpha feature gate
 /// `PodAndContainerStatsFromCRI` and takes every stat from the runtime's
 /// `ListPodSandboxStats`/`ListContainerStats` instead of cAdvisor.
@@ -332,10 +347,11 @@ impl Target {
     }
 
     /// Whether kubelet reports `pod`'s network: from the runtime with the
-    /// CRI stats provider; else from cAdvisor, which reads it only from an
-    /// infra container.
+    /// CRI stats provider; else from cAdvisor, which reads it only from a
+    /// containerd container with the sandbox's id: an infra container or
+    /// a stats anchor.
     fn pod_network(&self, pod: &str) -> bool {
-        cri_stats() || self.has_infra(pod)
+        cri_stats() || self.has_infra(pod) || self.stats_anchors
     }
 
     fn cubelet(d: &Daemon) -> Target {
@@ -348,6 +364,7 @@ impl Target {
             images: d.images.clone(),
             cni_chains_before: true,
             infra_for_every_pod: pause_mode(),
+            stats_anchors: stats_anchor(),
         }
     }
 
@@ -377,6 +394,7 @@ impl Target {
             images,
             cni_chains_before,
             infra_for_every_pod: true,
+            stats_anchors: false,
         })
     }
 
@@ -974,8 +992,10 @@ async fn check_infra_containers(t: &Target, ns: &str) -> anyhow::Result<()> {
 }
 
 /// What the pods in `want` lack in `/stats/summary`, as `pod: field`;
-/// prints the field counts once nothing is missing. A pod without an infra
-/// container must have every field but `network`, and no `network`:
+/// prints the field counts once nothing is missing. Every pod has every
+/// field, `network` with traffic counted included, unless it has neither
+/// an infra container nor a stats anchor (`runtime.stats_anchor: false`):
+/// then it has every field but `network`, and no `network`, since
 /// kubelet's default stats provider reads pod network from cAdvisor, which
 /// reads it only from the containerd container labelled as the sandbox.
 async fn summary_gaps(
@@ -1010,12 +1030,15 @@ async fn summary_gaps(
             need.retain(|f| !CRI_STATS_ABSENT.contains(&f.as_str()));
         }
         gaps.extend(need.difference(&have).map(|f| format!("{name}: {f}")));
-        if infra && pod["network"]["rxBytes"].as_u64().unwrap_or(0) == 0 {
+        if infra
+            && (pod["network"]["rxBytes"].as_u64().unwrap_or(0) == 0
+                || pod["network"]["txBytes"].as_u64().unwrap_or(0) == 0)
+        {
             gaps.push(format!("{name}: no network traffic counted"));
         }
         if !infra && !pod["network"].is_null() {
             gaps.push(format!(
-                "{name}: network stats without an infra container (docs/infraless.md says none)"
+                "{name}: network stats without an infra container or a stats anchor (docs/infraless.md says none)"
             ));
         }
         counts.push(format!("{name} {}", have.len()));
@@ -1206,19 +1229,27 @@ async fn scenario(t: &Target, k: &Kubelet) -> anyhow::Result<()> {
     }
 
     // /metrics/cadvisor: network series where kubelet's stats have the
-    // pod's network. cAdvisor reads it only from an infra container; with
-    // the CRI stats provider kubelet serves this endpoint from the
-    // runtime's ListPodSandboxMetrics, which has it for every pod.
+    // pod's network. cAdvisor reads it only from an infra container or a
+    // stats anchor; with the CRI stats provider kubelet serves this
+    // endpoint from the runtime's ListPodSandboxMetrics, which has it for
+    // every pod.
     let cadvisor = k.get("/metrics/cadvisor").await?;
-    let net = samples(&cadvisor, "container_network_receive_bytes_total");
+    let rx = samples(&cadvisor, "container_network_receive_bytes_total");
+    let tx = samples(&cadvisor, "container_network_transmit_bytes_total");
     for (name, _) in &want {
         let pod = format!("pod=\"{name}-{NODE}\"");
-        let has = net.iter().any(|l| l.contains(&pod));
+        let has_rx = rx.iter().any(|l| l.contains(&pod));
+        let has = has_rx && tx.iter().any(|l| l.contains(&pod));
+        ensure!(
+            has_rx == has,
+            "{name}: receive series without transmit series"
+        );
         ensure!(
             has == t.pod_network(name),
-            "{name}: cAdvisor network series {has}, expected {} (infra container {}, CRI stats {})",
+            "{name}: cAdvisor network series {has}, expected {} (infra container {}, stats anchor {}, CRI stats {})",
             t.pod_network(name),
             t.has_infra(name),
+            t.stats_anchors,
             cri_stats()
         );
     }
@@ -1330,7 +1361,11 @@ async fn kubelet_runs_static_pods() {
         return;
     }
     let opts = DaemonOpts {
-        extra_config: pause_mode().then(|| "runtime: { sandbox: pause }\n".to_owned()),
+        extra_config: match (pause_mode(), stats_anchor()) {
+            (true, _) => Some("runtime: { sandbox: pause }\n".to_owned()),
+            (false, false) => Some("runtime: { stats_anchor: false }\n".to_owned()),
+            (false, true) => None,
+        },
         ..Default::default()
     };
     with_daemon(opts, Duration::from_secs(600), |d| {

@@ -88,6 +88,16 @@ impl cubelet_pod::PoolObserver for PoolMetrics {
     }
 }
 
+/// Metrics as the pod service's stats-anchor observer.
+#[derive(Debug)]
+pub(crate) struct AnchorMetrics(pub(crate) Metrics);
+
+impl cubelet_pod::AnchorObserver for AnchorMetrics {
+    fn observed(&self, started: bool) {
+        self.0.stats_anchor(started);
+    }
+}
+
 /// Metrics as the image service's pull observer.
 #[derive(Debug)]
 pub(crate) struct PullMetrics(pub(crate) Metrics);

@@ -15,6 +15,7 @@ use cubelet_pod::{PodDeps, PodService};
 use cubelet_runtime::container::{ContainerRuntime, HandlerConfig, RuntimeConfig};
 use cubelet_runtime::events::{ContainerEventKind, EventMonitor};
 use cubelet_runtime::image::ImageService;
+use cubelet_runtime::sandbox::anchor::StatsAnchor;
 use cubelet_runtime::sandbox::podns::PodNamespaces;
 use cubelet_runtime::sandbox::{PauseImage, SandboxMode, SandboxProvider};
 use cubelet_runtime::stats::cgroups::{CgroupSupport, CgroupVersion};
@@ -299,11 +300,21 @@ pub async fn run(config: Config) -> Result<()> {
         PodDeps {
             engine: engine.clone(),
             store: Arc::clone(&store),
-            runtime: Arc::new(cubelet_pod::Containerd::new(
-                Arc::clone(&runtime),
-                Arc::clone(&images),
-                Arc::new(crate::adapters::NetnsCounters),
-            )),
+            runtime: Arc::new({
+                let containerd = cubelet_pod::Containerd::new(
+                    Arc::clone(&runtime),
+                    Arc::clone(&images),
+                    Arc::new(crate::adapters::NetnsCounters),
+                );
+                if config.runtime.stats_anchor {
+                    containerd.with_stats_anchor(
+                        StatsAnchor::new(Arc::clone(&runtime), pause.clone()),
+                        Arc::new(crate::adapters::AnchorMetrics(metrics.clone())),
+                    )
+                } else {
+                    containerd
+                }
+            }),
             shutdown: shutdown.clone(),
         },
         cubelet_pod::PoolConfig {

@@ -120,6 +120,8 @@ struct Inner {
     events_dropped: IntCounter,
     pool_hit: IntCounter,
     pool_miss: IntCounter,
+    anchor_started: IntCounter,
+    anchor_failed: IntCounter,
     shell_hits: IntCounter,
     shell_misses: IntCounter,
     shells_ready: IntGauge,
@@ -341,6 +343,12 @@ impl Metrics {
             "Sandbox storage requests served from the warm pool (hit) or built (miss).",
             &["result"],
         )?;
+        let anchors = counter_vec(
+            registry,
+            "cubelet_stats_anchors_total",
+            "Stats anchors of pods without an infra process started, or failed to start (the pod's network is then missing from kubelet's cAdvisor).",
+            &["result"],
+        )?;
         let shell_hits = register(
             registry,
             "cubelet_pool_hits_total",
@@ -443,6 +451,8 @@ impl Metrics {
                 events_dropped,
                 pool_hit: storage_pool.with_label_values(&["hit"]),
                 pool_miss: storage_pool.with_label_values(&["miss"]),
+                anchor_started: anchors.with_label_values(&["started"]),
+                anchor_failed: anchors.with_label_values(&["failed"]),
                 shell_hits,
                 shell_misses,
                 shells_ready,
@@ -553,6 +563,15 @@ impl Metrics {
             self.inner.pool_hit.inc();
         } else {
             self.inner.pool_miss.inc();
+        }
+    }
+
+    /// Counts one stats anchor started (`true`) or failed to start.
+    pub fn stats_anchor(&self, started: bool) {
+        if started {
+            self.inner.anchor_started.inc();
+        } else {
+            self.inner.anchor_failed.inc();
         }
     }
 }
@@ -676,6 +695,7 @@ mod tests {
             "cubelet_gc_pending",
             "cubelet_events_dropped_total",
             "cubelet_storage_pool_total",
+            "cubelet_stats_anchors_total",
             "cubelet_pool_hits_total",
             "cubelet_pool_misses_total",
             "cubelet_pool_ready",
@@ -732,6 +752,10 @@ mod tests {
         assert_eq!(
             zeros("cubelet_storage_pool_total"),
             ["hit", "miss"].map(|r| vec![pair("result", r)])
+        );
+        assert_eq!(
+            zeros("cubelet_stats_anchors_total"),
+            ["failed", "started"].map(|r| vec![pair("result", r)])
         );
         for name in ["cubelet_gc_runs_total", "cubelet_events_dropped_total"] {
             assert_eq!(

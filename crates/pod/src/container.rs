@@ -302,6 +302,8 @@ impl PodService {
                 if started {
                     self.emit(&rec.id, &rec.sandbox_id, PodEventKind::Started);
                 }
+                // Off this call's path: StartContainer answers first.
+                self.anchor_later(&rec.sandbox_id);
                 Ok(())
             }
             Err(e) => {

@@ -145,7 +145,8 @@ impl PodService {
         applied
     }
 
-    /// The infra process of a sandbox exited: the pod is not ready.
+    /// The infra process of a sandbox exited: the pod is not ready (the
+    /// exit of a stats anchor changes nothing).
     fn infra_exited(&self, event: &ContainerEvent) {
         let ContainerEventKind::Exited { exec_id, .. } = &event.kind else {
             return;
@@ -155,7 +156,11 @@ impl PodService {
         };
         let result = blocking(|| {
             self.store().update_sandbox(&id, |r| {
-                if r.state == SandboxState::Ready {
+                // A pod without an infra process does not live by a task:
+                // the one with its id is its stats anchor, whose exit is
+                // not the pod's.
+                let infraless = r.process.as_ref().is_some_and(|p| p.is_infraless());
+                if r.state == SandboxState::Ready && !infraless {
                     r.state = SandboxState::NotReady;
                 }
             })

@@ -59,6 +59,14 @@ struct State {
     interfaces: Vec<InterfaceStats>,
     /// The cgroup driver the fake names cgroups by (cgroupfs unless set).
     cgroup_driver: cubelet_runtime::cgroup::CgroupDriver,
+    /// Sandboxes given a stats anchor, in order.
+    anchors: Vec<String>,
+    /// The shim group each `ensure_stats_anchor` call named, in order.
+    anchor_groups: Vec<Option<String>>,
+    /// Anchors counted by `stats_anchor_observed`: started, failed.
+    anchor_counts: (u32, u32),
+    /// `stats_anchor_delay`.
+    anchor_delay: Duration,
 }
 
 /// The fake runtime. Cheap to clone; clones share state.
@@ -81,6 +89,27 @@ impl FakeRuntime {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The sandboxes given a stats anchor so far, in order (one entry per
+    /// anchor started).
+    pub fn anchors(&self) -> Vec<String> {
+        self.lock().anchors.clone()
+    }
+
+    /// Sets what `stats_anchor_delay` answers (zero unless told).
+    pub fn set_anchor_delay(&self, delay: Duration) {
+        self.lock().anchor_delay = delay;
+    }
+
+    /// The container whose shim each `ensure_stats_anchor` call named.
+    pub fn anchor_groups(&self) -> Vec<Option<String>> {
+        self.lock().anchor_groups.clone()
+    }
+
+    /// Anchors counted as started and as failed.
+    pub fn anchor_counts(&self) -> (u32, u32) {
+        self.lock().anchor_counts
     }
 
     /// Makes `info` findable by `reference` and by its id.
@@ -260,6 +289,38 @@ impl Runtime for FakeRuntime {
             },
         );
         Ok(())
+    }
+
+    /// Anchors a sandbox once: later calls find it running. Fails (and
+    /// counts) as `ensure_stats_anchor` when told to.
+    async fn ensure_stats_anchor(
+        &self,
+        sandbox: &cubelet_store::SandboxRecord,
+        group: Option<&str>,
+    ) -> Result<Option<cubelet_runtime::sandbox::anchor::AnchorOutcome>, RuntimeError> {
+        use cubelet_runtime::sandbox::anchor::AnchorOutcome;
+        let id = sandbox.id.as_str();
+        self.enter("ensure_stats_anchor", id).await?;
+        let mut s = self.lock();
+        s.anchor_groups.push(group.map(str::to_owned));
+        if s.anchors.iter().any(|a| a == id) {
+            return Ok(Some(AnchorOutcome::Running));
+        }
+        s.anchors.push(id.to_owned());
+        Ok(Some(AnchorOutcome::Started(1)))
+    }
+
+    fn stats_anchor_delay(&self) -> Duration {
+        self.lock().anchor_delay
+    }
+
+    fn stats_anchor_observed(&self, started: bool) {
+        let mut s = self.lock();
+        if started {
+            s.anchor_counts.0 += 1;
+        } else {
+            s.anchor_counts.1 += 1;
+        }
     }
 
     async fn start(&self, id: &str) -> Result<u32, RuntimeError> {

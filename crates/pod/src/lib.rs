@@ -13,6 +13,7 @@
 //! stands in for containerd so the lifecycle rules are unit-tested without
 //! root.
 
+mod anchor;
 mod container;
 mod error;
 mod events;
@@ -30,11 +31,12 @@ pub mod fake;
 #[cfg(test)]
 mod tests;
 
+pub use anchor::ANCHOR_TIMEOUT;
 pub use container::{ContainerRequest, ExecResult};
 pub use error::{PodError, PodResult};
 pub use pool::{NoopPoolObserver, PoolConfig, PoolObserver};
 pub use reconcile::ReconcileReport;
-pub use runtime::{Containerd, NetnsCounters, Runtime};
+pub use runtime::{AnchorObserver, Containerd, NetnsCounters, Runtime, DEFAULT_ANCHOR_DELAY};
 pub use service::{PodDeps, PodEvent, PodEventKind, PodService, EVENT_BUFFER};
 pub use stats::{
     CgroupStats, ContainerStats, CpuUsage, InterfaceStats, IoStats, MemoryStats, PodStats,

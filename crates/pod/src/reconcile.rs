@@ -93,6 +93,9 @@ impl PodService {
         for c in store.list_containers()? {
             match self.runtime().status(&c.id).await {
                 Ok(s) if s.state == RtState::Running => {
+                    // A stats anchor the last run did not finish (or lost)
+                    // is made again, in the background.
+                    self.anchor_later(&c.sandbox_id);
                     match self.runtime().reattach(&c.id).await {
                         Ok(()) => report.reattached += 1,
                         Err(e) => {

@@ -13,6 +13,7 @@ use cubelet_engine::spec::SandboxProcess;
 use cubelet_runtime::cgroup::CgroupDriver;
 use cubelet_runtime::container::{ContainerRuntime, ContainerStatus, ExecOutput, TaskExit};
 use cubelet_runtime::image::ImageService;
+use cubelet_runtime::sandbox::anchor::{AnchorOutcome, StatsAnchor};
 use cubelet_runtime::spec::{ContainerSpec, Resources};
 use cubelet_runtime::stats::{
     parse_net_dev, read_net_dev, CgroupLayout, CgroupStats, InterfaceStats, OpenFiles,
@@ -20,6 +21,7 @@ use cubelet_runtime::stats::{
 };
 use cubelet_runtime::types::ImageInfo;
 use cubelet_runtime::RuntimeError;
+use cubelet_store::SandboxRecord;
 use futures::future::BoxFuture;
 
 /// The container runtime surface of the pod lifecycle.
@@ -115,6 +117,27 @@ pub trait Runtime: Send + Sync + 'static {
         id: &str,
     ) -> Result<(SnapshotUsage, SystemTime), RuntimeError>;
 
+    /// Makes sure pod `sandbox` (without an infra process) has a running
+    /// stats anchor (`cubelet_runtime::sandbox::anchor`); `None` when this
+    /// runtime makes none (the default).
+    /// `group` is a running container of the pod, whose shim the anchor
+    /// may share.
+    async fn ensure_stats_anchor(
+        &self,
+        _sandbox: &SandboxRecord,
+        _group: Option<&str>,
+    ) -> Result<Option<AnchorOutcome>, RuntimeError> {
+        Ok(None)
+    }
+
+    /// Counts an anchor started (`true`) or one that failed.
+    fn stats_anchor_observed(&self, _started: bool) {}
+
+    /// How long after a container's start its pod's anchor is asked for.
+    fn stats_anchor_delay(&self) -> Duration {
+        Duration::ZERO
+    }
+
     /// The interfaces of a pod's network namespace: read through its infra
     /// process `pid`, or, without one, inside the namespace pinned at
     /// `netns`.
@@ -135,6 +158,18 @@ pub trait NetnsCounters: Send + Sync + fmt::Debug + 'static {
     fn net_dev(&self, netns: PathBuf) -> BoxFuture<'static, io::Result<String>>;
 }
 
+/// How long after a container's start [`Containerd`] asks for its pod's
+/// stats anchor: a kubelet's cAdvisor looks at new cgroups on its own
+/// housekeeping period (10 s) and its stats are scraped less often still,
+/// so this is invisible to it; a pod gone before then gets none.
+pub const DEFAULT_ANCHOR_DELAY: Duration = Duration::from_secs(2);
+
+/// Counts stats anchors started and failed (a metric, in the binary).
+pub trait AnchorObserver: Send + Sync + fmt::Debug + 'static {
+    /// One anchor started (`true`) or failed to.
+    fn observed(&self, started: bool);
+}
+
 /// The real runtime: containers and tasks in containerd, images in its
 /// content store.
 #[derive(Debug, Clone)]
@@ -142,6 +177,8 @@ pub struct Containerd {
     containers: Arc<ContainerRuntime>,
     images: Arc<ImageService>,
     netns_counters: Arc<dyn NetnsCounters>,
+    anchor: Option<(StatsAnchor, Arc<dyn AnchorObserver>)>,
+    anchor_delay: Duration,
 }
 
 impl Containerd {
@@ -157,7 +194,27 @@ impl Containerd {
             containers,
             images,
             netns_counters,
+            anchor: None,
+            anchor_delay: DEFAULT_ANCHOR_DELAY,
         }
+    }
+
+    /// Asks for a pod's stats anchor `delay` after a container's start
+    /// ([`DEFAULT_ANCHOR_DELAY`] unless told).
+    pub fn with_stats_anchor_delay(mut self, delay: Duration) -> Self {
+        self.anchor_delay = delay;
+        self
+    }
+
+    /// Gives pods without an infra process a stats anchor made by `anchor`
+    /// (`runtime.stats_anchor`), counted by `observer`.
+    pub fn with_stats_anchor(
+        mut self,
+        anchor: StatsAnchor,
+        observer: Arc<dyn AnchorObserver>,
+    ) -> Self {
+        self.anchor = Some((anchor, observer));
+        self
     }
 }
 
@@ -244,6 +301,34 @@ impl Runtime for Containerd {
         id: &str,
     ) -> Result<(SnapshotUsage, SystemTime), RuntimeError> {
         self.containers.writable_layer_usage(id).await
+    }
+
+    async fn ensure_stats_anchor(
+        &self,
+        sandbox: &SandboxRecord,
+        group: Option<&str>,
+    ) -> Result<Option<AnchorOutcome>, RuntimeError> {
+        let (Some((anchor, _)), Some(process)) = (&self.anchor, &sandbox.process) else {
+            return Ok(None);
+        };
+        let netns = sandbox
+            .network
+            .as_ref()
+            .and_then(|n| n.netns_path.as_deref());
+        anchor
+            .ensure(sandbox.id.as_str(), &sandbox.spec, process, netns, group)
+            .await
+            .map(Some)
+    }
+
+    fn stats_anchor_observed(&self, started: bool) {
+        if let Some((_, observer)) = &self.anchor {
+            observer.observed(started);
+        }
+    }
+
+    fn stats_anchor_delay(&self) -> Duration {
+        self.anchor_delay
     }
 
     async fn pod_interfaces(

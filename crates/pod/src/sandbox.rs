@@ -191,6 +191,8 @@ impl PodService {
             self.stop_container_in_pod(&c.id, Duration::ZERO).await?;
         }
         let ctx = Arc::new(FlowContext::new(rec.id.clone(), Arc::new(rec.spec.clone())));
+        // Never beside a stats anchor being made (see `anchor`).
+        let _anchor = self.lock_container(rec.id.as_str()).await;
         self.engine().run(FlowKind::Destroy, ctx).await?;
         blocking(|| {
             self.store().update_sandbox(&rec.id, |r| {
@@ -236,6 +238,7 @@ impl PodService {
         // leaves nothing behind when this answers.
         self.settle_removals(&rec.id).await;
         let ctx = Arc::new(FlowContext::new(rec.id.clone(), Arc::new(rec.spec.clone())));
+        let _anchor = self.lock_container(rec.id.as_str()).await;
         if let Err(e) = self.engine().run(FlowKind::Cleanup, ctx).await {
             if !matches!(e, EngineError::Rejected { .. }) {
                 let message = chain(&e);

@@ -307,6 +307,12 @@ pub struct RuntimeConfig {
     pub tolerate_missing_hugetlb_controller: bool,
     /// Whether pods get an infra (pause) process.
     pub sandbox: SandboxMode,
+    /// Give a pod without an infra process a stats anchor (a pause
+    /// container with the sandbox id, in the pod's namespaces, started in
+    /// the background after its first container) so a kubelet's cAdvisor
+    /// reports its network (docs/infraless.md). Off for a kubelet that
+    /// takes pod stats from the CRI (`PodAndContainerStatsFromCRI`).
+    pub stats_anchor: bool,
 }
 
 /// `runtime.sandbox`: how pods get their shared namespaces.
@@ -340,6 +346,7 @@ impl Default for RuntimeConfig {
             restrict_oom_score_adj: true,
             tolerate_missing_hugetlb_controller: true,
             sandbox: SandboxMode::Auto,
+            stats_anchor: true,
         }
     }
 }
@@ -603,6 +610,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("pools.sandbox"), "{e}");
+    }
+
+    #[test]
+    fn stats_anchors_are_on_unless_turned_off() {
+        assert!(Config::default().runtime.stats_anchor);
+        let c = Config::from_yaml("runtime: { stats_anchor: false }").unwrap();
+        assert!(!c.runtime.stats_anchor);
     }
 
     #[test]

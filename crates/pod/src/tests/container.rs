@@ -895,3 +895,91 @@ async fn a_caller_check_reads_the_pod_under_its_lock_and_a_refusal_creates_nothi
         .unwrap();
     assert_eq!(r.container(&id).unwrap().state, ContainerState::Created);
 }
+
+#[tokio::test]
+async fn a_pod_without_infra_gets_one_stats_anchor_once_a_container_runs() {
+    let r = Rig::new();
+    let sb = r.infraless_pod("web").await;
+    let id = r.created(&sb, "app").await;
+    assert!(r.runtime.anchors().is_empty(), "nothing before a start");
+    r.pods.start_container(&id).await.unwrap();
+    until("the anchor", || !r.runtime.anchors().is_empty()).await;
+    assert_eq!(r.runtime.anchors(), [sb.as_str().to_owned()]);
+    // It goes into the running container's shim.
+    assert_eq!(r.runtime.anchor_groups(), [Some(id.clone())]);
+    // A second container finds it running: still one.
+    r.running(&sb, "sidecar").await;
+    until("the second ensure", || {
+        r.runtime.calls("ensure_stats_anchor") == 2
+    })
+    .await;
+    assert_eq!(r.runtime.anchors().len(), 1);
+    assert_eq!(r.runtime.anchor_counts(), (1, 0));
+}
+
+#[tokio::test]
+async fn a_pod_with_an_infra_process_gets_no_stats_anchor() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    r.running(&sb, "app").await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(r.runtime.calls("ensure_stats_anchor"), 0);
+}
+
+#[tokio::test]
+async fn a_stopped_pod_gets_no_stats_anchor() {
+    let r = Rig::new();
+    let sb = r.infraless_pod("web").await;
+    r.pods.stop_sandbox(sb.as_str()).await.unwrap();
+    // As if a start had asked for it just before the stop.
+    r.pods.anchor_later(&sb);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(r.runtime.calls("ensure_stats_anchor"), 0);
+    assert!(r.runtime.anchors().is_empty());
+}
+
+#[tokio::test]
+async fn a_pod_stopped_before_the_anchor_delay_gets_none_and_its_stop_waits_for_nothing() {
+    let r = Rig::new();
+    r.runtime.set_anchor_delay(Duration::from_millis(300));
+    let sb = r.infraless_pod("web").await;
+    r.running(&sb, "app").await;
+    within("the stop", r.pods.stop_sandbox(sb.as_str()))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(r.runtime.calls("ensure_stats_anchor"), 0);
+    assert!(r.runtime.anchors().is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_stats_anchor_is_counted_and_the_start_still_succeeds() {
+    let r = Rig::new();
+    let sb = r.infraless_pod("web").await;
+    r.runtime
+        .fail_next("ensure_stats_anchor", failed("runc create failed"));
+    let id = r.created(&sb, "app").await;
+    r.pods.start_container(&id).await.unwrap();
+    assert_eq!(r.container(&id).unwrap().state, ContainerState::Running);
+    until("the failure counted", || {
+        r.runtime.anchor_counts() == (0, 1)
+    })
+    .await;
+    assert_eq!(r.sandbox(&sb).unwrap().state, SandboxState::Ready);
+}
+
+#[tokio::test]
+async fn the_exit_of_a_stats_anchor_leaves_its_pod_ready() {
+    let r = Rig::new();
+    let sb = r.infraless_pod("web").await;
+    r.pods.apply_event(&ContainerEvent {
+        id: sb.as_str().to_owned(),
+        kind: ContainerEventKind::Exited {
+            code: 137,
+            at: None,
+            exec_id: String::new(),
+            pid: 1,
+        },
+    });
+    assert_eq!(r.sandbox(&sb).unwrap().state, SandboxState::Ready);
+}

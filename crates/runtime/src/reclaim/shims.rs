@@ -22,7 +22,9 @@
 //! The reaper lists the shims of the agent's namespace in `/proc` (their
 //! `cmdline` and `stat`, read with the guards of [`crate::safe_read`], on a
 //! blocking thread under [`SCAN_TIMEOUT`]), asks containerd which tasks it
-//! has, and stops every shim of its own whose id is not one of them, as
+//! has, and stops every shim of its own whose id is not one of them and
+//! that is the parent of no task's process (a task grouped into another's
+//! shim, as a pod's stats anchor is, keeps that shim), as
 //! containerd itself would: by the shim's own ttrpc
 //! `containerd.task.v2.Task/Shutdown` where it still answers (on the socket
 //! containerd derives from its `-address`, namespace and id, under
@@ -557,7 +559,7 @@ impl ContainerRuntime {
             return Ok(0);
         }
         let client = self.client();
-        let tasks: BTreeSet<String> = tokio::time::timeout(
+        let tasks = tokio::time::timeout(
             TASKS_TIMEOUT,
             client
                 .tasks()
@@ -571,12 +573,24 @@ impl ContainerRuntime {
         })?
         .map_err(|s| RuntimeError::containerd("tasks.list", s))?
         .into_inner()
-        .tasks
-        .into_iter()
-        .map(|t| t.id)
-        .collect();
+        .tasks;
+        // A shim serves every task whose process is its child, whatever
+        // its `-id` says: a task grouped into another's shim (a pod's stats
+        // anchor) keeps that shim after the task it was started for is gone.
+        let pids: Vec<u32> = tasks.iter().map(|t| t.pid).filter(|p| *p > 0).collect();
+        let serving: BTreeSet<i32> = tokio::task::spawn_blocking(move || {
+            pids.into_iter()
+                .filter_map(|p| parent(i32::try_from(p).ok()?))
+                .collect()
+        })
+        .await
+        .unwrap_or_default();
+        let tasks: BTreeSet<String> = tasks.into_iter().map(|t| t.id).collect();
         let mut reaped = 0;
-        for (shim, owned) in scanned.iter().filter(|(s, _)| !tasks.contains(&s.id)) {
+        for (shim, owned) in scanned
+            .iter()
+            .filter(|(s, _)| !tasks.contains(&s.id) && !serving.contains(&s.pid()))
+        {
             if !owned {
                 tracing::debug!(pid = shim.pid(), id = %shim.id, "a process with a shim's command line this agent did not start: left alone");
                 continue;

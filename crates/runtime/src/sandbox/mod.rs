@@ -19,9 +19,11 @@
 //! anything worth keeping) are idempotent and need only the id: a sandbox
 //! that has a pin directory never had a pause container (the directory is
 //! the first thing its create makes), so its teardown unmounts the pins and
-//! touches no containerd object; any other sandbox's teardown kills and
-//! deletes the pause task, its rootfs snapshot, container record and FIFOs.
+//! touches no containerd object but its stats anchor's, if it has one
+//! ([`anchor`]); any other sandbox's teardown kills and deletes the pause
+//! task, its rootfs snapshot, container record and FIFOs.
 
+pub mod anchor;
 pub mod pause;
 pub mod podns;
 
@@ -326,11 +328,18 @@ impl Flow for SandboxProvider {
     /// Pins go by unmounting them. The pause process has nothing to flush:
     /// `remove` kills it outright (`SIGKILL`) and takes its rootfs, record
     /// and FIFOs with it.
+    ///
+    /// A sandbox with pins and a stats anchor ([`anchor`]) loses the anchor
+    /// container first (its marker is in the pin directory), then the pins.
     async fn destroy(&self, ctx: &FlowContext) -> Result<(), StepError> {
         let id = ctx.sandbox_id();
         if let Some(pins) = &self.pins {
+            let dir = pins.sandbox_dir(id);
+            if cubelet_engine::blocking(|| anchor::marked(&dir)) {
+                self.runtime.remove(id.as_str()).await?;
+            }
             if pins.remove(id).await? {
-                // Made without an infra process: there is no container.
+                // Made without an infra process: there is no other container.
                 return Ok(());
             }
         }
