@@ -14,9 +14,9 @@
 
 use std::sync::OnceLock;
 
+use cubelet_cri_api::v1 as cri;
 use cubelet_engine::SandboxSpec;
 use cubelet_runtime::container::{HandlerConfig, RuntimeConfig};
-use k8s_cri::v1 as cri;
 
 use crate::error::{CriError, CriResult};
 
@@ -100,6 +100,7 @@ pub fn runtime_handlers(config: &RuntimeConfig) -> Vec<cri::RuntimeHandler> {
 pub fn runtime_features() -> cri::RuntimeFeatures {
     cri::RuntimeFeatures {
         supplemental_groups_policy: true,
+        user_namespaces_host_network: false,
     }
 }
 

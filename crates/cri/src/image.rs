@@ -4,10 +4,10 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use cubelet_cri_api::v1 as cri;
 use cubelet_runtime::image::{FsUsage, RegistryAuth};
 use cubelet_runtime::stats::SNAPSHOT_USAGE_PERIOD;
 use cubelet_runtime::types::ImageInfo;
-use k8s_cri::v1 as cri;
 
 use crate::error::{CriError, CriResult};
 use crate::service::Cri;

@@ -8,12 +8,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cubelet_cri_api::v1 as cri;
+use cubelet_cri_api::v1::image_service_server::ImageService;
+use cubelet_cri_api::v1::runtime_service_server::RuntimeService;
 use cubelet_pod::PodService;
 use cubelet_runtime::container::ContainerRuntime;
 use cubelet_runtime::image::ImageService as Images;
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::image_service_server::ImageService;
-use k8s_cri::v1::runtime_service_server::RuntimeService;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
@@ -503,6 +503,76 @@ impl RuntimeService for Cri {
         })
         .await
     }
+
+    type StreamPodSandboxesStream = ListStream<cri::StreamPodSandboxesResponse>;
+
+    async fn stream_pod_sandboxes(
+        &self,
+        _r: Request<cri::StreamPodSandboxesRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxesStream>, Status> {
+        self.call("StreamPodSandboxes", async {
+            unimplemented("StreamPodSandboxes")
+        })
+        .await
+    }
+
+    type StreamContainersStream = ListStream<cri::StreamContainersResponse>;
+
+    async fn stream_containers(
+        &self,
+        _r: Request<cri::StreamContainersRequest>,
+    ) -> Result<Response<Self::StreamContainersStream>, Status> {
+        self.call("StreamContainers", async {
+            unimplemented("StreamContainers")
+        })
+        .await
+    }
+
+    type StreamContainerStatsStream = ListStream<cri::StreamContainerStatsResponse>;
+
+    async fn stream_container_stats(
+        &self,
+        _r: Request<cri::StreamContainerStatsRequest>,
+    ) -> Result<Response<Self::StreamContainerStatsStream>, Status> {
+        self.call("StreamContainerStats", async {
+            unimplemented("StreamContainerStats")
+        })
+        .await
+    }
+
+    type StreamPodSandboxStatsStream = ListStream<cri::StreamPodSandboxStatsResponse>;
+
+    async fn stream_pod_sandbox_stats(
+        &self,
+        _r: Request<cri::StreamPodSandboxStatsRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxStatsStream>, Status> {
+        self.call("StreamPodSandboxStats", async {
+            unimplemented("StreamPodSandboxStats")
+        })
+        .await
+    }
+
+    type StreamPodSandboxMetricsStream = ListStream<cri::StreamPodSandboxMetricsResponse>;
+
+    async fn stream_pod_sandbox_metrics(
+        &self,
+        _r: Request<cri::StreamPodSandboxMetricsRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxMetricsStream>, Status> {
+        self.call("StreamPodSandboxMetrics", async {
+            unimplemented("StreamPodSandboxMetrics")
+        })
+        .await
+    }
+
+    async fn update_pod_sandbox_resources(
+        &self,
+        _r: Request<cri::UpdatePodSandboxResourcesRequest>,
+    ) -> Result<Response<cri::UpdatePodSandboxResourcesResponse>, Status> {
+        self.call("UpdatePodSandboxResources", async {
+            unimplemented("UpdatePodSandboxResources")
+        })
+        .await
+    }
 }
 
 #[tonic::async_trait]
@@ -549,4 +619,18 @@ impl ImageService for Cri {
     ) -> Result<Response<cri::ImageFsInfoResponse>, Status> {
         self.call("ImageFsInfo", self.image_fs_info_impl()).await
     }
+
+    type StreamImagesStream = ListStream<cri::StreamImagesResponse>;
+
+    async fn stream_images(
+        &self,
+        _r: Request<cri::StreamImagesRequest>,
+    ) -> Result<Response<Self::StreamImagesStream>, Status> {
+        self.call("StreamImages", async { unimplemented("StreamImages") })
+            .await
+    }
 }
+
+/// The stream type of the `Stream*` list methods (CRI 1.36).
+pub(crate) type ListStream<T> =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;

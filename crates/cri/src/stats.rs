@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
+use cubelet_cri_api::v1 as cri;
 use cubelet_pod::{CgroupStats, ContainerStats, CpuUsage, InterfaceStats, PodStats};
-use k8s_cri::v1 as cri;
 
 use crate::convert::{self, nanos};
 use crate::error::CriResult;
@@ -24,6 +24,7 @@ fn cpu(c: Option<CpuUsage>) -> Option<cri::CpuUsage> {
         timestamp: c.timestamp_ns,
         usage_core_nano_seconds: Some(u64v(c.usage_ns)),
         usage_nano_cores: c.nano_cores.map(u64v),
+        psi: None,
     })
 }
 
@@ -37,6 +38,7 @@ fn memory(stats: &CgroupStats, now: i64) -> Option<cri::MemoryUsage> {
         rss_bytes: Some(u64v(m.rss_bytes)),
         page_faults: Some(u64v(m.page_faults)),
         major_page_faults: Some(u64v(m.major_page_faults)),
+        psi: None,
     })
 }
 
@@ -91,6 +93,7 @@ fn container_stats(s: &ContainerStats, mountpoint: &str) -> cri::ContainerStats 
             inodes_used: Some(u64v(u.inodes)),
         }),
         swap: None,
+        io: None,
     }
 }
 
@@ -114,6 +117,7 @@ fn pod_stats(s: &PodStats, mountpoint: &str) -> cri::PodSandboxStats {
             cpu: cpu(s.cpu),
             memory: memory(&s.cgroup, now),
             network: network(&s.interfaces, now),
+            io: None,
             process: s.cgroup.processes.map(|n| cri::ProcessUsage {
                 timestamp: now,
                 process_count: Some(u64v(n)),

@@ -2,12 +2,12 @@
 //! [`ContainerRequest`]: every field checked (naming it on error) before
 //! anything is built.
 
+use cubelet_cri_api::v1 as cri;
 use cubelet_engine::spec::NamespaceMode;
 use cubelet_pod::ContainerRequest;
 use cubelet_runtime::spec::{
     ContainerSpec, DeviceSpec, MountSpec, Propagation, SeccompProfile, UserRequest,
 };
-use k8s_cri::v1 as cri;
 
 use super::{clean_absolute, clean_relative, container_resources};
 use crate::error::{CriError, CriResult};

@@ -3,9 +3,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use cubelet_cri_api::v1 as cri;
 use cubelet_pod::{ContainerRecord, ContainerState};
 use cubelet_runtime::spec::{MountSpec, Propagation};
-use k8s_cri::v1 as cri;
 
 use super::nanos;
 
@@ -92,6 +92,7 @@ pub fn container_status(c: &ContainerRecord) -> cri::ContainerStatus {
         resources: None,
         image_id: c.image_ref.clone(),
         user: None,
+        stop_signal: cri::Signal::RuntimeDefault as i32,
     }
 }
 
