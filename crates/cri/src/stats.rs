@@ -19,12 +19,60 @@ fn hash(m: &std::collections::BTreeMap<String, String>) -> HashMap<String, Strin
     m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
+/// One line of a cgroup v2 pressure file: percent stalled over 10/60/300 s
+/// and the total stall time in microseconds, as the kernel writes it.
+/// Mirrors `cubelet_runtime::stats::PsiData` of the cgroup-driver work
+/// (branch `cgroups`, not on main when this was written): once the runtime's
+/// stats carry PSI, the callers below pass its readings instead of `None`
+/// and these two mirrors give way to the runtime's types.
+#[allow(dead_code)] // Built by the runtime's readings once they exist.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct PsiData {
+    pub(crate) avg10: f64,
+    pub(crate) avg60: f64,
+    pub(crate) avg300: f64,
+    pub(crate) total_us: u64,
+}
+
+/// A pressure file: `some` always, `full` where the kernel reports it.
+/// Mirrors `cubelet_runtime::stats::Pressure` (see [`PsiData`]).
+#[allow(dead_code)] // Built by the runtime's readings once they exist.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Pressure {
+    pub(crate) some: PsiData,
+    pub(crate) full: Option<PsiData>,
+}
+
+/// CRI 1.36's `PsiStats` of a pressure reading; `None` when there is none
+/// (cgroup v1, PSI off, or a runtime that does not read it), which kubelet
+/// takes as "not reported". CRI counts the total in nanoseconds.
+pub(crate) fn psi_stats(p: Option<Pressure>) -> Option<cri::PsiStats> {
+    let data = |d: PsiData| cri::PsiData {
+        total: d.total_us.saturating_mul(1000),
+        avg10: d.avg10,
+        avg60: d.avg60,
+        avg300: d.avg300,
+    };
+    p.map(|p| cri::PsiStats {
+        full: p.full.map(data),
+        some: Some(data(p.some)),
+    })
+}
+
+/// CRI 1.36's `IoUsage` (today only I/O pressure): `None` without a reading.
+pub(crate) fn io_usage(now: i64, io_pressure: Option<Pressure>) -> Option<cri::IoUsage> {
+    psi_stats(io_pressure).map(|psi| cri::IoUsage {
+        timestamp: now,
+        psi: Some(psi),
+    })
+}
+
 fn cpu(c: Option<CpuUsage>) -> Option<cri::CpuUsage> {
     c.map(|c| cri::CpuUsage {
         timestamp: c.timestamp_ns,
         usage_core_nano_seconds: Some(u64v(c.usage_ns)),
         usage_nano_cores: c.nano_cores.map(u64v),
-        psi: None,
+        psi: psi_stats(None),
     })
 }
 
@@ -38,7 +86,7 @@ fn memory(stats: &CgroupStats, now: i64) -> Option<cri::MemoryUsage> {
         rss_bytes: Some(u64v(m.rss_bytes)),
         page_faults: Some(u64v(m.page_faults)),
         major_page_faults: Some(u64v(m.major_page_faults)),
-        psi: None,
+        psi: psi_stats(None),
     })
 }
 
@@ -93,7 +141,7 @@ fn container_stats(s: &ContainerStats, mountpoint: &str) -> cri::ContainerStats 
             inodes_used: Some(u64v(u.inodes)),
         }),
         swap: None,
-        io: None,
+        io: io_usage(now, None),
     }
 }
 
@@ -117,7 +165,7 @@ fn pod_stats(s: &PodStats, mountpoint: &str) -> cri::PodSandboxStats {
             cpu: cpu(s.cpu),
             memory: memory(&s.cgroup, now),
             network: network(&s.interfaces, now),
-            io: None,
+            io: io_usage(now, None),
             process: s.cgroup.processes.map(|n| cri::ProcessUsage {
                 timestamp: now,
                 process_count: Some(u64v(n)),
@@ -208,6 +256,39 @@ impl Cri {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn psi_converts_to_cri_units_and_none_stays_none() {
+        assert_eq!(psi_stats(None), None);
+        assert_eq!(io_usage(5, None), None);
+        let some = PsiData {
+            avg10: 2.0,
+            avg60: 1.0,
+            avg300: 0.5,
+            total_us: 900,
+        };
+        let p = Pressure { some, full: None };
+        let got = psi_stats(Some(p)).unwrap();
+        assert_eq!(got.full, None);
+        let s = got.some.unwrap();
+        assert_eq!(
+            (s.avg10, s.avg60, s.avg300, s.total),
+            (2.0, 1.0, 0.5, 900_000)
+        );
+        // Survives the wire with CRI's capitalised field names.
+        use prost::Message;
+        let io = io_usage(
+            5,
+            Some(Pressure {
+                some,
+                full: Some(some),
+            }),
+        )
+        .unwrap();
+        let back = cri::IoUsage::decode(io.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(back.timestamp, 5);
+        assert_eq!(back.psi.unwrap().full.unwrap().total, 900_000);
+    }
 
     #[test]
     fn network_prefers_eth0() {
