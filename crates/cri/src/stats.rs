@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use cubelet_cri_api::v1 as cri;
 use cubelet_pod::{CgroupStats, ContainerStats, CpuUsage, InterfaceStats, PodStats};
+use cubelet_runtime::stats::{Pressure, PsiData};
 
 use crate::convert::{self, nanos};
 use crate::error::CriResult;
@@ -17,30 +18,6 @@ fn u64v(value: u64) -> cri::UInt64Value {
 
 fn hash(m: &std::collections::BTreeMap<String, String>) -> HashMap<String, String> {
     m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
-
-/// One line of a cgroup v2 pressure file: percent stalled over 10/60/300 s
-/// and the total stall time in microseconds, as the kernel writes it.
-/// Mirrors `cubelet_runtime::stats::PsiData` of the cgroup-driver work
-/// (branch `cgroups`, not on main when this was written): once the runtime's
-/// stats carry PSI, the callers below pass its readings instead of `None`
-/// and these two mirrors give way to the runtime's types.
-#[allow(dead_code)] // Built by the runtime's readings once they exist.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct PsiData {
-    pub(crate) avg10: f64,
-    pub(crate) avg60: f64,
-    pub(crate) avg300: f64,
-    pub(crate) total_us: u64,
-}
-
-/// A pressure file: `some` always, `full` where the kernel reports it.
-/// Mirrors `cubelet_runtime::stats::Pressure` (see [`PsiData`]).
-#[allow(dead_code)] // Built by the runtime's readings once they exist.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct Pressure {
-    pub(crate) some: PsiData,
-    pub(crate) full: Option<PsiData>,
 }
 
 /// CRI 1.36's `PsiStats` of a pressure reading; `None` when there is none
@@ -67,12 +44,12 @@ pub(crate) fn io_usage(now: i64, io_pressure: Option<Pressure>) -> Option<cri::I
     })
 }
 
-fn cpu(c: Option<CpuUsage>) -> Option<cri::CpuUsage> {
+fn cpu(c: Option<CpuUsage>, pressure: Option<Pressure>) -> Option<cri::CpuUsage> {
     c.map(|c| cri::CpuUsage {
         timestamp: c.timestamp_ns,
         usage_core_nano_seconds: Some(u64v(c.usage_ns)),
         usage_nano_cores: c.nano_cores.map(u64v),
-        psi: psi_stats(None),
+        psi: psi_stats(pressure),
     })
 }
 
@@ -86,7 +63,7 @@ fn memory(stats: &CgroupStats, now: i64) -> Option<cri::MemoryUsage> {
         rss_bytes: Some(u64v(m.rss_bytes)),
         page_faults: Some(u64v(m.page_faults)),
         major_page_faults: Some(u64v(m.major_page_faults)),
-        psi: psi_stats(None),
+        psi: psi_stats(stats.psi.memory),
     })
 }
 
@@ -130,7 +107,7 @@ fn container_stats(s: &ContainerStats, mountpoint: &str) -> cri::ContainerStats 
             labels: hash(&c.labels),
             annotations: hash(&c.annotations),
         }),
-        cpu: cpu(s.cpu),
+        cpu: cpu(s.cpu, s.cgroup.psi.cpu),
         memory: memory(&s.cgroup, now),
         writable_layer: s.writable_layer.map(|(u, at)| cri::FilesystemUsage {
             timestamp: nanos(at),
@@ -141,7 +118,7 @@ fn container_stats(s: &ContainerStats, mountpoint: &str) -> cri::ContainerStats 
             inodes_used: Some(u64v(u.inodes)),
         }),
         swap: None,
-        io: io_usage(now, None),
+        io: io_usage(now, s.cgroup.psi.io),
     }
 }
 
@@ -162,10 +139,10 @@ fn pod_stats(s: &PodStats, mountpoint: &str) -> cri::PodSandboxStats {
             annotations: hash(&sb.spec.annotations),
         }),
         linux: Some(cri::LinuxPodSandboxStats {
-            cpu: cpu(s.cpu),
+            cpu: cpu(s.cpu, s.cgroup.psi.cpu),
             memory: memory(&s.cgroup, now),
             network: network(&s.interfaces, now),
-            io: io_usage(now, None),
+            io: io_usage(now, s.cgroup.psi.io),
             process: s.cgroup.processes.map(|n| cri::ProcessUsage {
                 timestamp: now,
                 process_count: Some(u64v(n)),
@@ -308,16 +285,50 @@ mod tests {
 
     #[test]
     fn cpu_rate_is_carried_when_known() {
-        let c = cpu(Some(CpuUsage {
-            timestamp_ns: 5,
-            usage_ns: 7,
-            nano_cores: None,
-        }))
+        let c = cpu(
+            Some(CpuUsage {
+                timestamp_ns: 5,
+                usage_ns: 7,
+                nano_cores: None,
+            }),
+            None,
+        )
         .unwrap();
         assert_eq!(
             (c.timestamp, c.usage_core_nano_seconds, c.usage_nano_cores),
             (5, Some(u64v(7)), None)
         );
-        assert!(cpu(None).is_none());
+        assert!(cpu(None, None).is_none());
+    }
+
+    /// A cgroup's pressure reaches the CRI message of its resource.
+    #[test]
+    fn pressure_of_a_cgroup_reaches_cpu_memory_and_io() {
+        let p = |total_us| Pressure {
+            some: PsiData {
+                total_us,
+                ..Default::default()
+            },
+            full: None,
+        };
+        let stats = CgroupStats {
+            memory: Some(cubelet_runtime::stats::MemoryStats::default()),
+            psi: cubelet_runtime::stats::PsiStats {
+                cpu: Some(p(1)),
+                memory: Some(p(2)),
+                io: Some(p(3)),
+            },
+            ..Default::default()
+        };
+        let total = |s: Option<cri::PsiStats>| s.and_then(|s| s.some).map(|d| d.total);
+        let usage = CpuUsage {
+            timestamp_ns: 1,
+            usage_ns: 1,
+            nano_cores: None,
+        };
+        let c = cpu(Some(usage), stats.psi.cpu).unwrap();
+        assert_eq!(total(c.psi), Some(1000));
+        assert_eq!(total(memory(&stats, 1).unwrap().psi), Some(2000));
+        assert_eq!(total(io_usage(1, stats.psi.io).unwrap().psi), Some(3000));
     }
 }
