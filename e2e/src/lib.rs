@@ -1,6 +1,6 @@
 //! End-to-end harness for Cubelet: starts the real `cubelet` daemon against
 //! the private test containerd and registry (see `hack/`), talks to it over
-//! its real CRI socket with the generated `k8s-cri` clients, audits the
+//! its real CRI socket with the generated `cubelet-cri-api` clients, audits the
 //! kernel and containerd for leaks, and tears everything down afterwards.
 //!
 //! This crate knows only the daemon's external contract (its config keys,
@@ -14,20 +14,20 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use hyper_util::rt::TokioIo;
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use k8s_cri::v1::{
+use cubelet_cri_api::v1::image_service_client::ImageServiceClient;
+use cubelet_cri_api::v1::runtime_service_client::RuntimeServiceClient;
+use cubelet_cri_api::v1::{
     AttachRequest, ContainerConfig, ContainerMetadata, ContainerStatus, ContainerStatusRequest,
     CreateContainerRequest, ImageSpec, ListContainersRequest, ListPodSandboxRequest,
     PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus, PodSandboxStatusRequest,
     PullImageRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
     StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
+use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::{Channel, Endpoint, Uri};
 
-pub use k8s_cri::v1 as cri;
+pub use cubelet_cri_api::v1 as cri;
 
 /// Default socket of the private test containerd (`hack/containerd.sh`).
 pub const DEFAULT_CONTAINERD: &str = "/run/cubelet-test/containerd/containerd.sock";

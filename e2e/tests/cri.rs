@@ -41,6 +41,7 @@ fn scenarios() -> Vec<Scenario> {
         ("stop_container_escalates_to_sigkill", 60, |d| {
             Box::pin(stop_escalates(d))
         }),
+        ("cri_1_36_fields", 60, |d| Box::pin(cri_1_36_fields(d))),
         ("exec_sync", 60, |d| Box::pin(exec_sync(d))),
         ("runtime_handlers", 60, |d| Box::pin(handlers(d))),
         ("idempotent_retries", 60, |d| Box::pin(idempotent(d))),
@@ -710,6 +711,149 @@ async fn stop_escalates(d: &Daemon) -> anyhow::Result<()> {
     ensure!(
         s.exit_code == 137,
         "exit code {} (want 137, SIGKILL)",
+        s.exit_code
+    );
+    Ok(())
+}
+
+/// What a Kubernetes 1.36 kubelet sends beyond the 1.32 CRI, against the
+/// live daemon: the stop signal, UpdatePodSandboxResources, the Stream*
+/// list calls, the image id contract (docs/cri-api.md).
+async fn cri_1_36_fields(d: &Daemon) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    let pulled = d.pull(BUSYBOX).await?;
+    let (pod, cfg) = run_pod(d, "cri136").await?;
+    // Exits 42 on SIGUSR1 only: StopContainer must send the requested signal.
+    let script = "trap 'exit 42' USR1; trap 'echo ignored TERM' TERM; while true; do sleep 1; done";
+    let mut c = container_config("usr1", BUSYBOX, &["sh", "-c", script]);
+    c.stop_signal = Signal::Sigusr1 as i32;
+    let cid = d.start_in(&pod, &cfg, c).await?;
+    let s = container_status(d, &cid).await?;
+    ensure!(
+        s.stop_signal == Signal::Sigusr1 as i32,
+        "stop_signal {}",
+        s.stop_signal
+    );
+    // PullImageResponse.image_ref == Image.id == ContainerStatus.image_id.
+    ensure!(
+        s.image_id == pulled,
+        "image_id {} != pulled {pulled}",
+        s.image_id
+    );
+    let listed = d
+        .images
+        .clone()
+        .list_images(ListImagesRequest::default())
+        .await?
+        .into_inner()
+        .images;
+    ensure!(
+        listed.iter().any(|i| i.id == pulled),
+        "pulled {pulled} not an Image.id of ListImages"
+    );
+
+    // UpdatePodSandboxResources: checked, accepted.
+    let mut rt = d.runtime.clone();
+    let res = LinuxContainerResources {
+        cpu_shares: 512,
+        memory_limit_in_bytes: 128 << 20,
+        ..Default::default()
+    };
+    rt.update_pod_sandbox_resources(UpdatePodSandboxResourcesRequest {
+        pod_sandbox_id: pod.clone(),
+        overhead: None,
+        resources: Some(res.clone()),
+    })
+    .await
+    .context("UpdatePodSandboxResources")?;
+    expect_code(
+        rt.update_pod_sandbox_resources(UpdatePodSandboxResourcesRequest {
+            pod_sandbox_id: "0123456789abcdef0123456789abcdef".into(),
+            overhead: None,
+            resources: Some(res.clone()),
+        })
+        .await,
+        Code::NotFound,
+        "0123456789abcdef",
+        "UpdatePodSandboxResources of an unknown pod",
+    )?;
+    expect_code(
+        rt.update_pod_sandbox_resources(UpdatePodSandboxResourcesRequest {
+            pod_sandbox_id: pod.clone(),
+            overhead: Some(LinuxContainerResources {
+                cpu_shares: 1,
+                ..Default::default()
+            }),
+            resources: None,
+        })
+        .await,
+        Code::InvalidArgument,
+        "overhead.cpu_shares",
+        "UpdatePodSandboxResources with bad overhead",
+    )?;
+
+    // The Stream* calls give the List calls' items.
+    let filter = ContainerFilter {
+        pod_sandbox_id: pod.clone(),
+        ..Default::default()
+    };
+    let mut stream = rt
+        .stream_containers(StreamContainersRequest {
+            filter: Some(filter),
+        })
+        .await?
+        .into_inner();
+    let mut ids = Vec::new();
+    while let Some(m) = stream.next().await {
+        ids.extend(m?.containers.into_iter().map(|c| c.id));
+    }
+    ensure!(ids == vec![cid.clone()], "StreamContainers gave {ids:?}");
+    let mut stream = d
+        .images
+        .clone()
+        .stream_images(StreamImagesRequest::default())
+        .await?
+        .into_inner();
+    let mut n = 0;
+    while let Some(m) = stream.next().await {
+        n += m?.images.len();
+    }
+    ensure!(
+        n == listed.len(),
+        "StreamImages gave {n}, ListImages {}",
+        listed.len()
+    );
+
+    // An image volume is refused naming the field, not mounted without it.
+    let mut bad = container_config("imgvol", BUSYBOX, &["true"]);
+    bad.mounts = vec![Mount {
+        container_path: "/vol".into(),
+        image: Some(image_spec(BUSYBOX)),
+        image_sub_path: "bin".into(),
+        ..Default::default()
+    }];
+    expect_code(
+        rt.create_container(CreateContainerRequest {
+            pod_sandbox_id: pod.clone(),
+            config: Some(bad),
+            sandbox_config: Some(cfg.clone()),
+        })
+        .await,
+        Code::Unimplemented,
+        "config.mounts[0].image",
+        "an image volume",
+    )?;
+
+    rt.stop_container(StopContainerRequest {
+        container_id: cid.clone(),
+        timeout: 10,
+    })
+    .await
+    .context("StopContainer")?;
+    let s = container_status(d, &cid).await?;
+    ensure!(
+        s.exit_code == 42,
+        "exit code {} (want 42: SIGUSR1 trapped)",
         s.exit_code
     );
     Ok(())

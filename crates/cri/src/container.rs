@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use k8s_cri::v1 as cri;
+use cubelet_cri_api::v1 as cri;
 
 use crate::convert;
 use crate::error::CriResult;

@@ -6,8 +6,8 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use cubelet_cri_api::v1 as cri;
 use cubelet_pod::{PodEvent, PodEventKind};
-use k8s_cri::v1 as cri;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;

@@ -14,9 +14,9 @@
 
 use std::sync::OnceLock;
 
+use cubelet_cri_api::v1 as cri;
 use cubelet_engine::SandboxSpec;
 use cubelet_runtime::container::{HandlerConfig, RuntimeConfig};
-use k8s_cri::v1 as cri;
 
 use crate::error::{CriError, CriResult};
 
@@ -96,10 +96,14 @@ pub fn runtime_handlers(config: &RuntimeConfig) -> Vec<cri::RuntimeHandler> {
         .collect()
 }
 
-/// `Status.features`.
+/// `Status.features`. `user_namespaces_host_network` is false: a pod in
+/// its own user namespace cannot have the node's network here (refused as
+/// `..namespace_options.userns_options`), and a 1.36 kubelet that reads the
+/// false refuses such pods before it asks.
 pub fn runtime_features() -> cri::RuntimeFeatures {
     cri::RuntimeFeatures {
         supplemental_groups_policy: true,
+        user_namespaces_host_network: false,
     }
 }
 
@@ -136,6 +140,7 @@ mod tests {
         assert!(!handler_features(&other).user_namespaces);
         assert!(handler_features(&other).recursive_read_only_mounts);
         assert!(runtime_features().supplemental_groups_policy);
+        assert!(!runtime_features().user_namespaces_host_network);
         let map = IdMapping {
             container_id: 0,
             host_id: 1000,

@@ -4,10 +4,10 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use cubelet_cri_api::v1 as cri;
 use cubelet_runtime::image::{FsUsage, RegistryAuth};
 use cubelet_runtime::stats::SNAPSHOT_USAGE_PERIOD;
 use cubelet_runtime::types::ImageInfo;
-use k8s_cri::v1 as cri;
 
 use crate::error::{CriError, CriResult};
 use crate::service::Cri;
@@ -68,29 +68,46 @@ impl FsInfoCache {
     }
 }
 
+/// `PullImageResponse` of a pulled image. CRI 1.36: `image_ref` is the
+/// image's id, the same value as `Image.id` ([`cri_image`]) and a created
+/// container's `Container.image_id` and `ContainerStatus.image_id` (the pod
+/// service records `ImageInfo::id`): the config digest, never a manifest or
+/// repo digest.
+pub(crate) fn pull_response(info: &ImageInfo) -> cri::PullImageResponse {
+    cri::PullImageResponse {
+        image_ref: info.id.clone(),
+    }
+}
+
+/// The CRI `Image` of `info`; `Image.id` is the config digest (see
+/// [`pull_response`]).
+pub(crate) fn cri_image(info: &ImageInfo, pinned: bool) -> cri::Image {
+    let (uid, username) = match info.config.user.split(':').next().unwrap_or("") {
+        "" => (None, String::new()),
+        u => match u.parse::<i64>() {
+            Ok(n) => (Some(cri::Int64Value { value: n }), String::new()),
+            Err(_) => (None, u.to_owned()),
+        },
+    };
+    cri::Image {
+        id: info.id.clone(),
+        repo_tags: info.repo_tags.clone(),
+        repo_digests: info.repo_digests.clone(),
+        size: info.size,
+        uid,
+        username,
+        spec: Some(cri::ImageSpec {
+            image: info.id.clone(),
+            ..Default::default()
+        }),
+        pinned,
+    }
+}
+
 impl Cri {
     fn to_cri_image(&self, info: &ImageInfo) -> cri::Image {
-        let (uid, username) = match info.config.user.split(':').next().unwrap_or("") {
-            "" => (None, String::new()),
-            u => match u.parse::<i64>() {
-                Ok(n) => (Some(cri::Int64Value { value: n }), String::new()),
-                Err(_) => (None, u.to_owned()),
-            },
-        };
         let pinned = info.pinned || info.repo_tags.iter().any(|t| t == &self.deps().pause_image);
-        cri::Image {
-            id: info.id.clone(),
-            repo_tags: info.repo_tags.clone(),
-            repo_digests: info.repo_digests.clone(),
-            size: info.size,
-            uid,
-            username,
-            spec: Some(cri::ImageSpec {
-                image: info.id.clone(),
-                ..Default::default()
-            }),
-            pinned,
-        }
+        cri_image(info, pinned)
     }
 
     pub(crate) async fn list_images_impl(
@@ -161,7 +178,7 @@ impl Cri {
         // Even a failed pull may leave content behind.
         self.inner.fs_info.invalidate();
         let info = pulled?;
-        Ok(cri::PullImageResponse { image_ref: info.id })
+        Ok(pull_response(&info))
     }
 
     pub(crate) async fn remove_image_impl(&self, r: cri::RemoveImageRequest) -> CriResult<()> {
@@ -214,6 +231,41 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+
+    /// CRI 1.36's image id contract: PullImageResponse.image_ref ==
+    /// Image.id == Container.image_id == ContainerStatus.image_id, all the
+    /// config digest, while the repo digest stays in `repo_digests` and
+    /// `ContainerStatus.image_ref`.
+    #[test]
+    fn one_image_id_for_pull_list_and_container_status() {
+        use cubelet_pod::ContainerRecord;
+        let info = ImageInfo {
+            id: "sha256:c0ff1e".into(),
+            repo_tags: vec!["r.test/app:1".into()],
+            repo_digests: vec!["r.test/app@sha256:3a41f357".into()],
+            target_digest: "sha256:3a41f357".into(),
+            ..Default::default()
+        };
+        let pulled = pull_response(&info).image_ref;
+        let listed = cri_image(&info, false).id;
+        // What the pod service records for a container of this image.
+        let mut rec = ContainerRecord::new(
+            "c1",
+            cubelet_engine::SandboxId::new_unchecked("s1"),
+            "app",
+            0,
+            "r.test/app:1",
+        );
+        rec.image_ref = info.id.clone();
+        rec.config = serde_json::json!({ "image_repo_digest": info.repo_digests.first() });
+        let status = crate::convert::container_status(&rec);
+        let listed_container = crate::convert::container(&rec);
+        assert_eq!(pulled, "sha256:c0ff1e");
+        assert_eq!(listed, pulled);
+        assert_eq!(status.image_id, pulled);
+        assert_eq!(listed_container.image_id, pulled);
+        assert_eq!(status.image_ref, "r.test/app@sha256:3a41f357");
+    }
 
     fn usage(bytes: u64) -> Vec<FsUsage> {
         vec![FsUsage {

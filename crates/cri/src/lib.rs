@@ -1,6 +1,6 @@
 //! Cubelet's CRI shim.
 //!
-//! Serves the CRI v1 `RuntimeService` and `ImageService` (from `k8s-cri`) on a
+//! Serves the CRI v1 `RuntimeService` and `ImageService` (from `cubelet-cri-api`) on a
 //! unix socket. It validates every request (naming the bad field), maps pod
 //! sandbox calls to engine flows (`create` with failover, `destroy`,
 //! `cleanup`), container and image calls to the `runtime` crate, keeps node

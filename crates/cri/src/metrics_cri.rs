@@ -8,8 +8,8 @@
 //! for the infra container. Values are integers (the CRI `Metric` carries a
 //! `UInt64Value`): CPU time is reported in whole seconds.
 
+use cubelet_cri_api::v1 as cri;
 use cubelet_pod::{CgroupStats, InterfaceStats, PodStats, SandboxRecord};
-use k8s_cri::v1 as cri;
 
 use crate::convert::nanos;
 use crate::error::CriResult;

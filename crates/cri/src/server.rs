@@ -4,8 +4,8 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use k8s_cri::v1::image_service_server::ImageServiceServer;
-use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
+use cubelet_cri_api::v1::image_service_server::ImageServiceServer;
+use cubelet_cri_api::v1::runtime_service_server::RuntimeServiceServer;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;

@@ -8,12 +8,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cubelet_cri_api::v1 as cri;
+use cubelet_cri_api::v1::image_service_server::ImageService;
+use cubelet_cri_api::v1::runtime_service_server::RuntimeService;
 use cubelet_pod::PodService;
 use cubelet_runtime::container::ContainerRuntime;
 use cubelet_runtime::image::ImageService as Images;
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::image_service_server::ImageService;
-use k8s_cri::v1::runtime_service_server::RuntimeService;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
@@ -503,6 +503,108 @@ impl RuntimeService for Cri {
         })
         .await
     }
+
+    type StreamPodSandboxesStream = ListStream<cri::StreamPodSandboxesResponse>;
+
+    async fn stream_pod_sandboxes(
+        &self,
+        r: Request<cri::StreamPodSandboxesRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxesStream>, Status> {
+        let filter = r.into_inner().filter;
+        self.call("StreamPodSandboxes", async {
+            let items = self
+                .list_pod_sandbox_impl(cri::ListPodSandboxRequest { filter })?
+                .items;
+            Ok(list_stream(items, |pod_sandboxes| {
+                cri::StreamPodSandboxesResponse { pod_sandboxes }
+            }))
+        })
+        .await
+    }
+
+    type StreamContainersStream = ListStream<cri::StreamContainersResponse>;
+
+    async fn stream_containers(
+        &self,
+        r: Request<cri::StreamContainersRequest>,
+    ) -> Result<Response<Self::StreamContainersStream>, Status> {
+        let filter = r.into_inner().filter;
+        self.call("StreamContainers", async {
+            let items = self
+                .list_containers_impl(cri::ListContainersRequest { filter })?
+                .containers;
+            Ok(list_stream(items, |containers| {
+                cri::StreamContainersResponse { containers }
+            }))
+        })
+        .await
+    }
+
+    type StreamContainerStatsStream = ListStream<cri::StreamContainerStatsResponse>;
+
+    async fn stream_container_stats(
+        &self,
+        r: Request<cri::StreamContainerStatsRequest>,
+    ) -> Result<Response<Self::StreamContainerStatsStream>, Status> {
+        let filter = r.into_inner().filter;
+        self.call("StreamContainerStats", async {
+            let items = self
+                .list_container_stats_impl(cri::ListContainerStatsRequest { filter })
+                .await?
+                .stats;
+            Ok(list_stream(items, |container_stats| {
+                cri::StreamContainerStatsResponse { container_stats }
+            }))
+        })
+        .await
+    }
+
+    type StreamPodSandboxStatsStream = ListStream<cri::StreamPodSandboxStatsResponse>;
+
+    async fn stream_pod_sandbox_stats(
+        &self,
+        r: Request<cri::StreamPodSandboxStatsRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxStatsStream>, Status> {
+        let filter = r.into_inner().filter;
+        self.call("StreamPodSandboxStats", async {
+            let items = self
+                .list_pod_sandbox_stats_impl(cri::ListPodSandboxStatsRequest { filter })
+                .await?
+                .stats;
+            Ok(list_stream(items, |pod_sandbox_stats| {
+                cri::StreamPodSandboxStatsResponse { pod_sandbox_stats }
+            }))
+        })
+        .await
+    }
+
+    type StreamPodSandboxMetricsStream = ListStream<cri::StreamPodSandboxMetricsResponse>;
+
+    async fn stream_pod_sandbox_metrics(
+        &self,
+        _r: Request<cri::StreamPodSandboxMetricsRequest>,
+    ) -> Result<Response<Self::StreamPodSandboxMetricsStream>, Status> {
+        self.call("StreamPodSandboxMetrics", async {
+            let items = self.list_pod_sandbox_metrics_impl().await?.pod_metrics;
+            Ok(list_stream(items, |pod_sandbox_metrics| {
+                cri::StreamPodSandboxMetricsResponse {
+                    pod_sandbox_metrics,
+                }
+            }))
+        })
+        .await
+    }
+
+    async fn update_pod_sandbox_resources(
+        &self,
+        r: Request<cri::UpdatePodSandboxResourcesRequest>,
+    ) -> Result<Response<cri::UpdatePodSandboxResourcesResponse>, Status> {
+        let r = r.into_inner();
+        self.call("UpdatePodSandboxResources", async {
+            self.update_pod_sandbox_resources_impl(&r)
+        })
+        .await
+    }
 }
 
 #[tonic::async_trait]
@@ -548,5 +650,74 @@ impl ImageService for Cri {
         _r: Request<cri::ImageFsInfoRequest>,
     ) -> Result<Response<cri::ImageFsInfoResponse>, Status> {
         self.call("ImageFsInfo", self.image_fs_info_impl()).await
+    }
+
+    type StreamImagesStream = ListStream<cri::StreamImagesResponse>;
+
+    async fn stream_images(
+        &self,
+        r: Request<cri::StreamImagesRequest>,
+    ) -> Result<Response<Self::StreamImagesStream>, Status> {
+        let filter = r.into_inner().filter;
+        self.call("StreamImages", async {
+            let items = self
+                .list_images_impl(cri::ListImagesRequest { filter })
+                .await?
+                .images;
+            Ok(list_stream(items, |images| cri::StreamImagesResponse {
+                images,
+            }))
+        })
+        .await
+    }
+}
+
+/// The stream type of the `Stream*` list methods (CRI 1.36).
+pub(crate) type ListStream<T> =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
+
+/// Items per message of a `Stream*` reply: well under gRPC's 4 MiB default
+/// message limit even for the largest items (pod stats with containers).
+pub(crate) const STREAM_CHUNK: usize = 100;
+
+/// A `Stream*` reply (CRI 1.36, KEP 5825): the items of the matching list
+/// call, each exactly once, in messages of 1..=[`STREAM_CHUNK`] items, then
+/// the end of the stream; no message at all when there are none.
+pub(crate) fn list_stream<I, T>(items: Vec<I>, wrap: fn(Vec<I>) -> T) -> ListStream<T>
+where
+    I: Send + 'static,
+    T: Send + 'static,
+{
+    let mut chunks = Vec::with_capacity(items.len().div_ceil(STREAM_CHUNK));
+    let mut items = items.into_iter().peekable();
+    while items.peek().is_some() {
+        chunks.push(Ok(wrap(items.by_ref().take(STREAM_CHUNK).collect())));
+    }
+    Box::pin(futures::stream::iter(chunks))
+}
+
+#[cfg(test)]
+mod stream_tests {
+    use futures::StreamExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn list_streams_send_each_item_once_in_bounded_messages() {
+        let wrap = |images| cri::StreamImagesResponse { images };
+        let image = |n: usize| cri::Image {
+            id: format!("sha256:{n}"),
+            ..Default::default()
+        };
+        assert_eq!(list_stream(Vec::new(), wrap).count().await, 0);
+        let items: Vec<_> = (0..2 * STREAM_CHUNK + 1).map(image).collect();
+        let got: Vec<_> = list_stream(items.clone(), wrap).collect().await;
+        let sizes: Vec<_> = got
+            .iter()
+            .map(|r| r.as_ref().map_or(0, |m| m.images.len()))
+            .collect();
+        assert_eq!(sizes, vec![STREAM_CHUNK, STREAM_CHUNK, 1]);
+        let flat: Vec<_> = got.into_iter().flat_map(|r| r.unwrap().images).collect();
+        assert_eq!(flat, items);
     }
 }

@@ -4,8 +4,9 @@
 
 use std::collections::HashMap;
 
+use cubelet_cri_api::v1 as cri;
 use cubelet_pod::{CgroupStats, ContainerStats, CpuUsage, InterfaceStats, PodStats};
-use k8s_cri::v1 as cri;
+use cubelet_runtime::stats::{Pressure, PsiData};
 
 use crate::convert::{self, nanos};
 use crate::error::CriResult;
@@ -19,11 +20,36 @@ fn hash(m: &std::collections::BTreeMap<String, String>) -> HashMap<String, Strin
     m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
-fn cpu(c: Option<CpuUsage>) -> Option<cri::CpuUsage> {
+/// CRI 1.36's `PsiStats` of a pressure reading; `None` when there is none
+/// (cgroup v1, PSI off, or a runtime that does not read it), which kubelet
+/// takes as "not reported". CRI counts the total in nanoseconds.
+pub(crate) fn psi_stats(p: Option<Pressure>) -> Option<cri::PsiStats> {
+    let data = |d: PsiData| cri::PsiData {
+        total: d.total_us.saturating_mul(1000),
+        avg10: d.avg10,
+        avg60: d.avg60,
+        avg300: d.avg300,
+    };
+    p.map(|p| cri::PsiStats {
+        full: p.full.map(data),
+        some: Some(data(p.some)),
+    })
+}
+
+/// CRI 1.36's `IoUsage` (today only I/O pressure): `None` without a reading.
+pub(crate) fn io_usage(now: i64, io_pressure: Option<Pressure>) -> Option<cri::IoUsage> {
+    psi_stats(io_pressure).map(|psi| cri::IoUsage {
+        timestamp: now,
+        psi: Some(psi),
+    })
+}
+
+fn cpu(c: Option<CpuUsage>, pressure: Option<Pressure>) -> Option<cri::CpuUsage> {
     c.map(|c| cri::CpuUsage {
         timestamp: c.timestamp_ns,
         usage_core_nano_seconds: Some(u64v(c.usage_ns)),
         usage_nano_cores: c.nano_cores.map(u64v),
+        psi: psi_stats(pressure),
     })
 }
 
@@ -37,6 +63,7 @@ fn memory(stats: &CgroupStats, now: i64) -> Option<cri::MemoryUsage> {
         rss_bytes: Some(u64v(m.rss_bytes)),
         page_faults: Some(u64v(m.page_faults)),
         major_page_faults: Some(u64v(m.major_page_faults)),
+        psi: psi_stats(stats.psi.memory),
     })
 }
 
@@ -80,7 +107,7 @@ fn container_stats(s: &ContainerStats, mountpoint: &str) -> cri::ContainerStats 
             labels: hash(&c.labels),
             annotations: hash(&c.annotations),
         }),
-        cpu: cpu(s.cpu),
+        cpu: cpu(s.cpu, s.cgroup.psi.cpu),
         memory: memory(&s.cgroup, now),
         writable_layer: s.writable_layer.map(|(u, at)| cri::FilesystemUsage {
             timestamp: nanos(at),
@@ -91,6 +118,7 @@ fn container_stats(s: &ContainerStats, mountpoint: &str) -> cri::ContainerStats 
             inodes_used: Some(u64v(u.inodes)),
         }),
         swap: None,
+        io: io_usage(now, s.cgroup.psi.io),
     }
 }
 
@@ -111,9 +139,10 @@ fn pod_stats(s: &PodStats, mountpoint: &str) -> cri::PodSandboxStats {
             annotations: hash(&sb.spec.annotations),
         }),
         linux: Some(cri::LinuxPodSandboxStats {
-            cpu: cpu(s.cpu),
+            cpu: cpu(s.cpu, s.cgroup.psi.cpu),
             memory: memory(&s.cgroup, now),
             network: network(&s.interfaces, now),
+            io: io_usage(now, s.cgroup.psi.io),
             process: s.cgroup.processes.map(|n| cri::ProcessUsage {
                 timestamp: now,
                 process_count: Some(u64v(n)),
@@ -206,6 +235,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn psi_converts_to_cri_units_and_none_stays_none() {
+        assert_eq!(psi_stats(None), None);
+        assert_eq!(io_usage(5, None), None);
+        let some = PsiData {
+            avg10: 2.0,
+            avg60: 1.0,
+            avg300: 0.5,
+            total_us: 900,
+        };
+        let p = Pressure { some, full: None };
+        let got = psi_stats(Some(p)).unwrap();
+        assert_eq!(got.full, None);
+        let s = got.some.unwrap();
+        assert_eq!(
+            (s.avg10, s.avg60, s.avg300, s.total),
+            (2.0, 1.0, 0.5, 900_000)
+        );
+        // Survives the wire with CRI's capitalised field names.
+        use prost::Message;
+        let io = io_usage(
+            5,
+            Some(Pressure {
+                some,
+                full: Some(some),
+            }),
+        )
+        .unwrap();
+        let back = cri::IoUsage::decode(io.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(back.timestamp, 5);
+        assert_eq!(back.psi.unwrap().full.unwrap().total, 900_000);
+    }
+
+    #[test]
     fn network_prefers_eth0() {
         let i = |n: &str, rx| InterfaceStats {
             name: n.into(),
@@ -223,16 +285,50 @@ mod tests {
 
     #[test]
     fn cpu_rate_is_carried_when_known() {
-        let c = cpu(Some(CpuUsage {
-            timestamp_ns: 5,
-            usage_ns: 7,
-            nano_cores: None,
-        }))
+        let c = cpu(
+            Some(CpuUsage {
+                timestamp_ns: 5,
+                usage_ns: 7,
+                nano_cores: None,
+            }),
+            None,
+        )
         .unwrap();
         assert_eq!(
             (c.timestamp, c.usage_core_nano_seconds, c.usage_nano_cores),
             (5, Some(u64v(7)), None)
         );
-        assert!(cpu(None).is_none());
+        assert!(cpu(None, None).is_none());
+    }
+
+    /// A cgroup's pressure reaches the CRI message of its resource.
+    #[test]
+    fn pressure_of_a_cgroup_reaches_cpu_memory_and_io() {
+        let p = |total_us| Pressure {
+            some: PsiData {
+                total_us,
+                ..Default::default()
+            },
+            full: None,
+        };
+        let stats = CgroupStats {
+            memory: Some(cubelet_runtime::stats::MemoryStats::default()),
+            psi: cubelet_runtime::stats::PsiStats {
+                cpu: Some(p(1)),
+                memory: Some(p(2)),
+                io: Some(p(3)),
+            },
+            ..Default::default()
+        };
+        let total = |s: Option<cri::PsiStats>| s.and_then(|s| s.some).map(|d| d.total);
+        let usage = CpuUsage {
+            timestamp_ns: 1,
+            usage_ns: 1,
+            nano_cores: None,
+        };
+        let c = cpu(Some(usage), stats.psi.cpu).unwrap();
+        assert_eq!(total(c.psi), Some(1000));
+        assert_eq!(total(memory(&stats, 1).unwrap().psi), Some(2000));
+        assert_eq!(total(io_usage(1, stats.psi.io).unwrap().psi), Some(3000));
     }
 }

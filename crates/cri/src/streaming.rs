@@ -2,10 +2,10 @@
 //! streaming server (`cubelet-streaming`) in its own terms, return its URL.
 //! The pod service says whether the container runs or the pod is ready.
 
+use cubelet_cri_api::v1 as cri;
 use cubelet_streaming::{
     AttachRequest, ExecRequest, PortForwardRequest, StreamingError, StreamingServer, Streams,
 };
-use k8s_cri::v1 as cri;
 
 use crate::error::{CriError, CriResult};
 use crate::service::Cri;

@@ -5,7 +5,7 @@
 //! Each rule is listed in the "Input validation" table of docs/validation.md; the
 //! property test `tests/fuzz.rs` feeds generated requests through here.
 
-use k8s_cri::v1 as cri;
+use cubelet_cri_api::v1 as cri;
 
 use crate::error::{CriError, CriResult};
 

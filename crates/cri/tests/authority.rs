@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cubelet_cri::transport::{self, TransportOptions};
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::image_service_server::{ImageService, ImageServiceServer};
-use k8s_cri::v1::{
+use cubelet_cri_api::v1::image_service_client::ImageServiceClient;
+use cubelet_cri_api::v1::image_service_server::{ImageService, ImageServiceServer};
+use cubelet_cri_api::v1::{
     Image, ImageFsInfoRequest, ImageFsInfoResponse, ImageStatusRequest, ImageStatusResponse,
     ListImagesRequest, ListImagesResponse, PullImageRequest, PullImageResponse, RemoveImageRequest,
-    RemoveImageResponse,
+    RemoveImageResponse, StreamImagesRequest, StreamImagesResponse,
 };
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -71,6 +71,13 @@ impl ImageService for OneImage {
     ) -> Result<Response<ImageFsInfoResponse>, Status> {
         // crictl calls this to validate the connection.
         Ok(Response::new(ImageFsInfoResponse::default()))
+    }
+    type StreamImagesStream = futures::stream::Empty<Result<StreamImagesResponse, Status>>;
+    async fn stream_images(
+        &self,
+        _: Request<StreamImagesRequest>,
+    ) -> Result<Response<Self::StreamImagesStream>, Status> {
+        Err(Status::unimplemented("test"))
     }
 }
 

@@ -15,10 +15,10 @@ use std::collections::HashMap;
 use cubelet_cri::convert::{container_resources, sandbox_id, sandbox_spec};
 use cubelet_cri::error::CriError;
 use cubelet_cri::validate;
+use cubelet_cri_api::v1 as cri;
 use cubelet_runtime::spec::linux_resources;
 use cubelet_runtime::stats::cgroups::CgroupSupport;
 use cubelet_runtime::RuntimeError;
-use k8s_cri::v1 as cri;
 use proptest::prelude::*;
 
 fn cases() -> u32 {

@@ -330,8 +330,12 @@ pub async fn run(config: Config) -> Result<()> {
         observer: Arc::new(CriMetrics(metrics.clone())),
         // The driver in effect (`auto` resolved), as kubelet must match it.
         cgroup_driver: match cgroup_driver {
-            cubelet_runtime::cgroup::CgroupDriver::Cgroupfs => k8s_cri::v1::CgroupDriver::Cgroupfs,
-            cubelet_runtime::cgroup::CgroupDriver::Systemd => k8s_cri::v1::CgroupDriver::Systemd,
+            cubelet_runtime::cgroup::CgroupDriver::Cgroupfs => {
+                cubelet_cri_api::v1::CgroupDriver::Cgroupfs
+            }
+            cubelet_runtime::cgroup::CgroupDriver::Systemd => {
+                cubelet_cri_api::v1::CgroupDriver::Systemd
+            }
         },
         pause_image: pause_ref,
         image_fs: (

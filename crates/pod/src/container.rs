@@ -242,6 +242,7 @@ impl PodService {
         rec.config = serde_json::json!({
             "mounts": spec.mounts,
             "image_repo_digest": spec.image.repo_digests.first(),
+            "stop_signal": spec.effective_stop_signal(),
         });
         blocking(|| store.put_container(&rec))?;
         if let Err(e) = self.runtime().create(&id, &spec).await {

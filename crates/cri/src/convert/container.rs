@@ -2,12 +2,12 @@
 //! [`ContainerRequest`]: every field checked (naming it on error) before
 //! anything is built.
 
+use cubelet_cri_api::v1 as cri;
 use cubelet_engine::spec::NamespaceMode;
 use cubelet_pod::ContainerRequest;
 use cubelet_runtime::spec::{
     ContainerSpec, DeviceSpec, MountSpec, Propagation, SeccompProfile, UserRequest,
 };
-use k8s_cri::v1 as cri;
 
 use super::{clean_absolute, clean_relative, container_resources};
 use crate::error::{CriError, CriResult};
@@ -48,9 +48,76 @@ fn legacy_seccomp(field: &str, path: &str) -> CriResult<SeccompProfile> {
     }
 }
 
+/// Refuses an image volume (`Mount.image`, `Mount.image_sub_path`): Cubelet
+/// does not mount images as volumes, and a mount it left out would start the
+/// container without the volume. A sub path that escapes the image is
+/// refused as malformed first.
+fn image_volume(i: usize, m: &cri::Mount) -> CriResult<()> {
+    let sub = &m.image_sub_path;
+    if !sub.is_empty() {
+        let field = format!("config.mounts[{i}].image_sub_path");
+        if sub.starts_with('/') {
+            return Err(CriError::invalid(
+                field,
+                "must be relative to the image's root",
+            ));
+        }
+        if std::path::Path::new(sub)
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return Err(CriError::invalid(field, "must not contain `..`"));
+        }
+        if sub.contains('\0') {
+            return Err(CriError::invalid(field, "must not contain NUL"));
+        }
+    }
+    let image = m.image.as_ref().map_or("", |s| s.image.as_str());
+    if !image.is_empty() {
+        return Err(CriError::Unimplemented(format!(
+            "config.mounts[{i}].image: image volumes ({image}) are not supported by cubelet"
+        )));
+    }
+    if !sub.is_empty() {
+        return Err(CriError::invalid(
+            format!("config.mounts[{i}].image_sub_path"),
+            "set without config.mounts[].image (and image volumes are not supported by cubelet)",
+        ));
+    }
+    Ok(())
+}
+
+/// The signal name the runtime stops the container with, from CRI's
+/// `ContainerConfig.stop_signal`; `None` for the runtime default (the
+/// image's signal, else SIGTERM). Aliases are sent as the signal they name.
+/// Real-time signals are refused: the runtime's kill takes standard ones.
+pub(crate) fn stop_signal(field: &str, value: i32) -> CriResult<Option<String>> {
+    use cri::Signal;
+    let signal = Signal::try_from(value)
+        .map_err(|_| CriError::invalid(field, format!("unknown signal {value}")))?;
+    let name = match signal {
+        Signal::RuntimeDefault => return Ok(None),
+        Signal::Sigcld => "SIGCHLD",
+        Signal::Sigiot => "SIGABRT",
+        Signal::Sigpoll => "SIGIO",
+        s if (Signal::Sigrtmin as i32..=Signal::Sigrtmax as i32).contains(&(s as i32)) => {
+            return Err(CriError::invalid(
+                field,
+                format!(
+                    "{}: real-time stop signals are not supported",
+                    s.as_str_name()
+                ),
+            ))
+        }
+        s => s.as_str_name(),
+    };
+    Ok(Some(name.to_owned()))
+}
+
 fn mounts(config: &cri::ContainerConfig) -> CriResult<Vec<MountSpec>> {
     let mut mounts = Vec::with_capacity(config.mounts.len());
     for (i, m) in config.mounts.iter().enumerate() {
+        image_volume(i, m)?;
         let propagation = match cri::MountPropagation::try_from(m.propagation) {
             Ok(cri::MountPropagation::PropagationPrivate) => Propagation::Private,
             Ok(cri::MountPropagation::PropagationHostToContainer) => Propagation::HostToContainer,
@@ -237,6 +304,7 @@ pub fn container_request(config: Option<&cri::ContainerConfig>) -> CriResult<Con
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
+        stop_signal: stop_signal("config.stop_signal", config.stop_signal)?,
         ..ContainerSpec::default()
     };
     Ok(ContainerRequest {
@@ -326,6 +394,100 @@ mod tests {
                 gid: None
             }
         );
+    }
+
+    /// A config as a 1.36 kubelet sends it, through the wire.
+    fn decoded(c: &cri::ContainerConfig) -> cri::ContainerConfig {
+        use prost::Message;
+        cri::ContainerConfig::decode(c.encode_to_vec().as_slice()).unwrap()
+    }
+
+    #[test]
+    fn stop_signal_is_passed_to_the_runtime() {
+        let mut c = config();
+        assert_eq!(
+            container_request(Some(&decoded(&c)))
+                .unwrap()
+                .spec
+                .stop_signal,
+            None
+        );
+        c.stop_signal = cri::Signal::Sigusr1 as i32;
+        let r = container_request(Some(&decoded(&c))).unwrap();
+        assert_eq!(r.spec.stop_signal.as_deref(), Some("SIGUSR1"));
+        // Aliases go as the signal they name.
+        c.stop_signal = cri::Signal::Sigpoll as i32;
+        let r = container_request(Some(&decoded(&c))).unwrap();
+        assert_eq!(r.spec.stop_signal.as_deref(), Some("SIGIO"));
+        for bad in [
+            cri::Signal::Sigrtmin as i32,
+            cri::Signal::Sigrtmax as i32,
+            66,
+            -1,
+        ] {
+            c.stop_signal = bad;
+            match container_request(Some(&decoded(&c))) {
+                Err(CriError::Pod(cubelet_pod::PodError::InvalidArgument { field, .. })) => {
+                    assert_eq!(field, "config.stop_signal");
+                }
+                other => panic!("signal {bad}: expected InvalidArgument, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn image_volumes_are_refused_naming_the_field() {
+        let with_mount = |m: cri::Mount| {
+            let mut c = config();
+            c.mounts = vec![
+                cri::Mount {
+                    host_path: "/h".into(),
+                    container_path: "/c".into(),
+                    ..Default::default()
+                },
+                m,
+            ];
+            container_request(Some(&decoded(&c)))
+        };
+        let image = Some(cri::ImageSpec {
+            image: "sha256:abc".into(),
+            ..Default::default()
+        });
+        for (sub, want) in [("/etc", "relative"), ("a/../../etc", "`..`")] {
+            match with_mount(cri::Mount {
+                container_path: "/v".into(),
+                image: image.clone(),
+                image_sub_path: sub.into(),
+                ..Default::default()
+            }) {
+                Err(CriError::Pod(cubelet_pod::PodError::InvalidArgument { field, reason })) => {
+                    assert_eq!(field, "config.mounts[1].image_sub_path");
+                    assert!(reason.contains(want), "{reason}");
+                }
+                other => panic!("{sub}: expected InvalidArgument, got {other:?}"),
+            }
+        }
+        let e = with_mount(cri::Mount {
+            container_path: "/v".into(),
+            image: image.clone(),
+            image_sub_path: "dir".into(),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unimplemented);
+        assert!(e.to_string().contains("config.mounts[1].image"), "{e}");
+        // A sub path without an image is not silently dropped either.
+        match with_mount(cri::Mount {
+            host_path: "/h".into(),
+            container_path: "/v".into(),
+            image_sub_path: "dir".into(),
+            ..Default::default()
+        }) {
+            Err(CriError::Pod(cubelet_pod::PodError::InvalidArgument { field, .. })) => {
+                assert_eq!(field, "config.mounts[1].image_sub_path");
+            }
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
     }
 
     #[test]

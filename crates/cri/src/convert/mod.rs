@@ -13,13 +13,13 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use cubelet_cri_api::v1 as cri;
 use cubelet_engine::spec::{
     DnsConfig, IdMapping, NamespaceMode, NamespaceOptions, PortMapping, Protocol, UserNamespace,
 };
 use cubelet_engine::{SandboxId, SandboxSpec};
 use cubelet_pod::{SandboxRecord, SandboxState};
 use cubelet_runtime::spec::{HugepageLimit, ResolvedUser, Resources, SupplementalGroupsPolicy};
-use k8s_cri::v1 as cri;
 
 use crate::error::{CriError, CriResult};
 

@@ -3,9 +3,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use cubelet_cri_api::v1 as cri;
 use cubelet_pod::{ContainerRecord, ContainerState};
 use cubelet_runtime::spec::{MountSpec, Propagation};
-use k8s_cri::v1 as cri;
 
 use super::nanos;
 
@@ -40,6 +40,63 @@ fn reason(c: &ContainerRecord) -> (String, String) {
         (ContainerState::Exited, _, None) => ("Error".to_owned(), String::new()),
         _ => (String::new(), String::new()),
     }
+}
+
+/// Linux's standard signals by number (x86 and arm numbering), for an
+/// image that names its stop signal by number.
+const SIGNALS: [&str; 31] = [
+    "SIGHUP",
+    "SIGINT",
+    "SIGQUIT",
+    "SIGILL",
+    "SIGTRAP",
+    "SIGABRT",
+    "SIGBUS",
+    "SIGFPE",
+    "SIGKILL",
+    "SIGUSR1",
+    "SIGSEGV",
+    "SIGUSR2",
+    "SIGPIPE",
+    "SIGALRM",
+    "SIGTERM",
+    "SIGSTKFLT",
+    "SIGCHLD",
+    "SIGCONT",
+    "SIGSTOP",
+    "SIGTSTP",
+    "SIGTTIN",
+    "SIGTTOU",
+    "SIGURG",
+    "SIGXCPU",
+    "SIGXFSZ",
+    "SIGVTALRM",
+    "SIGPROF",
+    "SIGWINCH",
+    "SIGIO",
+    "SIGPWR",
+    "SIGSYS",
+];
+
+/// `ContainerStatus.stop_signal`: the signal the runtime stops the
+/// container with, from the record's `stop_signal` (the requested signal,
+/// else the image's; null: neither, so SIGTERM). A record from before the
+/// key existed, or a name CRI has no value for, reports the runtime default.
+pub(crate) fn status_stop_signal(config: &serde_json::Value) -> cri::Signal {
+    let name = match config.get("stop_signal") {
+        None => return cri::Signal::RuntimeDefault,
+        Some(serde_json::Value::Null) => return cri::Signal::Sigterm,
+        Some(v) => v.as_str().unwrap_or_default().trim().to_ascii_uppercase(),
+    };
+    let name = match name.parse::<usize>() {
+        Ok(n) => n
+            .checked_sub(1)
+            .and_then(|i| SIGNALS.get(i))
+            .map_or(String::new(), |s| (*s).to_owned()),
+        Err(_) if name.starts_with("SIG") => name,
+        Err(_) => format!("SIG{name}"),
+    };
+    cri::Signal::from_str_name(&name).unwrap_or(cri::Signal::RuntimeDefault)
 }
 
 /// The CRI status of a container record.
@@ -92,6 +149,7 @@ pub fn container_status(c: &ContainerRecord) -> cri::ContainerStatus {
         resources: None,
         image_id: c.image_ref.clone(),
         user: None,
+        stop_signal: status_stop_signal(&c.config) as i32,
     }
 }
 
@@ -161,5 +219,24 @@ mod tests {
         assert_eq!(s.image_id, "sha256:abc");
         assert_eq!(s.mounts.len(), 1);
         assert!(s.mounts[0].readonly);
+    }
+
+    #[test]
+    fn stop_signal_shows_in_the_status() {
+        let mut c = ContainerRecord::new("c1", SandboxId::new_unchecked("s1"), "app", 0, "busybox");
+        let signal = |c: &ContainerRecord| container_status(c).stop_signal;
+        // A record from before stop signals were recorded.
+        assert_eq!(signal(&c), cri::Signal::RuntimeDefault as i32);
+        c.config = serde_json::json!({ "stop_signal": null });
+        assert_eq!(signal(&c), cri::Signal::Sigterm as i32);
+        c.config = serde_json::json!({ "stop_signal": "SIGUSR1" });
+        assert_eq!(signal(&c), cri::Signal::Sigusr1 as i32);
+        // Images name signals loosely: "quit", "3".
+        c.config = serde_json::json!({ "stop_signal": "quit" });
+        assert_eq!(signal(&c), cri::Signal::Sigquit as i32);
+        c.config = serde_json::json!({ "stop_signal": "3" });
+        assert_eq!(signal(&c), cri::Signal::Sigquit as i32);
+        c.config = serde_json::json!({ "stop_signal": "SIGRTMIN+3" });
+        assert_eq!(signal(&c), cri::Signal::RuntimeDefault as i32);
     }
 }

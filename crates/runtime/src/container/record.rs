@@ -336,11 +336,8 @@ impl ContainerRuntime {
         if let Some(p) = &spec.log_path {
             labels.insert(LABEL_LOG.to_owned(), p.display().to_string());
         }
-        if !spec.image.config.stop_signal.is_empty() {
-            labels.insert(
-                LABEL_STOP_SIGNAL.to_owned(),
-                spec.image.config.stop_signal.clone(),
-            );
+        if let Some(signal) = spec.effective_stop_signal() {
+            labels.insert(LABEL_STOP_SIGNAL.to_owned(), signal.to_owned());
         }
         if spec.stdin {
             labels.insert(LABEL_STDIN.to_owned(), "true".to_owned());

@@ -402,6 +402,10 @@ pub struct ContainerSpec {
     pub tty: bool,
     /// Keep stdin open.
     pub stdin: bool,
+    /// Signal that stops the container (`SIGUSR1`, ...), from CRI's
+    /// `ContainerConfig.stop_signal`; `None` means the image's, else SIGTERM.
+    #[serde(default)]
+    pub stop_signal: Option<String>,
     /// Close stdin after the first attach ends.
     pub stdin_once: bool,
     /// The pod's infra container or one of its containers.
@@ -436,6 +440,16 @@ pub struct SpecOptions {
 }
 
 impl ContainerSpec {
+    /// The signal the container is stopped with: the requested one, else
+    /// the image's; `None` when neither names one (SIGTERM is then sent).
+    pub fn effective_stop_signal(&self) -> Option<&str> {
+        let named = |s: &&str| !s.is_empty();
+        self.stop_signal
+            .as_deref()
+            .filter(named)
+            .or_else(|| Some(self.image.config.stop_signal.as_str()).filter(named))
+    }
+
     /// The process arguments after CRI/Docker defaulting: `command` replaces
     /// the image entrypoint, and then the image cmd is ignored; `args`
     /// replace the image cmd.
@@ -521,6 +535,16 @@ impl ContainerSpec {
 mod tests {
     use super::*;
     use crate::spec::test_support::{image, strs};
+
+    #[test]
+    fn requested_stop_signal_wins_over_the_image_s() {
+        let mut s = ContainerSpec::default();
+        assert_eq!(s.effective_stop_signal(), None);
+        s.image.config.stop_signal = "SIGQUIT".into();
+        assert_eq!(s.effective_stop_signal(), Some("SIGQUIT"));
+        s.stop_signal = Some("SIGUSR1".into());
+        assert_eq!(s.effective_stop_signal(), Some("SIGUSR1"));
+    }
 
     #[test]
     fn args_follow_cri_defaulting() {
