@@ -11,6 +11,7 @@
 //! act on the calling thread). Making a pin is left to its owner: what it
 //! unshares and where it mounts differ.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -128,9 +129,27 @@ pub fn remove_pin(pin: &Path) -> Result<bool, PinError> {
     Ok(removed)
 }
 
-/// Every entry of `dir` with the sandbox id its name is, if it is one
-/// (pins are named by their sandbox's id); a missing directory has none.
-pub fn entries(dir: &Path) -> Result<Vec<(PathBuf, Option<SandboxId>)>, PinError> {
+/// The sandbox id a pin named `name` belongs to, when the name is in the
+/// format of the ids Cubelet makes (64 lowercase hex characters, as
+/// containerd's); `None` for any other file, which is not Cubelet's.
+pub fn own_id(name: &OsStr) -> Option<SandboxId> {
+    let name = name.to_str()?;
+    let own = name.len() == 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if own {
+        SandboxId::parse(name)
+    } else {
+        None
+    }
+}
+
+/// Every entry of `dir` that is Cubelet's: named by a sandbox id in
+/// Cubelet's own format ([`own_id`]), with that id. Any other file there
+/// was put by someone else and is not listed, so no caller removes it. A
+/// missing directory has none.
+pub fn entries(dir: &Path) -> Result<Vec<(PathBuf, SandboxId)>, PinError> {
     let read = match fs::read_dir(dir) {
         Ok(read) => read,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -139,8 +158,9 @@ pub fn entries(dir: &Path) -> Result<Vec<(PathBuf, Option<SandboxId>)>, PinError
     let mut out = Vec::new();
     for entry in read {
         let entry = entry.map_err(io_err("read", dir))?;
-        let id = entry.file_name().to_str().and_then(SandboxId::parse);
-        out.push((entry.path(), id));
+        if let Some(id) = own_id(&entry.file_name()) {
+            out.push((entry.path(), id));
+        }
     }
     Ok(out)
 }
@@ -178,17 +198,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn entries_name_their_sandbox_and_a_missing_directory_has_none() {
+    fn entries_are_only_files_named_by_cubelets_ids_and_a_missing_directory_has_none() {
         let tmp = tempfile::tempdir().unwrap();
         assert!(entries(&tmp.path().join("absent")).unwrap().is_empty());
-        fs::write(tmp.path().join("abc123"), "").unwrap();
-        fs::write(tmp.path().join("Not An Id"), "").unwrap();
-        let mut found = entries(tmp.path()).unwrap();
-        found.sort();
-        assert_eq!(found.len(), 2);
-        let ids: Vec<_> = found.iter().map(|(_, id)| id.clone()).collect();
-        assert!(ids.contains(&SandboxId::parse("abc123")));
-        assert!(ids.contains(&None));
+        let own = "0123456789abcdef".repeat(4);
+        fs::write(tmp.path().join(&own), "").unwrap();
+        for other in ["abc123", "Not An Id", "cni-1234"] {
+            fs::write(tmp.path().join(other), "").unwrap();
+        }
+        fs::write(tmp.path().join(own.to_uppercase()), "").unwrap();
+        let found = entries(tmp.path()).unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].1.as_str(), own);
+        assert_eq!(found[0].0, tmp.path().join(&own));
     }
 
     #[test]

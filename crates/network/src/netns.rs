@@ -162,25 +162,9 @@ pub(crate) async fn host_network_status() -> NetworkStatus {
     }
 }
 
-/// The sandbox id a pin named `name` belongs to, when the name is in the
-/// format of the ids Cubelet makes (64 lowercase hex characters, as
-/// containerd's); `None` for any other file, which is not Cubelet's.
-pub(crate) fn own_pin_id(name: &std::ffi::OsStr) -> Option<SandboxId> {
-    let name = name.to_str()?;
-    let own = name.len() == 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-    if own {
-        SandboxId::parse(name)
-    } else {
-        None
-    }
-}
-
 /// Removes every pin in `dir`, and in the user-namespace pin directory
 /// beside it, that belongs to no sandbox in `keep()`. Only pins whose names
-/// are in Cubelet's own id format ([`own_pin_id`]) are considered: any
+/// are in Cubelet's own id format ([`cubelet_host::pins::own_id`]) are considered: any
 /// other file there is not Cubelet's and is left alone. `keep` is asked
 /// after both have been listed (see [`cubelet_engine::LiveSandboxes`]);
 /// when it returns `None` nothing is removed. Returns how many were
@@ -193,10 +177,6 @@ pub(crate) fn remove_pins_except(
     let found: Vec<(PathBuf, SandboxId)> = cubelet_host::pins::entries(dir)?
         .into_iter()
         .chain(cubelet_host::pins::entries(&userns_dir)?)
-        .filter_map(|(path, _)| {
-            let id = own_pin_id(path.file_name()?)?;
-            Some((path, id))
-        })
         .collect();
     if found.is_empty() {
         return Ok(0);
@@ -371,7 +351,7 @@ mod tests {
     fn only_names_in_cubelets_id_format_are_its_pins() {
         let id = "0123456789abcdef".repeat(4);
         assert_eq!(
-            own_pin_id(OsStr::new(&id)).map(|i| i.to_string()),
+            cubelet_host::pins::own_id(OsStr::new(&id)).map(|i| i.to_string()),
             Some(id.clone())
         );
         let others = [
@@ -384,7 +364,10 @@ mod tests {
             "0123456789abcdeg".repeat(4),
         ];
         for other in &others {
-            assert!(own_pin_id(OsStr::new(other)).is_none(), "{other}");
+            assert!(
+                cubelet_host::pins::own_id(OsStr::new(other)).is_none(),
+                "{other}"
+            );
         }
     }
 

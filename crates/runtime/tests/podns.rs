@@ -298,21 +298,24 @@ fn the_gc_removes_pins_of_unknown_sandboxes_only() {
             m?;
         }
         assert_eq!(ns_mounts(pods.dir()), 8);
-        // A directory without a sandbox id for a name is not a sandbox's.
+        // A directory not named by a sandbox id in Cubelet's format is not
+        // Cubelet's: it is left alone.
         std::fs::create_dir(pods.dir().join("stray"))?;
         assert_eq!(pods.remove_except(|| None)?, 0, "an unreadable store: none");
         let keep: HashSet<SandboxId> = ids[..2].iter().cloned().collect();
-        assert_eq!(pods.remove_except(|| Some(keep.clone()))?, 3);
+        assert_eq!(pods.remove_except(|| Some(keep.clone()))?, 2);
         assert_eq!(ns_mounts(pods.dir()), 4);
         let mut left: Vec<PathBuf> = std::fs::read_dir(pods.dir())?
             .map(|e| e.map(|e| e.path()))
             .collect::<std::io::Result<_>>()?;
         left.sort();
         let mut want: Vec<PathBuf> = ids[..2].iter().map(|i| pods.sandbox_dir(i)).collect();
+        want.push(pods.dir().join("stray"));
         want.sort();
         assert_eq!(left, want);
         assert_eq!(pods.remove_except(|| Some(HashSet::new()))?, 2);
         assert_eq!(ns_mounts(pods.dir()), 0);
+        std::fs::remove_dir(pods.dir().join("stray"))?;
         Ok(())
     });
 }

@@ -178,8 +178,10 @@ impl PodNamespaces {
         cubelet_engine::blocking(|| remove_blocking(&dir))
     }
 
-    /// Removes the pins of every sandbox not in `keep()` (and anything else
-    /// in the directory that is not a sandbox id). `keep` is asked after the
+    /// Removes the pins of every sandbox not in `keep()`. Only entries named
+    /// by a sandbox id in Cubelet's own format are considered
+    /// ([`cubelet_host::pins::own_id`]): anything else in the directory is
+    /// not Cubelet's and is left alone. `keep` is asked after the
     /// directory has been listed (see [`cubelet_engine::LiveSandboxes`]);
     /// when it returns `None` nothing is removed. Returns how many
     /// sandboxes' pins were removed; a missing directory holds none.
@@ -196,7 +198,7 @@ impl PodNamespaces {
         };
         let mut removed = 0;
         for (path, id) in found {
-            if id.is_some_and(|id| keep.contains(&id)) {
+            if keep.contains(&id) {
                 continue;
             }
             let gone = if path.is_dir() {
@@ -493,18 +495,28 @@ mod tests {
         let pods = PodNamespaces::new(tmp.path().join("podns"));
         // A missing directory holds nothing, and keep is not asked.
         assert_eq!(pods.remove_except(|| panic!("asked")).unwrap(), 0);
-        for id in ["live", "dead"] {
+        let (live, dead) = ("a".repeat(64), "d".repeat(64));
+        for id in [&live, &dead] {
             std::fs::create_dir_all(pods.sandbox_dir(&SandboxId::new_unchecked(id))).unwrap();
         }
+        // Not in Cubelet's id format: someone else's, never removed.
         std::fs::write(pods.dir().join("Not An Id"), b"").unwrap();
+        std::fs::create_dir(pods.dir().join("live")).unwrap();
         assert_eq!(pods.remove_except(|| None).unwrap(), 0, "store unreadable");
-        let keep = || Some([SandboxId::new_unchecked("live")].into_iter().collect());
-        assert_eq!(pods.remove_except(keep).unwrap(), 2);
+        let keep = || Some([SandboxId::new_unchecked(&live)].into_iter().collect());
+        assert_eq!(pods.remove_except(keep).unwrap(), 1);
         let mut left: Vec<_> = std::fs::read_dir(pods.dir())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         left.sort();
-        assert_eq!(left, ["live"]);
+        assert_eq!(
+            left,
+            [
+                "Not An Id",
+                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+                "live"
+            ]
+        );
     }
 }
