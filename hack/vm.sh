@@ -27,6 +27,7 @@
 #      target/debug/cubelet, target/cubelet-pause)
 #      CUBELET_KUBELET_BIN or KUBELET_BIN (kubelet for e2e/tests/kubelet.rs;
 #      default kubelet-v1.28.7 on PATH; the suite is skipped without one)
+#      CRICTL_BIN (default crictl on PATH; staged if found)
 #      CUBELET_VM_E2E (e2e test binaries to run inside, see guest-test.sh)
 #      CUBELET_VM_E2E_DIR (a directory of e2e test binaries by name, instead
 #      of asking cargo for them)
@@ -114,7 +115,8 @@ kubelet_bin() {
 
 # stage_binaries: the daemon, the pause binary, the e2e test binaries (as
 # cargo lists them: `cargo test --workspace --no-run`, a no-op after
-# hack/test.sh's `cargo test --workspace`) and kubelet if there is one.
+# hack/test.sh's `cargo test --workspace`), and kubelet and crictl if the
+# host has them.
 stage_binaries() {
     local bin="${CUBELET_BIN:-${TARGET_DIR}/debug/cubelet}"
     local pause="${CUBELET_PAUSE_BIN:-${PAUSE_BIN}}"
@@ -137,6 +139,8 @@ stage_binaries() {
     local k
     k="$(kubelet_bin)"
     if [[ -n "$k" ]]; then stage kubelet "$k"; fi
+    k="${CRICTL_BIN:-$(command -v crictl || true)}"
+    if [[ -n "$k" && -x "$k" ]]; then stage crictl "$k"; fi
     log "staged: $(cd "${STATE}/stage" && find . -type f | sed 's|^\./||' | sort | tr '\n' ' ')"
 }
 

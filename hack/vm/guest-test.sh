@@ -8,7 +8,8 @@
 # failure.
 #
 # Usage: guest-test.sh BIN_DIR OUT_DIR
-#   BIN_DIR  staged binaries: cubelet, cubelet-pause, e2e/<test>, [kubelet]
+#   BIN_DIR  staged binaries: cubelet, cubelet-pause, e2e/<test>, [kubelet],
+#            [crictl]
 #   OUT_DIR  test logs (the host keeps them when the run fails)
 # Env: CUBELET_VM_E2E  space-separated `test[:filter,filter...]` items, the
 #      e2e test binaries to run and their name filters; default
@@ -65,10 +66,12 @@ ctr --address "$CUBELET_TEST_CONTAINERD" version >/dev/null || die "containerd d
 containerd config dump 2>/dev/null | grep -q 'SystemdCgroup = true' || die "containerd's runc does not use systemd cgroups"
 done_step "containerd: active, answering, runc SystemdCgroup = true"
 
-step "registry and test images"
+step "registry"
 "${HACK_DIR}/registry.sh" start
+done_step "registry on ${REGISTRY_ADDR}"
+step "test images"
 "${HACK_DIR}/test-images.sh" >"$OUT/test-images.log" 2>&1 || { tail -n 20 "$OUT/test-images.log" >&2; die "hack/test-images.sh failed"; }
-done_step "registry on ${REGISTRY_ADDR} with the test images"
+done_step "test images pushed to ${REGISTRY_ADDR}"
 
 step "cubelet.service"
 "$CUBELET_BIN" --check-config --config /etc/cubelet/config.yaml | tee "$OUT/check-config.txt"
@@ -85,6 +88,11 @@ printf '\0\0\0\0\0' | curl -fsS --http2-prior-knowledge --unix-socket "$CRI_SOCK
     -o "$OUT/cri-version.bin" http://localhost/runtime.v1.RuntimeService/Version \
     || die "no answer to RuntimeService/Version on ${CRI_SOCKET}"
 grep -aq cubelet "$OUT/cri-version.bin" || die "RuntimeService/Version on ${CRI_SOCKET} did not name cubelet"
+if [[ -x "${BIN}/crictl" ]]; then
+    printf 'runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\ntimeout: 30\n' "$CRI_SOCKET" "$CRI_SOCKET" \
+        >"$OUT/crictl.yaml"
+    "${BIN}/crictl" --config "$OUT/crictl.yaml" version | tee "$OUT/crictl-version.txt"
+fi
 "$CUBELET_BIN" ctl flows | tee "$OUT/ctl-flows.txt"
 done_step "cubelet.service: active, /readyz, CRI Version, admin API"
 
