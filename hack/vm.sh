@@ -12,6 +12,8 @@
 #                               its own path, the staged binaries at /mnt/bin
 #   hack/vm.sh run CMD...       run CMD in the booted guest (as root, by ssh)
 #   hack/vm.sh ssh              interactive shell in the booted guest
+#   hack/vm.sh reboot           reboot the guest (its disk survives) and wait
+#                               for ssh; the shares are mounted again
 #   hack/vm.sh stop [DIR]       save the guest's journal and console log to
 #                               DIR (if given), power it off, remove the state
 #   hack/vm.sh test             build-or-reuse, boot, run hack/vm/guest-test.sh
@@ -69,6 +71,13 @@ guest() {
     mapfile -t opts < <(ssh_opts)
     # shellcheck disable=SC2029 # the command is the guest's, quoted by the caller
     ssh "${opts[@]}" -o ControlMaster=no root@127.0.0.1 "$@"
+}
+
+# probe: the guest's boot id, if it answers within 15 s.
+probe() {
+    local opts
+    mapfile -t opts < <(ssh_opts)
+    timeout 15 ssh "${opts[@]}" -o ControlMaster=no root@127.0.0.1 'cat /proc/sys/kernel/random/boot_id'
 }
 
 start_master() {
@@ -180,12 +189,22 @@ cmd_boot() {
         -virtfs "local,path=${STATE}/stage,mount_tag=bin,security_model=none,readonly=on,id=bin" \
         -display none -vga none -monitor none -serial "file:${STATE}/console.log" \
         -pidfile "${STATE}/qemu.pid" -daemonize
-    local start i
-    start="$(now)"
-    for ((i = 0; ; i++)); do
-        qemu_alive || { tail -n 40 "${STATE}/console.log" >&2 || true; die "qemu exited during boot"; }
-        if guest true </dev/null >/dev/null 2>&1; then break; fi
-        if (($(now) - start > BOOT_TIMEOUT)); then
+    wait_ssh
+    # shellcheck disable=SC2016 # expanded in the guest
+    log "guest up after $(($(now) - BOOTED)) s: $(guest 'echo "$(uname -r), PID 1 $(cat /proc/1/comm), /sys/fs/cgroup $(stat -f -c %T /sys/fs/cgroup)"')"
+}
+
+# wait_ssh: wait until the guest answers ssh (up to BOOT_TIMEOUT s from
+# now), then share the master connection and mount the shares. BOOTED is
+# when the wait began.
+BOOTED=0
+wait_ssh() {
+    BOOTED="$(now)"
+    # qemu accepts the forwarded port before the guest listens: a probe
+    # without a time limit can wait for minutes for a banner.
+    while ! probe </dev/null >/dev/null 2>&1; do
+        qemu_alive || { tail -n 40 "${STATE}/console.log" >&2 || true; die "qemu exited while booting"; }
+        if (($(now) - BOOTED > BOOT_TIMEOUT)); then
             tail -n 40 "${STATE}/console.log" >&2 || true
             die "no ssh into the guest within ${BOOT_TIMEOUT} s (console: ${STATE}/console.log)"
         fi
@@ -193,8 +212,24 @@ cmd_boot() {
     done
     start_master
     mount_shares
-    # shellcheck disable=SC2016 # expanded in the guest
-    log "guest up after $(($(now) - start)) s: $(guest 'echo "$(uname -r), PID 1 $(cat /proc/1/comm), /sys/fs/cgroup $(stat -f -c %T /sys/fs/cgroup)"')"
+}
+
+# cmd_reboot: reboot the guest (same qemu, same disk snapshot: what the
+# guest wrote survives) and wait for it to answer again.
+cmd_reboot() {
+    qemu_alive || die "no guest running (hack/vm.sh boot)"
+    local before start
+    before="$(probe)"
+    guest 'systemctl reboot' >/dev/null 2>&1 || true
+    close_master
+    # Until the old system is gone, ssh may still answer.
+    start="$(now)"
+    while [[ "$(probe </dev/null 2>/dev/null || true)" == "$before" ]]; do
+        (($(now) - start < 120)) || die "the guest did not go down within 120 s of systemctl reboot"
+        sleep 2
+    done
+    wait_ssh
+    log "guest rebooted, up after $(($(now) - BOOTED)) s"
 }
 
 # mount_shares: the repository at its own path (the test binaries' paths
@@ -235,11 +270,11 @@ cmd_stop() {
             || log "could not read the guest's journal (ssh failed)"
     fi
     if qemu_alive; then
-        local pid i
+        local pid
         pid="$(cat "${STATE}/qemu.pid")"
         guest 'systemctl poweroff' >/dev/null 2>&1 || true
         close_master
-        for i in $(seq 1 60); do
+        for _ in $(seq 1 60); do
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.5
         done
@@ -316,7 +351,8 @@ case "${1:-}" in
     boot) refuse_running; trap on_exit EXIT; trap 'exit 130' INT TERM; cmd_boot ;;
     run) shift; (($#)) || die "usage: $0 run CMD..."; cmd_run "$@" ;;
     ssh) cmd_ssh ;;
+    reboot) cmd_reboot ;;
     stop) shift; cmd_stop "${1:-}" ;;
     test) refuse_running; trap on_exit EXIT; trap 'exit 130' INT TERM; cmd_test ;;
-    *) echo "usage: $0 build|boot|run CMD...|ssh|stop [DIR]|test" >&2; exit 2 ;;
+    *) echo "usage: $0 build|boot|run CMD...|ssh|reboot|stop [DIR]|test" >&2; exit 2 ;;
 esac
