@@ -104,7 +104,7 @@ stage() {
 # list_e2e: "name executable" of each e2e test binary, as cargo lists them
 # (building what is stale).
 list_e2e() {
-    (cd "$REPO_ROOT" && cargo test --workspace --no-run --message-format=json 2>/dev/null) \
+    (cd "$REPO_ROOT" && cargo test --workspace --no-run --message-format=json) \
         | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -141,9 +141,10 @@ stage_binaries() {
         done
     else
         log "listing e2e test binaries (cargo test --workspace --no-run)"
+        list_e2e >"${STATE}/e2e.list" || die "cargo test --workspace --no-run failed"
         while read -r name exe; do
             stage "e2e/${name}" "$exe"
-        done < <(list_e2e)
+        done <"${STATE}/e2e.list"
     fi
     local k
     k="$(kubelet_bin)"
@@ -308,6 +309,7 @@ close_master() {
 # of a failure are kept (STOP_ALWAYS=1: stop even on success, for `test`).
 T0="$(now)"
 STOP_ALWAYS=0
+# shellcheck disable=SC2317 # run by the EXIT trap
 on_exit() {
     local rc=$?
     trap - EXIT INT TERM
@@ -345,14 +347,20 @@ cmd_test() {
     log "guest test passed in $(($(now) - T0)) s"
 }
 
-case "${1:-}" in
-    build) cmd_build ;;
-    # A failed boot or test stops the guest and keeps its logs.
-    boot) refuse_running; trap on_exit EXIT; trap 'exit 130' INT TERM; cmd_boot ;;
-    run) shift; (($#)) || die "usage: $0 run CMD..."; cmd_run "$@" ;;
-    ssh) cmd_ssh ;;
-    reboot) cmd_reboot ;;
-    stop) shift; cmd_stop "${1:-}" ;;
-    test) refuse_running; trap on_exit EXIT; trap 'exit 130' INT TERM; cmd_test ;;
-    *) echo "usage: $0 build|boot|run CMD...|ssh|reboot|stop [DIR]|test" >&2; exit 2 ;;
-esac
+main() {
+    case "${1:-}" in
+        build) cmd_build ;;
+        # A failed boot or test stops the guest and keeps its logs.
+        boot) refuse_running; trap on_exit EXIT; trap 'exit 130' INT TERM; cmd_boot ;;
+        run) shift; (($#)) || die "usage: $0 run CMD..."; cmd_run "$@" ;;
+        ssh) cmd_ssh ;;
+        reboot) cmd_reboot ;;
+        stop) shift; cmd_stop "${1:-}" ;;
+        test) refuse_running; trap on_exit EXIT; trap 'exit 130' INT TERM; cmd_test ;;
+        *) echo "usage: $0 build|boot|run CMD...|ssh|reboot|stop [DIR]|test" >&2; exit 2 ;;
+    esac
+}
+
+# One line, read whole before it runs: editing this file while a run goes
+# on cannot feed the running shell half a command.
+main "$@"; exit

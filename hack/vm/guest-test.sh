@@ -113,7 +113,7 @@ for item in $E2E; do
             env_extra=(CUBELET_KUBELET_BIN="${BIN}/kubelet") ;;
     esac
     if [[ ! -x "$exe" ]]; then
-        log "SKIP e2e ${name}: no such test binary was built (cargo test --workspace --no-run lists none)"
+        log "SKIP e2e ${name}: no test binary of that name was staged (not built yet?)"
         continue
     fi
     step "e2e ${name} ${filters[*]}"
