@@ -4,7 +4,8 @@
 # + runc (systemd cgroups), sshd, the test registry's and images' tools, and
 # the files in hack/vm/guest/. The result is cached under
 # ${CUBELET_VM_CACHE}/<recipe hash>/ (rootfs.img, vmlinuz, initrd.img): the
-# hash covers this script and hack/vm/guest/, so editing either rebuilds.
+# hash covers this script, hack/vm/guest/ and hack/cubelet.service, so
+# editing any of them rebuilds.
 #
 # Usage: hack/vm/build-image.sh          prints the image directory
 #        hack/vm/build-image.sh --hash   prints the recipe hash only
@@ -39,6 +40,7 @@ recipe_hash() {
         printf '%s\n' "$SUITE" "$DISK" "${PACKAGES[*]}"
         cat build-image.sh
         find guest -type f | LC_ALL=C sort | xargs sha256sum
+        sha256sum ../cubelet.service
     ) | sha256sum | cut -c1-16
 }
 
