@@ -93,9 +93,9 @@ log "leak audit"
 # (cgroup v1 hybrid, no systemd). CUBELET_VM=1 adds a Debian 12 guest under
 # qemu with systemd as PID 1 and pure cgroup v2, running Cubelet as a
 # systemd service with the systemd cgroup driver and e2e tests inside
-# (hack/vm.sh test, docs/guest.md): about 7 minutes with a cached image at
-# this machine's usual load, 12 with the kubelet suite, plus about 6 for the
-# first image build.
+# (hack/vm.sh test, docs/guest.md): 4 to 7 minutes with a cached image
+# (the cgroups and cri e2e binaries), 8 to 12 with the kubelet suite, plus 2
+# to 6 for an image build when its recipe changed.
 if [[ "${CUBELET_VM:-0}" == 1 ]]; then
     log "guest: Debian 12, systemd, cgroup v2 (hack/vm.sh test)"
     "$HACK_DIR/vm.sh" test
