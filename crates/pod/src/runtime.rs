@@ -179,6 +179,32 @@ pub struct Containerd {
     netns_counters: Arc<dyn NetnsCounters>,
     anchor: Option<(StatsAnchor, Arc<dyn AnchorObserver>)>,
     anchor_delay: Duration,
+    pod_ooms: Arc<PodOomCounts>,
+}
+
+/// The OOM kills each pod cgroup had counted when last looked at, for
+/// containers whose own cgroup is gone by the time their exit is seen:
+/// under the systemd driver a container's scope is removed as soon as its
+/// last process dies, and on cgroup v2 its pod's `memory.events` counts the
+/// kills of every cgroup below it.
+#[derive(Debug, Default)]
+struct PodOomCounts(std::sync::Mutex<std::collections::HashMap<String, u64>>);
+
+/// Pod cgroups remembered at most; past it the oldest knowledge is dropped
+/// (a pod then counts from zero, as after a restart).
+const POD_OOM_COUNTS_MAX: usize = 4096;
+
+impl PodOomCounts {
+    /// Whether `pod_dir`'s count grew since it was last seen (from zero when
+    /// never seen), remembering `now`.
+    fn grew(&self, pod_dir: &str, now: u64) -> bool {
+        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.len() >= POD_OOM_COUNTS_MAX && !seen.contains_key(pod_dir) {
+            seen.clear();
+        }
+        let before = seen.insert(pod_dir.to_owned(), now).unwrap_or(0);
+        now > before
+    }
 }
 
 impl Containerd {
@@ -196,6 +222,7 @@ impl Containerd {
             netns_counters,
             anchor: None,
             anchor_delay: DEFAULT_ANCHOR_DELAY,
+            pod_ooms: Arc::default(),
         }
     }
 
@@ -278,9 +305,21 @@ impl Runtime for Containerd {
     }
 
     fn oom_killed(&self, id: &str, cgroup_parent: Option<&str>) -> bool {
-        CgroupLayout::node()
-            .oom_kills(&self.container_cgroup(cgroup_parent, id))
-            .is_some_and(|n| n > 0)
+        let layout = CgroupLayout::node();
+        if let Some(n) = layout.oom_kills(&self.container_cgroup(cgroup_parent, id)) {
+            return n > 0;
+        }
+        // The container's cgroup is gone: systemd removes a scope with its
+        // last process. On v2 the pod's cgroup counts its containers' kills.
+        if !matches!(layout, CgroupLayout::V2 { .. }) {
+            return false;
+        }
+        let Some(pod_dir) = cgroup_parent.and_then(|p| self.pod_cgroup(p)) else {
+            return false;
+        };
+        layout
+            .oom_kills(&pod_dir)
+            .is_some_and(|now| self.pod_ooms.grew(&pod_dir, now))
     }
 
     fn cgroup_driver(&self) -> CgroupDriver {
@@ -341,5 +380,23 @@ impl Runtime for Containerd {
             (None, Some(netns)) => Ok(parse_net_dev(&self.netns_counters.net_dev(netns).await?)),
             (None, None) => Ok(Vec::new()),
         }
+    }
+}
+
+#[cfg(test)]
+mod oom_count_tests {
+    use super::PodOomCounts;
+
+    #[test]
+    fn a_pod_counts_an_oom_once_and_a_later_kill_is_not_one() {
+        let counts = PodOomCounts::default();
+        assert!(!counts.grew("/kubepods.slice/p.slice", 0), "no kill yet");
+        assert!(counts.grew("/kubepods.slice/p.slice", 1), "the first kill");
+        assert!(
+            !counts.grew("/kubepods.slice/p.slice", 1),
+            "a SIGKILL after it is no OOM"
+        );
+        assert!(counts.grew("/kubepods.slice/p.slice", 2), "a second kill");
+        assert!(counts.grew("/kubepods.slice/q.slice", 1), "pods apart");
     }
 }
