@@ -357,7 +357,7 @@ impl Daemon {
                 child: Some(child),
                 log: daemon_log.clone(),
             };
-            wait_ready(&mut partial, metrics, opts.ready_timeout).await?;
+            wait_ready(&mut partial, metrics, scaled(opts.ready_timeout)).await?;
             let channel = connect(&socket).await?;
             anyhow::Ok((partial, channel))
         }
@@ -1121,9 +1121,26 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, Stri
             .unwrap_or_default();
         anyhow::Ok((code, body))
     };
-    tokio::time::timeout(Duration::from_secs(3), fut)
+    tokio::time::timeout(scaled(Duration::from_secs(3)), fut)
         .await
         .context("http timeout")?
+}
+
+/// How much slower than this host the tests' machine is:
+/// `$CUBELET_E2E_TIME_SCALE` (1 to 20, default 1). An emulated guest (the
+/// qemu rig, `hack/vm.sh`, runs about 4× slower) sets it so that the
+/// tests' waits ([`eventually`], [`with_daemon`], HTTP timeouts) stretch
+/// instead of failing on a slow machine.
+pub fn time_scale() -> u32 {
+    std::env::var("CUBELET_E2E_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .map_or(1, |v| v.clamp(1, 20))
+}
+
+/// `limit` stretched by [`time_scale`].
+pub fn scaled(limit: Duration) -> Duration {
+    limit * time_scale()
 }
 
 async fn terminate(
@@ -1566,6 +1583,7 @@ where
     Fut: std::future::Future<Output = anyhow::Result<bool>>,
 {
     let start = std::time::Instant::now();
+    let limit = scaled(limit);
     loop {
         if check().await? {
             return Ok(());
@@ -1594,7 +1612,7 @@ where
         Ok(d) => d,
         Err(e) => panic!("start daemon: {e:#}"),
     };
-    let result = tokio::time::timeout(limit, scenario(&d))
+    let result = tokio::time::timeout(scaled(limit), scenario(&d))
         .await
         .unwrap_or_else(|_| Err(anyhow::anyhow!("scenario timed out after {limit:?}")));
     let result = match result {

@@ -507,7 +507,7 @@ impl Kubelet {
              containerRuntimeEndpoint: unix://{socket}\n\
              imageServiceEndpoint: unix://{socket}\n\
              failSwapOn: false\n\
-             cgroupDriver: cgroupfs\n\
+             cgroupDriver: {driver}\n\
              cgroupsPerQOS: false\n\
              enforceNodeAllocatable: []\n\
              makeIPTablesUtilChains: false\n\
@@ -519,6 +519,7 @@ impl Kubelet {
             healthz = free_port()?,
             socket = target.socket.display(),
             plugins = dir.join("volume-plugins").display(),
+            driver = kubelet_cgroup_driver(),
         );
         let config = if cri_stats() {
             format!("{config}featureGates: {{ PodAndContainerStatsFromCRI: true }}\n")
@@ -828,14 +829,27 @@ async fn running(k: &Kubelet, want: &[(&str, usize)]) -> anyhow::Result<bool> {
     }))
 }
 
-/// The directory of cgroup `id` under a v1 controller mount (or the v2 root).
+/// kubelet's `cgroupDriver`: `systemd` when the daemons under test use it
+/// (`CUBELET_E2E_CGROUP_DRIVER=systemd`, as in the systemd guest of
+/// `hack/vm.sh`), else `cgroupfs`. Kubelet and the runtime must agree.
+fn kubelet_cgroup_driver() -> &'static str {
+    match cubelet_e2e::e2e_cgroup_driver().as_deref() {
+        Some("systemd") => "systemd",
+        _ => "cgroupfs",
+    }
+}
+
+/// The directory of container `id`'s cgroup under a v1 controller mount (or
+/// the v2 root): named `<id>` (cgroupfs) or `cubelet-<id>.scope` (systemd).
 fn find_cgroup(root: &Path, id: &str, depth: usize) -> Option<PathBuf> {
     let entries = std::fs::read_dir(root).ok()?;
+    let scope = format!("cubelet-{id}.scope");
     for e in entries.flatten() {
         if !e.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
         }
-        if e.file_name().to_string_lossy() == id {
+        let name = e.file_name();
+        if name.to_string_lossy() == id || name.to_string_lossy() == scope {
             return Some(e.path());
         }
         if depth > 0 {
@@ -1222,7 +1236,7 @@ async fn scenario(t: &Target, k: &Kubelet) -> anyhow::Result<()> {
             break;
         }
         ensure!(
-            since.elapsed() < Duration::from_secs(60),
+            since.elapsed() < cubelet_e2e::scaled(Duration::from_secs(60)),
             "/stats/summary lacks {missing:?}"
         );
         tokio::time::sleep(Duration::from_secs(1)).await;

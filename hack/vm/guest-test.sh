@@ -32,6 +32,9 @@ export CUBELET_BIN=/opt/cubelet/bin/cubelet
 export CUBELET_PAUSE_BIN=/opt/cubelet/bin/cubelet-pause
 export PAUSE_BIN="$CUBELET_PAUSE_BIN"
 export CUBELET_E2E_CGROUP_DRIVER=systemd
+# The guest runs emulated (TCG), about 4x slower than the host: the tests'
+# waits stretch by this much (e2e/src/lib.rs `time_scale`).
+export CUBELET_E2E_TIME_SCALE="${CUBELET_E2E_TIME_SCALE:-4}"
 CRI_SOCKET=/run/cubelet/cubelet.sock
 
 step_start=0
