@@ -78,7 +78,10 @@ const NODE: &str = "cubelet-e2e-node";
 /// - the crash-looping pod's back-off is logged as a sync error on purpose;
 /// - cAdvisor is asked for a container it has just started watching and has
 ///   no sample of yet, and its kernel-log OOM watcher may stop reading
-///   `/dev/kmsg` (both seen with containerd's own CRI here).
+///   `/dev/kmsg` (both seen with containerd's own CRI here);
+/// - on an emulated machine (the qemu guest of `hack/vm.sh`, about 4x
+///   slower) kubelet's own housekeeping pass can take over its 1 s budget:
+///   a statement about kubelet's speed, no runtime call failed.
 const KNOWN_E_LINES: &[&str] = &[
     "Failed to set rlimit on max file handles",
     "Skipping pod synchronization",
@@ -89,6 +92,7 @@ const KNOWN_E_LINES: &[&str] = &[
     "CrashLoopBackOff",
     "RecentStats: unable to find data in memory cache",
     "OOM events will not be reported",
+    "Housekeeping took longer than expected",
 ];
 
 /// The error lines of kubelet log `log` that neither [`KNOWN_E_LINES`] nor
