@@ -184,6 +184,19 @@ impl From<cubelet_host::pins::PinError> for RuntimeError {
     }
 }
 
+/// A closure turning an I/O error of `op` on `path` into
+/// [`RuntimeError::Io`], for `map_err`.
+pub(crate) fn io_err<'a>(
+    op: &'static str,
+    path: &'a std::path::Path,
+) -> impl FnOnce(std::io::Error) -> RuntimeError + 'a {
+    move |source| RuntimeError::Io {
+        op,
+        path: path.display().to_string(),
+        source,
+    }
+}
+
 impl RuntimeError {
     /// Wraps a containerd status as it is.
     pub fn containerd(op: &'static str, source: tonic::Status) -> Self {

@@ -33,13 +33,7 @@ use crate::spec::MountSpec;
 /// The directory of staged mounts under the runtime's state dir.
 pub(crate) const DIR: &str = "staged";
 
-fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> RuntimeError + 'a {
-    move |source| RuntimeError::Io {
-        op,
-        path: path.display().to_string(),
-        source,
-    }
-}
+use crate::error::io_err;
 
 fn nix_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> RuntimeError + 'a {
     move |e| RuntimeError::Io {

@@ -49,16 +49,7 @@ pub struct Readers {
     pub stderr: Option<pipe::Receiver>,
 }
 
-fn io_err<'a>(
-    op: &'static str,
-    path: &'a Path,
-) -> impl FnOnce(std::io::Error) -> RuntimeError + 'a {
-    move |source| RuntimeError::Io {
-        op,
-        path: path.display().to_string(),
-        source,
-    }
-}
+use crate::error::io_err;
 
 fn mkfifo(path: &Path) -> Result<(), RuntimeError> {
     match nix::unistd::mkfifo(path, Mode::from_bits_truncate(0o600)) {

@@ -38,16 +38,7 @@ struct PauseBlobs {
     docs: ImageDocuments,
 }
 
-fn io_err<'a>(
-    op: &'static str,
-    path: &'a Path,
-) -> impl FnOnce(std::io::Error) -> RuntimeError + 'a {
-    move |source| RuntimeError::Io {
-        op,
-        path: path.display().to_string(),
-        source,
-    }
-}
+use crate::error::io_err;
 
 /// A descriptor of `size` bytes of `media_type` content with `digest`.
 fn descriptor(
