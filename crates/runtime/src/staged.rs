@@ -27,13 +27,12 @@ use cubelet_host::mountinfo::{parse, MountEntry};
 use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
+use crate::error::io_err;
 use crate::error::RuntimeError;
 use crate::spec::MountSpec;
 
 /// The directory of staged mounts under the runtime's state dir.
 pub(crate) const DIR: &str = "staged";
-
-use crate::error::io_err;
 
 fn nix_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> RuntimeError + 'a {
     move |e| RuntimeError::Io {

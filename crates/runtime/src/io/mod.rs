@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use nix::sys::stat::Mode;
 use tokio::net::unix::pipe;
 
+use crate::error::io_err;
 use crate::error::RuntimeError;
 
 /// The FIFOs of one process.
@@ -48,8 +49,6 @@ pub struct Readers {
     /// Stderr, when separate.
     pub stderr: Option<pipe::Receiver>,
 }
-
-use crate::error::io_err;
 
 fn mkfifo(path: &Path) -> Result<(), RuntimeError> {
     match nix::unistd::mkfifo(path, Mode::from_bits_truncate(0o600)) {

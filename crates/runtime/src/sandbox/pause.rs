@@ -15,6 +15,7 @@ use cubelet_registry::media::{digest, sha256_digest};
 use cubelet_registry::{Fetched, ImageDocuments};
 use oci_spec::image::{Descriptor, ImageManifestBuilder, MediaType, Platform};
 
+use crate::error::io_err;
 use crate::error::RuntimeError;
 use crate::image::content::Store;
 use crate::image::{unpack, ImageService, LABEL_MANAGED, LABEL_PINNED};
@@ -37,8 +38,6 @@ struct PauseBlobs {
     layer_digest: String,
     docs: ImageDocuments,
 }
-
-use crate::error::io_err;
 
 /// A descriptor of `size` bytes of `media_type` content with `digest`.
 fn descriptor(
