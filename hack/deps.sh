@@ -9,7 +9,7 @@ PACKAGES=(
     containernetworking-plugins prometheus iproute2 nftables iptables
     e2fsprogs util-linux mount curl ca-certificates file procps openssl
     python3 python3-yaml python3-jsonschema fonts-dejavu-core
-    qemu-system-x86 debootstrap openssh-client
+    qemu-system-x86 debootstrap openssh-client etcd-server
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
