@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -120,14 +121,18 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def buckets(text: str, name: str) -> dict[float, float]:
-    """Cumulative bucket counts of histogram `name` (summed over labels)."""
+def buckets(text: str, name: str, **labels: str) -> dict[float, float]:
+    """Cumulative bucket counts of histogram `name`, summed over the series
+    whose labels include `labels`."""
     out: dict[float, float] = {}
     for line in text.splitlines():
         m = re.match(rf"^{name}_bucket\{{(.*)\}}\s+(\S+)", line)
         if not m:
             continue
-        le = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1))).get("le", "+Inf")
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if any(got.get(k) != v for k, v in labels.items()):
+            continue
+        le = got.get("le", "+Inf")
         key = float("inf") if le == "+Inf" else float(le)
         out[key] = out.get(key, 0.0) + float(m.group(2))
     return out
@@ -446,6 +451,36 @@ def pod_spec(node: str | None) -> dict:
     return spec
 
 
+def sandbox_failures(k, node: str) -> int:
+    """FailedCreatePodSandBox events this node's kubelet reported (events
+    outlive a round, so they are counted by their source host)."""
+    out = k("-n", NS, "get", "events", "--field-selector", "reason=FailedCreatePodSandBox",
+            "-o", "json", check=False)
+    try:
+        items = json.loads(out).get("items", [])
+    except ValueError:
+        return 0
+    return sum(int(e.get("count") or 1) for e in items if e.get("source", {}).get("host") == node)
+
+
+# kubelet's runtime calls whose durations are reported per phase, from
+# kubelet_runtime_operations_duration_seconds (the same histogram for both
+# runtimes: what kubelet waited for, queueing in the runtime included).
+OPS = ["run_podsandbox", "create_container", "start_container", "stop_container",
+       "stop_podsandbox", "remove_podsandbox"]
+
+
+def op_quantiles(before: str, after: str, r: dict, phase: str) -> None:
+    name = "kubelet_runtime_operations_duration_seconds"
+    for op in OPS:
+        b = buckets(before, name, operation_type=op)
+        a = buckets(after, name, operation_type=op)
+        for q in (0.5, 0.99):
+            v = hist_quantile(b, a, q)
+            if v is not None:
+                r[f"op_{phase}_{op}_p{int(q * 100)}"] = v
+
+
 def crictl_count(crictl: str, socket: str, what: str, *flags: str) -> int:
     out = run(
         crictl, "--runtime-endpoint", f"unix://{socket}", "--timeout", "10s",
@@ -518,12 +553,11 @@ def one_round(
         r["sli_p50"] = hist_quantile(sli_b, sli_a, 0.5)
         r["sli_p99"] = hist_quantile(sli_b, sli_a, 0.99)
         err = "kubelet_runtime_operations_errors_total"
+        op_quantiles(before_k, after_k, r, "up")
         r["runpod_errors"] = metric_sum(after_k, err, operation_type="run_podsandbox") - metric_sum(
             before_k, err, operation_type="run_podsandbox"
         )
-        ev = k("-n", NS, "get", "events", "--field-selector", "reason=FailedCreatePodSandBox",
-               "-o", "name", check=False)
-        r["failed_sandbox_events"] = len(ev.split())
+        r["failed_sandbox_events"] = sandbox_failures(k, node)
         r["curve"] = sorted(v - t0 for v in watch.ready.values())
         if cubelet:
             name = "cubelet_flow_admission_wait_seconds_count"
@@ -539,6 +573,8 @@ def one_round(
             hits = metric_sum(after_c, "cubelet_pool_hits_total") - metric_sum(before_c, "cubelet_pool_hits_total")
             misses = metric_sum(after_c, "cubelet_pool_misses_total") - metric_sum(before_c, "cubelet_pool_misses_total")
             r["pool_hit_rate"] = hits / (hits + misses) if hits + misses else None
+            anchors = "cubelet_stats_anchors_total"
+            r["anchors_during_up"] = metric_sum(after_c, anchors) - metric_sum(before_c, anchors)
 
         # Deployment N -> 0.
         t0 = time.monotonic()
@@ -551,6 +587,7 @@ def one_round(
             lambda: crictl_count(tools["crictl"], socket, "pods", "--state", "ready") == 0,
             args.timeout, 0.2, t0,
         )
+        op_quantiles(after_k, kubelet.scrape(), r, "down")
         r["runtime_empty_s"] = wait_until(
             lambda: crictl_count(tools["crictl"], socket, "pods") == 0, args.timeout, 0.5, t0
         )
@@ -558,6 +595,7 @@ def one_round(
 
         # N static pods at once, then removed at once.
         if args.static:
+            static_k = kubelet.scrape()
             t0 = time.monotonic()
             for i in range(args.static):
                 spec = pod_spec(None)
@@ -572,6 +610,8 @@ def one_round(
                 lambda: crictl_count(tools["crictl"], socket, "ps", "--state", "running") >= args.static,
                 args.timeout, 0.2, t0,
             )
+            static_up_k = kubelet.scrape()
+            op_quantiles(static_k, static_up_k, r, "static_up")
             t0 = time.monotonic()
             for f in kubelet.manifests.glob("static-*.json"):
                 f.unlink()
@@ -579,6 +619,7 @@ def one_round(
                 lambda: crictl_count(tools["crictl"], socket, "pods", "--state", "ready") == 0,
                 args.timeout, 0.2, t0,
             )
+            op_quantiles(static_up_k, kubelet.scrape(), r, "static_down")
     finally:
         kubelet.stop(out_dir / f"kubelet-{rt}-{int(time.time())}.log" if args.keep_logs else None)
         remove_runtime_pods(tools["crictl"], socket)
@@ -591,7 +632,7 @@ def fmt(v, unit: str = "") -> str:
     if v is None:
         return "—"
     if isinstance(v, float):
-        return f"{v:.2f}{unit}"
+        return f"{v:.3f}{unit}" if abs(v) < 1 else f"{v:.2f}{unit}"
     return f"{v}{unit}"
 
 
@@ -613,7 +654,15 @@ def report(results: list[dict], rts: list[str]) -> str:
         ("Cubelet create rejections", "rejected"),
         ("Cubelet creates admitted after a wait", "admitted_after_wait"),
         ("Cubelet pool hit rate", "pool_hit_rate"),
+        ("Cubelet stats anchors made while scaling up", "anchors_during_up"),
     ]
+    for phase, what in (("up", "0→N"), ("down", "N→0"), ("static_up", "static up"),
+                        ("static_down", "static down")):
+        for op in OPS:
+            for q in (50, 99):
+                key = f"op_{phase}_{op}_p{q}"
+                if any(key in r for r in results):
+                    rows.append((f"{what}: kubelet's {op} p{q} (s)", key))
     base = "containerd"
     lines = ["| | " + " | ".join(f"{rt} (median of rounds)" for rt in rts) + " | × containerd |",
              "|---|" + "---|" * (len(rts) + 1)]
@@ -621,9 +670,9 @@ def report(results: list[dict], rts: list[str]) -> str:
         vals = {}
         for rt in rts:
             xs = [r[key] for r in results if r["runtime"] == rt and r.get(key) is not None]
-            vals[rt] = sorted(xs)[len(xs) // 2] if xs else None
+            vals[rt] = statistics.median(xs) if xs else None
         ratio = ""
-        if key.endswith("_s") or key.startswith("sli") or key.startswith("start") or key == "pods_per_s":
+        if key.endswith("_s") or key.startswith(("sli", "start", "op_")) or key == "pods_per_s":
             a, b = vals.get("cubelet"), vals.get(base)
             if a is not None and b:
                 ratio = f"{a / b:.2f}"
