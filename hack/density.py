@@ -82,10 +82,15 @@ def which(env: str, *names: str) -> str | None:
     return None
 
 
-def run(*args: str, check: bool = True, env: dict | None = None, **kw) -> str:
-    res = subprocess.run(
-        list(args), capture_output=True, text=True, env=env, check=False, **kw
-    )
+def run(*args: str, check: bool = True, env: dict | None = None, timeout: float = 120, **kw) -> str:
+    try:
+        res = subprocess.run(
+            list(args), capture_output=True, text=True, env=env, check=False, timeout=timeout, **kw
+        )
+    except subprocess.TimeoutExpired as e:
+        if check:
+            raise RuntimeError(f"{' '.join(args)}: no answer within {timeout} s") from e
+        return ""
     if check and res.returncode != 0:
         raise RuntimeError(f"{' '.join(args)}: exit {res.returncode}: {res.stderr.strip()}")
     return res.stdout
@@ -624,7 +629,8 @@ def one_round(
         kubelet.stop(out_dir / f"kubelet-{rt}-{int(time.time())}.log" if args.keep_logs else None)
         remove_runtime_pods(tools["crictl"], socket)
         k("delete", "node", node, "--wait=false", check=False)
-        k("-n", NS, "delete", "pods", "--all", "--force", "--grace-period=0", check=False)
+        k("-n", NS, "delete", "pods", "--all", "--force", "--grace-period=0", "--wait=false",
+          check=False)
     return r
 
 
@@ -720,6 +726,13 @@ def main() -> int:
     ap.add_argument("--keep-logs", action="store_true")
     ap.add_argument("--cubelet-config", type=Path, help="a drop-in for the bench's Cubelet")
     args = ap.parse_args()
+    # A background start (`cmd &` without job control) ignores SIGINT: make
+    # both SIGINT and SIGTERM unwind through the cleanup.
+    def interrupted(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
     if os.geteuid() != 0:
         print("density: run as root", file=sys.stderr)
         return 2
