@@ -14,8 +14,19 @@
 //! half-made anchor, and an anchor never starts after its pod's teardown
 //! (it reads the record again under the lock and goes only for a ready
 //! pod whose pins are there).
+//!
+//! Anchors are also kept off busy moments ([`AnchorGate`]): they are made
+//! one at a time, and only once no container has started for the anchor
+//! delay. A burst of pod starts (a Deployment scaled up, a node filling)
+//! then pays for none of them while it runs; they follow it, at most
+//! [`ANCHOR_MAX_DEFER`] late.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
+
+use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::Instant;
 
 use cubelet_engine::SandboxId;
 use cubelet_runtime::sandbox::anchor::AnchorOutcome;
@@ -30,6 +41,81 @@ use crate::service::PodService;
 /// whatever it left).
 pub const ANCHOR_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The longest an anchor waits for a quiet node after it was asked for;
+/// past it, anchors are made one after the other however busy the node is.
+pub(crate) const ANCHOR_MAX_DEFER: Duration = Duration::from_secs(60);
+
+/// How often a waiting anchor looks again whether the node is quiet.
+const ANCHOR_POLL: Duration = Duration::from_millis(100);
+
+/// Container starts in flight and when the last one ended, and the one
+/// turn at making an anchor.
+#[derive(Debug)]
+pub(crate) struct AnchorGate {
+    starts: AtomicUsize,
+    last_start: Mutex<Option<Instant>>,
+    turn: Semaphore,
+}
+
+impl Default for AnchorGate {
+    fn default() -> Self {
+        Self {
+            starts: AtomicUsize::new(0),
+            last_start: Mutex::new(None),
+            turn: Semaphore::new(1),
+        }
+    }
+}
+
+/// A container start in flight; dropping it records when it ended.
+pub(crate) struct StartInFlight<'a>(&'a AnchorGate);
+
+impl Drop for StartInFlight<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut last) = self.0.last_start.lock() {
+            *last = Some(Instant::now());
+        }
+        self.0.starts.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl AnchorGate {
+    /// Counts a container start until the guard is dropped.
+    pub(crate) fn start(&self) -> StartInFlight<'_> {
+        self.starts.fetch_add(1, Ordering::AcqRel);
+        StartInFlight(self)
+    }
+
+    /// No start in flight, and none ended within `quiet`.
+    fn is_quiet(&self, quiet: Duration) -> bool {
+        if self.starts.load(Ordering::Acquire) > 0 {
+            return false;
+        }
+        match self.last_start.lock() {
+            Ok(last) => last.is_none_or(|t| t.elapsed() >= quiet),
+            Err(_) => true,
+        }
+    }
+
+    /// Waits for the turn at making an anchor, then for a quiet node
+    /// (`quiet` without a container start), giving up the wait for quiet
+    /// at `requested + ANCHOR_MAX_DEFER`. `None` only if the gate is
+    /// closed, which it never is.
+    async fn turn(&self, quiet: Duration, requested: Instant) -> Option<SemaphorePermit<'_>> {
+        let permit = self.turn.acquire().await.ok()?;
+        let deadline = requested + ANCHOR_MAX_DEFER;
+        let mut deferred = false;
+        while !self.is_quiet(quiet) && Instant::now() < deadline {
+            if !deferred {
+                debug!("stats anchor waits for container starts to settle");
+                deferred = true;
+            }
+            tokio::time::sleep(ANCHOR_POLL).await;
+        }
+        Some(permit)
+    }
+}
+
 impl PodService {
     /// Starts, in the background, the stats anchor of pod `sandbox_id` if it
     /// has no infra process and the runtime makes anchors.
@@ -38,10 +124,14 @@ impl PodService {
         let id = sandbox_id.clone();
         let span = info_span!("stats_anchor", sandbox_id = %id);
         let delay = this.runtime().stats_anchor_delay();
+        let requested = Instant::now();
         tokio::spawn(
             async move {
                 // Outside any lock: a pod stopped meanwhile is not waited for.
                 tokio::time::sleep(delay).await;
+                let Some(_turn) = this.inner.anchors.turn(delay, requested).await else {
+                    return;
+                };
                 this.anchor(&id).await
             }
             .instrument(span),

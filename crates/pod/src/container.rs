@@ -268,6 +268,8 @@ impl PodService {
     }
 
     async fn start_container_locked(&self, id: String) -> PodResult<()> {
+        // Stats anchors wait while starts are in flight.
+        let _busy = self.inner.anchors.start();
         let _lock = self.lock_container(&id).await;
         let rec = self
             .store()

@@ -91,6 +91,8 @@ pub(crate) struct Inner {
     /// ListPodSandbox or PodSandboxStatus answer; see
     /// [`PodService::gc_candidates`].
     pub(crate) sightings: Sightings,
+    /// Keeps stats anchors off busy moments ([`crate::anchor::AnchorGate`]).
+    pub(crate) anchors: crate::anchor::AnchorGate,
 }
 
 /// When a client last saw each sandbox, in memory: after a restart every
@@ -202,6 +204,7 @@ impl PodService {
                 removals: Removals::default(),
                 stats: crate::stats::StatsState::default(),
                 sightings: Sightings::default(),
+                anchors: crate::anchor::AnchorGate::default(),
             }),
         }
     }

@@ -918,6 +918,31 @@ async fn a_pod_without_infra_gets_one_stats_anchor_once_a_container_runs() {
 }
 
 #[tokio::test]
+async fn stats_anchors_wait_while_other_containers_are_starting() {
+    let r = Rig::new();
+    r.runtime.set_anchor_delay(Duration::from_millis(100));
+    let web = r.infraless_pod("web").await;
+    let db = r.infraless_pod("db").await;
+    let first = r.created(&web, "app").await;
+    let second = r.created(&db, "app").await;
+    r.pods.start_container(&first).await.unwrap();
+    // Another pod's start, in flight well past the first one's anchor delay.
+    r.runtime.delay("start", Duration::from_secs(1));
+    let pods = r.pods.clone();
+    let slow = tokio::spawn(async move { pods.start_container(&second).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        r.runtime.calls("ensure_stats_anchor"),
+        0,
+        "no anchor while a start is in flight"
+    );
+    slow.await.unwrap().unwrap();
+    // Both follow the burst, one at a time.
+    until("both anchors", || r.runtime.anchors().len() == 2).await;
+    assert_eq!(r.runtime.anchor_counts(), (2, 0));
+}
+
+#[tokio::test]
 async fn a_pod_with_an_infra_process_gets_no_stats_anchor() {
     let r = Rig::new();
     let sb = r.ready_pod("web").await;
