@@ -420,13 +420,23 @@ async fn gc_orphaned_shell(d: &Daemon) -> anyhow::Result<()> {
     )
     .await?;
     let (_, body) = http_get(d.metrics, "/metrics").await?;
-    let veths = body
-        .lines()
-        .find(|l| l.starts_with("cubelet_gc_reclaimed_total{kind=\"veth\"}"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    ensure!(veths >= SIZE as f64, "veth reclaims not counted: {veths}");
+    let reclaimed = |kind: &str| {
+        body.lines()
+            .find(|l| l.starts_with(&format!("cubelet_gc_reclaimed_total{{kind=\"{kind}\"}}")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // Each shell's keeper (`shim: true` here) is an orphan containerd
+    // container the GC removes. Its veth is counted when the GC deletes
+    // it, or goes with its netns when the keeper, the last process in it,
+    // is removed first.
+    let (veths, containers) = (reclaimed("veth"), reclaimed("container"));
+    ensure!(
+        containers >= SIZE as f64,
+        "keeper reclaims not counted: {containers}"
+    );
+    println!("gc reclaims: veth {veths}, container {containers}");
     ready(d, SIZE).await?;
     Ok(())
 }
@@ -679,7 +689,11 @@ async fn shell_shim(d: &Daemon) -> anyhow::Result<()> {
         "the stats anchor in place of the keeper",
         Duration::from_secs(30),
         || async {
-            let info = d.ctr(&["containers", "info", &pod]).await?;
+            // Gone for a moment: the keeper is removed before the anchor
+            // is made with its id.
+            let Ok(info) = d.ctr(&["containers", "info", &pod]).await else {
+                return Ok(false);
+            };
             Ok(!info.contains("io.cubelet.sandbox/keeper")
                 && info.contains("io.cri-containerd.kind")
                 && task_of(d, &pod).await?.is_some_and(|(_, s)| s == "RUNNING"))
