@@ -67,7 +67,7 @@ impl ContainerRuntime {
     /// With `task_at_create` (the default) a pod's container (not an infra
     /// container nor a stats anchor, which start at once, nor one in a user
     /// namespace of its own, whose rootfs is idmapped at task creation)
-    /// also gets its task now, not started ([`ContainerRuntime::prepare`]):
+    /// also gets its task now, not started (`prepare`):
     /// `runc create` runs here, so that StartContainer only starts it. Its
     /// state stays `Created` (a created task is reported as such), a stop
     /// or a removal before the start deletes the task unstarted, and a

@@ -62,7 +62,7 @@ impl ContainerRuntime {
 
     /// Starts container `id`: its task, made now (FIFOs, log copier, task
     /// create) unless [`ContainerRuntime::create`] made it ahead
-    /// ([`ContainerRuntime::prepare`]), then started. Returns the host pid
+    /// (`prepare`), then started. Returns the host pid
     /// of the container's init process.
     pub async fn start(&self, id: &str) -> Result<u32, RuntimeError> {
         let prepared = lock_map(&self.prepared).remove(id);
@@ -138,7 +138,7 @@ impl ContainerRuntime {
     }
 
     /// Whether an exit of `id`'s init process `pid` is that of a task made
-    /// ahead ([`ContainerRuntime::prepare`]) and deleted before it started
+    /// ahead (`prepare`) and deleted before it started
     /// (by a stop, a removal, or a start after a restart): no exit of the
     /// container's, which never ran.
     pub fn unstarted_exit(&self, id: &str, pid: u32) -> bool {
