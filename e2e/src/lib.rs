@@ -1266,7 +1266,11 @@ pub async fn leaks(d: &Daemon) -> anyhow::Result<Vec<String>> {
 /// Whether leak line `line` names a part of shell `id`.
 fn is_shell_part(line: &str, id: &str) -> bool {
     let veth: String = format!("{VETH_PREFIX}{}", &id[..id.len().min(11)]);
-    line.contains(&format!("/{id}")) || line.starts_with(&format!("veth {veth} "))
+    // A shell's keeper (`pools.sandbox.shim`) is a containerd container,
+    // task and snapshot with the shell's id.
+    line.contains(&format!("/{id}"))
+        || line.starts_with(&format!("veth {veth} "))
+        || line.split_whitespace().any(|w| w == id)
 }
 
 /// [`leaks`] without the shells left out.

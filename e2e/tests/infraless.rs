@@ -85,15 +85,28 @@ async fn infraless(d: &Daemon, name: &str) -> anyhow::Result<(String, PodSandbox
     Ok((id, cfg))
 }
 
-/// The ids of every containerd container of the daemon's namespace.
+/// The ids of every containerd container of the daemon's namespace but
+/// the keepers of its warm-pool shells (`pools.sandbox.shim`: a pause
+/// container with the shell's id, which a claiming pod's stats anchor
+/// replaces; the leak audit after each scenario counts them).
 async fn containerd_containers(d: &Daemon) -> anyhow::Result<BTreeSet<String>> {
-    Ok(d.ctr(&["containers", "ls", "-q"])
-        .await?
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(str::to_owned)
-        .collect())
+    let ids = |out: String| -> BTreeSet<String> {
+        out.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let all = ids(d.ctr(&["containers", "ls", "-q"]).await?);
+    let keepers = ids(d
+        .ctr(&[
+            "containers",
+            "ls",
+            "-q",
+            "labels.\"io.cubelet.sandbox/keeper\"==true",
+        ])
+        .await?);
+    Ok(all.difference(&keepers).cloned().collect())
 }
 
 /// Runs `sh -c cmd` in container `id`; its stdout, trimmed.
@@ -692,10 +705,11 @@ async fn task_pid(d: &Daemon, id: &str) -> anyhow::Result<Option<u32>> {
     }))
 }
 
-/// Waits for pod `pod`'s stats anchor to run; its pid.
+/// Waits for pod `pod`'s stats anchor to run (not its shell's keeper,
+/// which the anchor replaces); its pid.
 async fn anchor_pid(d: &Daemon, pod: &str) -> anyhow::Result<u32> {
     eventually("the stats anchor runs", Duration::from_secs(30), || async {
-        Ok(task_pid(d, pod).await?.is_some())
+        Ok(containerd_containers(d).await?.contains(pod) && task_pid(d, pod).await?.is_some())
     })
     .await?;
     task_pid(d, pod).await?.context("no anchor pid")

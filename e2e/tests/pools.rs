@@ -27,8 +27,10 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 use cubelet_e2e::cri::{
-    ExecSyncRequest, NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxState,
-    PortMapping, Protocol, RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest,
+    ContainerState, CreateContainerRequest, ExecSyncRequest, NamespaceMode, NamespaceOption,
+    PodSandboxConfig, PodSandboxState, PortMapping, Protocol, RemoveContainerRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
+    StopPodSandboxRequest,
 };
 use cubelet_e2e::{
     container_config, eventually, http_get, leaks, metric, pid_per_container, Daemon, DaemonOpts,
@@ -67,6 +69,21 @@ fn scenarios() -> Vec<Scenario> {
         ("kill9_mid_claim_loses_the_pod_and_the_shell", 300, |d| {
             Box::pin(kill9_mid_claim(d))
         }),
+        (
+            "a_pool_hit_starts_its_containers_in_the_shells_shim",
+            180,
+            |d| Box::pin(shell_shim(d)),
+        ),
+        (
+            "a_created_container_stays_created_until_started",
+            180,
+            |d| Box::pin(created_task(d)),
+        ),
+        (
+            "kill9_with_a_created_task_then_start_and_removal",
+            240,
+            |d| Box::pin(kill9_created_task(d)),
+        ),
     ]
 }
 
@@ -74,7 +91,7 @@ fn main() -> ExitCode {
     let opts = DaemonOpts {
         index: 37,
         extra_config: Some(format!(
-            "gc: {{ interval: 1s }}\npools: {{ sandbox: {{ size: {SIZE} }} }}\n"
+            "gc: {{ interval: 1s }}\npools: {{ sandbox: {{ size: {SIZE}, shim: true }} }}\n"
         )),
         ..Default::default()
     };
@@ -403,13 +420,23 @@ async fn gc_orphaned_shell(d: &Daemon) -> anyhow::Result<()> {
     )
     .await?;
     let (_, body) = http_get(d.metrics, "/metrics").await?;
-    let veths = body
-        .lines()
-        .find(|l| l.starts_with("cubelet_gc_reclaimed_total{kind=\"veth\"}"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    ensure!(veths >= SIZE as f64, "veth reclaims not counted: {veths}");
+    let reclaimed = |kind: &str| {
+        body.lines()
+            .find(|l| l.starts_with(&format!("cubelet_gc_reclaimed_total{{kind=\"{kind}\"}}")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // Each shell's keeper (`shim: true` here) is an orphan containerd
+    // container the GC removes. Its veth is counted when the GC deletes
+    // it, or goes with its netns when the keeper, the last process in it,
+    // is removed first.
+    let (veths, containers) = (reclaimed("veth"), reclaimed("container"));
+    ensure!(
+        containers >= SIZE as f64,
+        "keeper reclaims not counted: {containers}"
+    );
+    println!("gc reclaims: veth {veths}, container {containers}");
     ready(d, SIZE).await?;
     Ok(())
 }
@@ -534,4 +561,307 @@ async fn kill9_mid_claim(d: &Daemon) -> anyhow::Result<()> {
     killed_mid_claim(d, "network.create@before", &ported, Left::OpenCreate).await?;
     d.stop().await?;
     d.start_with_env(&[]).await
+}
+
+/// `(pid, status)` of the containerd task `id` (`ctr tasks ls`), if any.
+async fn task_of(d: &Daemon, id: &str) -> anyhow::Result<Option<(u32, String)>> {
+    let out = d.ctr(&["tasks", "ls"]).await?;
+    Ok(out.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        (f.next()? == id).then_some(())?;
+        let pid = f.next()?.parse().ok()?;
+        Some((pid, f.next()?.to_owned()))
+    }))
+}
+
+/// The parent of process `pid` (`/proc/<pid>/stat` field 4).
+fn parent_of(pid: u32) -> anyhow::Result<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').context("stat")?.1;
+    after
+        .split_whitespace()
+        .nth(1)
+        .context("ppid")?
+        .parse()
+        .context("ppid")
+}
+
+/// The `-id` of the shim process `pid` of this daemon's namespace.
+fn shim_id(d: &Daemon, pid: u32) -> Option<String> {
+    cubelet_e2e::shims(&d.namespace)
+        .into_iter()
+        .find_map(|(p, id)| (p == pid).then_some(id))
+}
+
+/// CreateContainer of `cfg` in pod `pod`; the container id.
+async fn create_in(
+    d: &Daemon,
+    pod: &str,
+    pod_cfg: &PodSandboxConfig,
+    cfg: cubelet_e2e::cri::ContainerConfig,
+) -> anyhow::Result<String> {
+    Ok(d.runtime
+        .clone()
+        .create_container(CreateContainerRequest {
+            pod_sandbox_id: pod.to_owned(),
+            config: Some(cfg),
+            sandbox_config: Some(pod_cfg.clone()),
+        })
+        .await?
+        .into_inner()
+        .container_id)
+}
+
+async fn start(d: &Daemon, id: &str) -> anyhow::Result<()> {
+    d.runtime
+        .clone()
+        .start_container(StartContainerRequest {
+            container_id: id.to_owned(),
+        })
+        .await?;
+    Ok(())
+}
+
+/// A ready shell holds a keeper: a running pause task with the shell's id,
+/// in its own shim (`-id` the shell's), in no pod's cgroup (the default
+/// parent, per driver). The pod that claims it creates its container's task
+/// in that shim at CreateContainer and starts it there; two seconds later
+/// the pod's stats anchor has replaced the keeper, in the same shim, and
+/// the pod's processes have one shim between them.
+async fn shell_shim(d: &Daemon) -> anyhow::Result<()> {
+    d.pull(BUSYBOX).await?;
+    let shells = ready(d, SIZE).await?;
+    for id in &shells {
+        let (pid, status) = task_of(d, id)
+            .await?
+            .with_context(|| format!("shell {id} has no keeper task"))?;
+        ensure!(status == "RUNNING", "keeper of {id}: {status}");
+        let shim = parent_of(pid)?;
+        ensure!(
+            shim_id(d, shim).as_deref() == Some(id.as_str()),
+            "keeper of {id} not in a shim of its own id"
+        );
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+        ensure!(
+            cgroup
+                .lines()
+                .filter(|l| l.contains(id.as_str()))
+                .all(|l| l.ends_with(&format!("/cubelet/{id}"))
+                    || l.ends_with(&format!("/cubelet-{id}.scope"))),
+            "keeper of {id} not in the default parent: {cgroup}"
+        );
+        ensure!(cgroup.contains(id.as_str()), "keeper cgroup: {cgroup}");
+    }
+    let cfg = pid_per_container(d.pod_config("shim"));
+    let pod = d.run_pod(&cfg, "").await?;
+    ensure!(shells.contains(&pod), "pod {pod} took no shell");
+    let (keeper, _) = task_of(d, &pod).await?.context("keeper gone at claim")?;
+    let shim = parent_of(keeper)?;
+    let c = create_in(
+        d,
+        &pod,
+        &cfg,
+        container_config("app", BUSYBOX, &["sleep", "3600"]),
+    )
+    .await?;
+    let st = d.container_status(&c).await?;
+    ensure!(
+        st.state == ContainerState::ContainerCreated as i32 && st.started_at == 0,
+        "after CreateContainer: {st:?}"
+    );
+    let (pid, status) = task_of(d, &c).await?.context("no task at create")?;
+    ensure!(status == "CREATED", "task at create: {status}");
+    ensure!(
+        parent_of(pid)? == shim,
+        "the task is not in the shell's shim"
+    );
+    start(d, &c).await?;
+    let st = d.container_status(&c).await?;
+    ensure!(
+        st.state == ContainerState::ContainerRunning as i32,
+        "{st:?}"
+    );
+    let (started, _) = task_of(d, &c).await?.context("task")?;
+    ensure!(started == pid, "another task was started");
+    ensure!(parent_of(pid)? == shim, "started outside the shell's shim");
+    // The anchor replaces the keeper (labelled as the pod's sandbox now).
+    eventually(
+        "the stats anchor in place of the keeper",
+        Duration::from_secs(30),
+        || async {
+            // Gone for a moment: the keeper is removed before the anchor
+            // is made with its id.
+            let Ok(info) = d.ctr(&["containers", "info", &pod]).await else {
+                return Ok(false);
+            };
+            Ok(!info.contains("io.cubelet.sandbox/keeper")
+                && info.contains("io.cri-containerd.kind")
+                && task_of(d, &pod).await?.is_some_and(|(_, s)| s == "RUNNING"))
+        },
+    )
+    .await?;
+    let (anchor, _) = task_of(d, &pod).await?.context("anchor")?;
+    ensure!(anchor != keeper, "the keeper was kept");
+    ensure!(parent_of(anchor)? == shim, "the anchor is in another shim");
+    ensure!(
+        parent_of(pid)? == shim,
+        "the container lost its shim with the keeper"
+    );
+    sh(d, &c, "true").await?;
+    d.remove_all().await?;
+    ensure!(task_of(d, &pod).await?.is_none(), "the pod's anchor left");
+    ready(d, SIZE).await?;
+    Ok(())
+}
+
+/// A container's task is made at CreateContainer, not started: its status
+/// says CREATED (no start time) until StartContainer; a StopContainer
+/// before the start deletes the task (still CREATED, no exit), and the
+/// start then makes it again; a command that cannot run fails the start,
+/// not the create, as before (`StartError`); StopPodSandbox takes the task
+/// of a container never started and leaves it CREATED.
+async fn created_task(d: &Daemon) -> anyhow::Result<()> {
+    d.pull(BUSYBOX).await?;
+    ready(d, SIZE).await?;
+    let cfg = pid_per_container(d.pod_config("created"));
+    let pod = d.run_pod(&cfg, "").await?;
+    let c = create_in(
+        d,
+        &pod,
+        &cfg,
+        container_config("app", BUSYBOX, &["sleep", "3600"]),
+    )
+    .await?;
+    ensure!(
+        task_of(d, &c).await?.is_some_and(|(_, s)| s == "CREATED"),
+        "no created task"
+    );
+    d.runtime
+        .clone()
+        .stop_container(StopContainerRequest {
+            container_id: c.clone(),
+            timeout: 0,
+        })
+        .await?;
+    let st = d.container_status(&c).await?;
+    ensure!(
+        st.state == ContainerState::ContainerCreated as i32 && st.exit_code == 0,
+        "after a stop before the start: {st:?}"
+    );
+    ensure!(task_of(d, &c).await?.is_none(), "the stop left the task");
+    start(d, &c).await?;
+    ensure!(
+        d.container_status(&c).await?.state == ContainerState::ContainerRunning as i32,
+        "not running after the start"
+    );
+    sh(d, &c, "true").await?;
+
+    // A command that does not exist: created, and the start fails.
+    let bad = create_in(
+        d,
+        &pod,
+        &cfg,
+        container_config("bad", BUSYBOX, &["/no/such/binary"]),
+    )
+    .await?;
+    ensure!(
+        d.container_status(&bad).await?.state == ContainerState::ContainerCreated as i32,
+        "the bad container is not created"
+    );
+    ensure!(start(d, &bad).await.is_err(), "a missing binary started");
+    let st = d.container_status(&bad).await?;
+    ensure!(
+        st.state == ContainerState::ContainerExited as i32 && st.reason == "StartError",
+        "after a failed start: {st:?}"
+    );
+
+    // Never started: the pod's stop takes its task, it stays created.
+    let idle = create_in(
+        d,
+        &pod,
+        &cfg,
+        container_config("idle", BUSYBOX, &["sleep", "3600"]),
+    )
+    .await?;
+    ensure!(task_of(d, &idle).await?.is_some(), "idle has no task");
+    d.runtime
+        .clone()
+        .stop_pod_sandbox(StopPodSandboxRequest {
+            pod_sandbox_id: pod.clone(),
+        })
+        .await?;
+    ensure!(
+        task_of(d, &idle).await?.is_none(),
+        "the pod's stop left idle's task"
+    );
+    // Give a stray exit event the time to land.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let st = d.container_status(&idle).await?;
+    ensure!(
+        st.state == ContainerState::ContainerCreated as i32 && st.exit_code == 0,
+        "idle after the pod's stop: {st:?}"
+    );
+    d.runtime
+        .clone()
+        .remove_container(RemoveContainerRequest {
+            container_id: idle.clone(),
+        })
+        .await?;
+    stop_and_remove(d, &pod).await?;
+    Ok(())
+}
+
+/// kill -9 with a container created (its task made, not started): after
+/// the restart it is still CREATED, and starts (the task of the killed run
+/// is deleted and made again, its end reported as no exit); a second one
+/// left created is removed with its task.
+async fn kill9_created_task(d: &Daemon) -> anyhow::Result<()> {
+    d.pull(BUSYBOX).await?;
+    ready(d, SIZE).await?;
+    let cfg = pid_per_container(d.pod_config("created-kill"));
+    let pod = d.run_pod(&cfg, "").await?;
+    let a = create_in(
+        d,
+        &pod,
+        &cfg,
+        container_config("a", BUSYBOX, &["sleep", "3600"]),
+    )
+    .await?;
+    let b = create_in(
+        d,
+        &pod,
+        &cfg,
+        container_config("b", BUSYBOX, &["sleep", "3600"]),
+    )
+    .await?;
+    let (old, _) = task_of(d, &a).await?.context("a's task")?;
+    d.kill9().await?;
+    d.start_with_env(&[]).await?;
+    for id in [&a, &b] {
+        ensure!(
+            d.container_status(id).await?.state == ContainerState::ContainerCreated as i32,
+            "{id} not created after the restart"
+        );
+    }
+    start(d, &a).await?;
+    let (new, status) = task_of(d, &a).await?.context("a's task")?;
+    ensure!(status == "RUNNING" && new != old, "{status} {new} {old}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(
+        d.container_status(&a).await?.state == ContainerState::ContainerRunning as i32,
+        "the old task's end counted as a's exit"
+    );
+    sh(d, &a, "true").await?;
+    d.runtime
+        .clone()
+        .remove_container(RemoveContainerRequest {
+            container_id: b.clone(),
+        })
+        .await?;
+    eventually("b's task removed", Duration::from_secs(10), || async {
+        Ok(task_of(d, &b).await?.is_none())
+    })
+    .await?;
+    stop_and_remove(d, &pod).await?;
+    Ok(())
 }

@@ -190,6 +190,7 @@ pub async fn run(config: Config) -> Result<()> {
     ensure_agent_dir(&runtime_state)
         .with_context(|| format!("create {}", runtime_state.display()))?;
     let mut rt_config = RuntimeConfig::new(runtime_state);
+    rt_config.task_at_create = config.runtime.task_at_create;
     rt_config.handlers = config
         .runtime
         .handlers
@@ -238,7 +239,8 @@ pub async fn run(config: Config) -> Result<()> {
     };
     let sandbox = Arc::new(
         SandboxProvider::new(Arc::clone(&runtime), pause.clone())
-            .with_pinned_namespaces(podns.clone(), sandbox_mode),
+            .with_pinned_namespaces(podns.clone(), sandbox_mode)
+            .with_shell_shims(config.pools.sandbox.shim && config.pools.sandbox.size > 0),
     );
 
     let engine = EngineBuilder::new()

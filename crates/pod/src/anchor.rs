@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use cubelet_engine::SandboxId;
 use cubelet_runtime::sandbox::anchor::AnchorOutcome;
 use cubelet_runtime::RuntimeError;
-use cubelet_store::{ContainerState, SandboxState};
+use cubelet_store::SandboxState;
 use tracing::{debug, info_span, warn, Instrument};
 
 use crate::service::PodService;
@@ -153,16 +153,11 @@ impl PodService {
         {
             return;
         }
-        // A running container's shim serves the anchor too.
-        let group = self
-            .store()
-            .list_containers_of(id)
-            .ok()
-            .and_then(|cs| cs.into_iter().find(|c| c.state == ContainerState::Running))
-            .map(|c| c.id);
+        // The pod's shim (its containers are grouped by the sandbox id)
+        // serves the anchor too.
         let outcome = tokio::time::timeout(
             ANCHOR_TIMEOUT,
-            self.runtime().ensure_stats_anchor(&rec, group.as_deref()),
+            self.runtime().ensure_stats_anchor(&rec, Some(id.as_str())),
         )
         .await
         .unwrap_or_else(|_| {

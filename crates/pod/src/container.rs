@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use cubelet_engine::spec::NamespaceMode;
 use cubelet_runtime::container::{ContainerState as RtState, ExecOutput};
+use cubelet_runtime::sandbox::anchor::SHIM_GROUP_ANNOTATION;
 use cubelet_runtime::spec::{
     ContainerKind, ContainerNamespaces, ContainerSpec, PodNamespacePaths, Resources,
 };
@@ -201,7 +202,7 @@ impl PodService {
             });
         }
 
-        let spec = ContainerSpec {
+        let mut spec = ContainerSpec {
             name: req.name.clone(),
             image_ref: req.image.clone(),
             image,
@@ -219,6 +220,14 @@ impl PodService {
             runtime_handler: sandbox.spec.runtime_handler.clone(),
             ..req.spec
         };
+        // The pod's containers share one runc shim, as containerd's CRI
+        // runs them in their sandbox's: the shim a pause container, a
+        // warm-pool shell's keeper or the pod's first container started,
+        // grouped by the sandbox id (other runtimes' shims ignore it).
+        spec.annotations.insert(
+            SHIM_GROUP_ANNOTATION.to_owned(),
+            sandbox.id.as_str().to_owned(),
+        );
         let id = new_id()?;
         // The image a status shows: what the user wrote; for a request by
         // image id (kubelet creates by id) the image's first tag, as
@@ -357,6 +366,16 @@ impl PodService {
         let Some(rec) = self.store().get_container(id)? else {
             return Ok(());
         };
+        // A created container's task, made at its create, goes unstarted
+        // (the runtime reports no exit for it): nothing of it is left in
+        // the pod, and a later start makes it again.
+        if rec.state == ContainerState::Created {
+            match self.runtime().stop(&rec.id, Duration::ZERO).await {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         if rec.state == ContainerState::Running || rec.state == ContainerState::Unknown {
             match self.runtime().stop(&rec.id, timeout).await {
                 // The stop saw the exit: no status call needed to learn it.

@@ -24,6 +24,13 @@ impl PodService {
         // (sandbox, state before) of a container this exit stopped.
         let mut stopped = None;
         let result = match &event.kind {
+            // A task made at the container's create and deleted before
+            // its start: the container never ran, and stays created.
+            ContainerEventKind::Exited { exec_id, pid, .. }
+                if exec_id.is_empty() && self.runtime().unstarted_exit(&event.id, *pid) =>
+            {
+                return
+            }
             ContainerEventKind::Exited {
                 code, at, exec_id, ..
             } if exec_id.is_empty() => {
@@ -148,7 +155,7 @@ impl PodService {
     /// The infra process of a sandbox exited: the pod is not ready (the
     /// exit of a stats anchor changes nothing).
     fn infra_exited(&self, event: &ContainerEvent) {
-        let ContainerEventKind::Exited { exec_id, .. } = &event.kind else {
+        let ContainerEventKind::Exited { exec_id, pid, .. } = &event.kind else {
             return;
         };
         let Some(id) = SandboxId::parse(&event.id).filter(|_| exec_id.is_empty()) else {
@@ -160,7 +167,14 @@ impl PodService {
                 // the one with its id is its stats anchor, whose exit is
                 // not the pod's.
                 let infraless = r.process.as_ref().is_some_and(|p| p.is_infraless());
-                if r.state == SandboxState::Ready && !infraless {
+                // Nor is that of a process the pause container replaced (a
+                // warm-pool shell's keeper, removed by the claim of a pod
+                // that needs an infra process), when the pids tell.
+                let other = match r.process.as_ref().and_then(|p| p.pid) {
+                    Some(infra) => *pid != 0 && *pid != infra,
+                    None => false,
+                };
+                if r.state == SandboxState::Ready && !infraless && !other {
                     r.state = SandboxState::NotReady;
                 }
             })

@@ -67,6 +67,8 @@ struct State {
     anchor_counts: (u32, u32),
     /// `stats_anchor_delay`.
     anchor_delay: Duration,
+    /// (container, pid) of tasks made ahead and deleted unstarted.
+    unstarted: Vec<(String, u32)>,
 }
 
 /// The fake runtime. Cheap to clone; clones share state.
@@ -183,6 +185,12 @@ impl FakeRuntime {
                 pid: 0,
             },
         }
+    }
+
+    /// Says process `pid` of container `id` was a task made at its create
+    /// and deleted unstarted ([`Runtime::unstarted_exit`]).
+    pub fn set_unstarted(&self, id: &str, pid: u32) {
+        self.lock().unstarted.push((id.to_owned(), pid));
     }
 
     /// The runtime forgets `id` altogether (as if containerd lost it).
@@ -312,6 +320,13 @@ impl Runtime for FakeRuntime {
 
     fn stats_anchor_delay(&self) -> Duration {
         self.lock().anchor_delay
+    }
+
+    fn unstarted_exit(&self, id: &str, pid: u32) -> bool {
+        self.lock()
+            .unstarted
+            .iter()
+            .any(|(c, p)| c == id && *p == pid)
     }
 
     fn stats_anchor_observed(&self, started: bool) {

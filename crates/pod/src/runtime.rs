@@ -120,8 +120,8 @@ pub trait Runtime: Send + Sync + 'static {
     /// Makes sure pod `sandbox` (without an infra process) has a running
     /// stats anchor (`cubelet_runtime::sandbox::anchor`); `None` when this
     /// runtime makes none (the default).
-    /// `group` is a running container of the pod, whose shim the anchor
-    /// may share.
+    /// `group` is the pod's shim group (its sandbox id), whose shim the
+    /// anchor shares when the pod has one running.
     async fn ensure_stats_anchor(
         &self,
         _sandbox: &SandboxRecord,
@@ -132,6 +132,13 @@ pub trait Runtime: Send + Sync + 'static {
 
     /// Counts an anchor started (`true`) or one that failed.
     fn stats_anchor_observed(&self, _started: bool) {}
+
+    /// Whether an exit of container `id`'s init process `pid` is that of a
+    /// task made ahead of its start and deleted unstarted: no exit of the
+    /// container's, which never ran.
+    fn unstarted_exit(&self, _id: &str, _pid: u32) -> bool {
+        false
+    }
 
     /// How long after a container's start its pod's anchor is asked for.
     fn stats_anchor_delay(&self) -> Duration {
@@ -358,6 +365,10 @@ impl Runtime for Containerd {
             .ensure(sandbox.id.as_str(), &sandbox.spec, process, netns, group)
             .await
             .map(Some)
+    }
+
+    fn unstarted_exit(&self, id: &str, pid: u32) -> bool {
+        self.containers.unstarted_exit(id, pid)
     }
 
     fn stats_anchor_observed(&self, started: bool) {

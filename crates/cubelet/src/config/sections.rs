@@ -313,6 +313,11 @@ pub struct RuntimeConfig {
     /// reports its network (docs/infraless.md). Off for a kubelet that
     /// takes pod stats from the CRI (`PodAndContainerStatsFromCRI`).
     pub stats_anchor: bool,
+    /// Make a pod container's task (`runc create`) in CreateContainer, so
+    /// that StartContainer only starts it (docs/warm-pools.md, "Pre-started
+    /// shims"). The container stays `CREATED` until started; stopping or
+    /// removing it first deletes the task unstarted.
+    pub task_at_create: bool,
 }
 
 /// `runtime.sandbox`: how pods get their shared namespaces.
@@ -347,6 +352,7 @@ impl Default for RuntimeConfig {
             tolerate_missing_hugetlb_controller: true,
             sandbox: SandboxMode::Auto,
             stats_anchor: true,
+            task_at_create: true,
         }
     }
 }
@@ -529,11 +535,21 @@ pub struct SandboxPoolConfig {
     /// Shells kept ready (pinned namespaces, veth on the bridge, an
     /// address, the sandbox directory with its shm); `0` turns the pool off.
     pub size: usize,
+    /// Give each shell (with the bridge provider, in `runtime.sandbox:
+    /// auto`) a running runc shim, held by a keeper (the pause binary in
+    /// the shell's namespaces, in no pod's cgroup), which the claiming
+    /// pod's containers join (docs/warm-pools.md). Off by default: with
+    /// containerd 1.6 a task that joins a running shim still runs the shim
+    /// binary's `start`, and it measured no faster.
+    pub shim: bool,
 }
 
 impl Default for SandboxPoolConfig {
     fn default() -> Self {
-        Self { size: 4 }
+        Self {
+            size: 4,
+            shim: false,
+        }
     }
 }
 
@@ -610,6 +626,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("pools.sandbox"), "{e}");
+    }
+
+    #[test]
+    fn tasks_at_create_are_on_and_shell_shims_off_unless_configured() {
+        let c = Config::default();
+        assert!(!c.pools.sandbox.shim);
+        assert!(c.runtime.task_at_create);
+        let c = Config::from_yaml(
+            "pools: { sandbox: { shim: true } }\nruntime: { task_at_create: false }",
+        )
+        .unwrap();
+        assert!(c.pools.sandbox.shim);
+        assert_eq!(c.pools.sandbox.size, 4);
+        assert!(!c.runtime.task_at_create);
     }
 
     #[test]

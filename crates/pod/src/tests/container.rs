@@ -1,7 +1,7 @@
 //! Container rules: create, start, stop, remove, status, exec, updates,
 //! and the runtime's events.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use cubelet_engine::fake::Behavior;
 use cubelet_engine::spec::NamespaceMode;
@@ -905,8 +905,14 @@ async fn a_pod_without_infra_gets_one_stats_anchor_once_a_container_runs() {
     r.pods.start_container(&id).await.unwrap();
     until("the anchor", || !r.runtime.anchors().is_empty()).await;
     assert_eq!(r.runtime.anchors(), [sb.as_str().to_owned()]);
-    // It goes into the running container's shim.
-    assert_eq!(r.runtime.anchor_groups(), [Some(id.clone())]);
+    // It goes into the pod's shim, grouped by the sandbox id as the pod's
+    // containers are.
+    assert_eq!(r.runtime.anchor_groups(), [Some(sb.as_str().to_owned())]);
+    assert_eq!(
+        r.runtime.container(&id).unwrap().spec.annotations
+            [cubelet_runtime::sandbox::anchor::SHIM_GROUP_ANNOTATION],
+        sb.as_str()
+    );
     // A second container finds it running: still one.
     r.running(&sb, "sidecar").await;
     until("the second ensure", || {
@@ -1007,4 +1013,38 @@ async fn the_exit_of_a_stats_anchor_leaves_its_pod_ready() {
         },
     });
     assert_eq!(r.sandbox(&sb).unwrap().state, SandboxState::Ready);
+}
+
+#[tokio::test]
+async fn a_created_containers_stop_lets_its_task_go_and_it_stays_created() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.created(&sb, "idle").await;
+    let mut rx = r.pods.subscribe();
+    r.pods.stop_container(&id, Duration::ZERO).await.unwrap();
+    // The runtime is asked: a task made at the create goes unstarted.
+    assert_eq!(r.runtime.calls("stop"), 1);
+    assert_eq!(r.container(&id).unwrap().state, ContainerState::Created);
+    // The end of that task is no exit of the container's.
+    r.runtime.set_unstarted(&id, 4242);
+    r.pods.apply_event(&ContainerEvent {
+        id: id.clone(),
+        kind: ContainerEventKind::Exited {
+            code: 137,
+            at: Some(SystemTime::now()),
+            exec_id: String::new(),
+            pid: 4242,
+        },
+    });
+    let rec = r.container(&id).unwrap();
+    assert_eq!(rec.state, ContainerState::Created);
+    assert_eq!(rec.exit_code, None);
+    assert!(drain(&mut rx).is_empty());
+    // It starts as any created container.
+    r.pods.start_container(&id).await.unwrap();
+    assert_eq!(r.container(&id).unwrap().state, ContainerState::Running);
+    // The pod's stop asks for the task of a container never started too.
+    let idle = r.created(&sb, "idle2").await;
+    r.pods.stop_sandbox(sb.as_str()).await.unwrap();
+    assert_eq!(r.container(&idle).unwrap().state, ContainerState::Created);
 }

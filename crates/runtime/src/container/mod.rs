@@ -111,6 +111,10 @@ pub struct RuntimeConfig {
     /// and whether runc's shim options ask for systemd
     /// (`SystemdCgroup`); see [`crate::cgroup`].
     pub cgroup_driver: CgroupDriver,
+    /// Make a pod container's task (`runc create`) at its create, so that
+    /// its start only starts it (`runtime.task_at_create`); see
+    /// [`ContainerRuntime::create`].
+    pub task_at_create: bool,
 }
 
 impl RuntimeConfig {
@@ -123,6 +127,7 @@ impl RuntimeConfig {
             restrict_oom_score_adj: true,
             snapshotter: "overlayfs".to_owned(),
             cgroup_driver: CgroupDriver::Cgroupfs,
+            task_at_create: true,
         }
     }
 
@@ -242,6 +247,14 @@ pub struct ContainerRuntime {
     /// again. Taken by the start, dropped by the deletion; after a restart
     /// containerd is asked.
     created: Arc<Mutex<HashMap<String, Container>>>,
+    /// Containers whose task was made at their create and not started yet,
+    /// with its init pid (see [`ContainerRuntime::start`]).
+    prepared: Arc<Mutex<HashMap<String, u32>>>,
+    /// Init pids of tasks that were made and not started, by container:
+    /// their exits (a task made ahead and deleted unstarted is killed) are
+    /// none of the container's ([`ContainerRuntime::unstarted_exit`]).
+    /// Dropped on removal.
+    unstarted: Arc<Mutex<HashMap<String, Vec<u32>>>>,
 }
 
 /// A task being retired: its exit (status, time), and a receiver that turns
@@ -318,6 +331,8 @@ impl ContainerRuntime {
             usage: crate::stats::SnapshotUsageCache::default(),
             user_lookups: Arc::default(),
             created: Arc::default(),
+            prepared: Arc::default(),
+            unstarted: Arc::default(),
         }
     }
 

@@ -43,8 +43,8 @@ pub const USER_FILE_CAP: u64 = 4 * 1024 * 1024;
 pub const USER_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 use crate::io as fifo_io;
 use crate::spec::{
-    build_oci_spec, linux_resources, resolve_user, user_needs_lookup, ContainerSpec, ResolvedUser,
-    Resources, SpecOptions, SupplementalGroupsPolicy, UserRequest,
+    build_oci_spec, linux_resources, resolve_user, user_needs_lookup, ContainerKind, ContainerSpec,
+    ResolvedUser, Resources, SpecOptions, SupplementalGroupsPolicy, UserRequest,
 };
 
 impl ContainerRuntime {
@@ -63,6 +63,16 @@ impl ContainerRuntime {
 
     /// Creates container `id` (not started): rootfs snapshot from the image's
     /// chain id, OCI spec, containerd record. Removes what it made on failure.
+    ///
+    /// With `task_at_create` (the default) a pod's container (not an infra
+    /// container nor a stats anchor, which start at once, nor one in a user
+    /// namespace of its own, whose rootfs is idmapped at task creation)
+    /// also gets its task now, not started (`prepare`):
+    /// `runc create` runs here, so that StartContainer only starts it. Its
+    /// state stays `Created` (a created task is reported as such), a stop
+    /// or a removal before the start deletes the task unstarted, and a
+    /// failure to make it is not the create's: the start makes it again
+    /// and reports what fails.
     #[tracing::instrument(name = "runtime.create", level = "debug", skip_all)]
     pub async fn create(&self, id: &str, spec: &ContainerSpec) -> Result<(), RuntimeError> {
         // Decided before anything is built: a limit the node cannot enforce
@@ -127,6 +137,12 @@ impl ContainerRuntime {
             let _ = self.remove_snapshot(id).await;
             lock_map(&self.leased).remove(id);
             return Err(e);
+        }
+        if self.config.task_at_create
+            && spec.kind == ContainerKind::Container
+            && spec.namespaces.user.is_none()
+        {
+            self.prepare(id).await;
         }
         Ok(())
     }
@@ -519,6 +535,7 @@ impl ContainerRuntime {
         }
         self.usage_cache().forget(id);
         self.forget_retired(id);
+        lock_map(&self.unstarted).remove(id);
         fifo_io::remove_dir(&self.io_dir(id))?;
         let mnt = self.user_lookup_dir().join(id);
         match std::fs::remove_dir(&mnt) {
@@ -658,8 +675,12 @@ impl ContainerRuntime {
             .await
             .map_err(cd("containers.update"))?;
         match self.get_task(id).await? {
-            Some(p) if p.status == TaskStatus::Running as i32 => {}
-            // Not running: the spec update is all there is to do.
+            // Running, or made at the create and not started yet (its
+            // cgroup is there, and it starts with these limits).
+            Some(p)
+                if p.status == TaskStatus::Running as i32
+                    || p.status == TaskStatus::Created as i32 => {}
+            // No task: the spec update is all there is to do.
             _ => return Ok(()),
         }
         self.client

@@ -60,9 +60,100 @@ impl ContainerRuntime {
         Ok(())
     }
 
-    /// Starts container `id`: FIFOs, log copier, task create and start.
-    /// Returns the host pid of the container's init process.
+    /// Starts container `id`: its task, made now (FIFOs, log copier, task
+    /// create) unless [`ContainerRuntime::create`] made it ahead
+    /// (`prepare`), then started. Returns the host pid
+    /// of the container's init process.
     pub async fn start(&self, id: &str) -> Result<u32, RuntimeError> {
+        let prepared = lock_map(&self.prepared).remove(id);
+        let pid = match prepared {
+            Some(pid) => pid,
+            None => self.create_task(id, true).await?,
+        };
+        // Its exits are the container's from here on (those of a task
+        // made before it and deleted unstarted are still not).
+        {
+            let mut unstarted = lock_map(&self.unstarted);
+            if let Some(pids) = unstarted.get_mut(id) {
+                pids.retain(|p| *p != pid);
+                if pids.is_empty() {
+                    unstarted.remove(id);
+                }
+            }
+        }
+        // Taken before the start call so that it never follows the exit.
+        let started_at = SystemTime::now();
+        if let Err(e) = self
+            .client
+            .tasks()
+            .start(self.client.request(StartRequest {
+                container_id: id.to_owned(),
+                exec_id: String::new(),
+            }))
+            .instrument(debug_span!("tasks.start"))
+            .await
+            .map_err(cd("tasks.start"))
+        {
+            let _ = self.delete_task(id).await;
+            return Err(e);
+        }
+        // Record the start time with the container so status survives restarts.
+        let mut labels = HashMap::new();
+        labels.insert(LABEL_STARTED.to_owned(), unix_nanos(started_at).to_string());
+        let update = Container {
+            id: id.to_owned(),
+            labels,
+            ..Default::default()
+        };
+        self.client
+            .containers()
+            .update(self.client.request(UpdateContainerRequest {
+                container: Some(update),
+                update_mask: Some(prost_types::FieldMask {
+                    paths: vec![format!("labels.{LABEL_STARTED}")],
+                }),
+            }))
+            .instrument(debug_span!("containers.update"))
+            .await
+            .map_err(cd("containers.update"))?;
+        Ok(pid)
+    }
+
+    /// Makes container `id`'s task ahead of its start (`runc create`: the
+    /// process waits, in the container's namespaces and cgroup, for the
+    /// start): what [`ContainerRuntime::start`] would do first, so that
+    /// StartContainer only starts it. A failure leaves nothing and is the
+    /// start's to report: the start makes the task again and fails as it
+    /// would have.
+    #[tracing::instrument(name = "task.prepare", level = "debug", skip_all)]
+    pub(crate) async fn prepare(&self, id: &str) {
+        match self.create_task(id, false).await {
+            Ok(pid) => {
+                lock_map(&self.prepared).insert(id.to_owned(), pid);
+            }
+            Err(e) => {
+                tracing::debug!(container_id = id, error = %e, "making the task ahead failed; the start makes it")
+            }
+        }
+    }
+
+    /// Whether an exit of `id`'s init process `pid` is that of a task made
+    /// ahead (`prepare`) and deleted before it started
+    /// (by a stop, a removal, or a start after a restart): no exit of the
+    /// container's, which never ran.
+    pub fn unstarted_exit(&self, id: &str, pid: u32) -> bool {
+        lock_map(&self.unstarted)
+            .get(id)
+            .is_some_and(|pids| pids.contains(&pid))
+    }
+
+    /// Creates container `id`'s task (FIFOs, log copier, `tasks.create`),
+    /// not started; returns its init process's pid. A task the container
+    /// already has that never started (made ahead by a run killed before
+    /// the start) is deleted and made again. `unstage`: a failure also
+    /// removes the mounts staged for it at create (a start's failure ends
+    /// the container; a task made ahead leaves them for the start).
+    async fn create_task(&self, id: &str, unstage: bool) -> Result<u32, RuntimeError> {
         // As created by this process: no round trip to read back what it sent.
         let container = self.created_container(id).await?;
         let stdin = container
@@ -88,39 +179,57 @@ impl ContainerRuntime {
         let keepers = fifos.keep_open()?;
         let (stdin_path, stdout_path, stderr_path) = fifos.wire();
         let options = container.runtime.as_ref().and_then(|r| r.options.clone());
-        // The shim containerd is about to start is this agent's: the
+        // The shim containerd may be about to start is this agent's: the
         // ledger says so before it exists (a kill inside tasks.create),
-        // and by its pid and start time once it does.
+        // and by its pid and start time once it does. A task that joins
+        // its pod's running shim (the runc shim's group annotation) starts
+        // none, and its shim is not recorded under its id.
         let ledger = self.shim_ledger();
-        if let Err(e) = cubelet_engine::blocking(|| ledger.intend(id)) {
+        if let Err(e) = debug_span!("shim_ledger.intend")
+            .in_scope(|| cubelet_engine::blocking(|| ledger.intend(id)))
+        {
             tracing::warn!(container_id = id, error = %e, "recording the shim intent failed; an orphan shim of this task would not be reaped");
         }
-        let created = self
-            .client
-            .tasks()
-            .create(self.client.request(CreateTaskRequest {
-                container_id: id.to_owned(),
-                rootfs: mounts,
-                stdin: stdin_path,
-                stdout: stdout_path,
-                stderr: stderr_path,
-                terminal: tty,
-                options,
-                ..Default::default()
-            }))
-            .await
-            .map_err(cd("tasks.create"));
+        let request = CreateTaskRequest {
+            container_id: id.to_owned(),
+            rootfs: mounts,
+            stdin: stdin_path,
+            stdout: stdout_path,
+            stderr: stderr_path,
+            terminal: tty,
+            options,
+            ..Default::default()
+        };
+        let mut created = self.tasks_create(request.clone()).await;
+        if matches!(&created, Err(RuntimeError::Containerd { status, .. }) if status.code() == tonic::Code::AlreadyExists)
+        {
+            // Made ahead by a run killed before the start: never started
+            // (a container starts once), so deleted and made again.
+            if let Ok(Some(p)) = self.get_task(id).await {
+                if p.status == TaskStatus::Created as i32 {
+                    lock_map(&self.unstarted)
+                        .entry(id.to_owned())
+                        .or_default()
+                        .push(p.pid);
+                    delete_task_of(&self.client, id).await?;
+                    created = self.tasks_create(request).await;
+                }
+            }
+        }
         let created = match created {
-            Ok(c) => c.into_inner(),
+            Ok(c) => c,
             Err(e) => {
                 let _ = fifo_io::remove_dir(&fifos.dir);
-                let _ = self.unstage_mounts(id).await;
+                if unstage {
+                    let _ = self.unstage_mounts(id).await;
+                }
                 return Err(e);
             }
         };
         let namespace = self.client.namespace().to_owned();
-        if let Err(e) = cubelet_engine::blocking(|| ledger.record_task(id, &namespace, created.pid))
-        {
+        if let Err(e) = debug_span!("shim_ledger.record").in_scope(|| {
+            cubelet_engine::blocking(|| ledger.record_task(id, &namespace, created.pid))
+        }) {
             tracing::debug!(container_id = id, error = %e, "the shim of the task not recorded; its intent stays");
         }
         // The task's mount namespace holds its own copy of staged mounts:
@@ -146,40 +255,38 @@ impl ContainerRuntime {
                 stdin_keeper,
             },
         );
-        // Taken before the start call so that it never follows the exit.
-        let started_at = SystemTime::now();
-        if let Err(e) = self
-            .client
-            .tasks()
-            .start(self.client.request(StartRequest {
-                container_id: id.to_owned(),
-                exec_id: String::new(),
-            }))
-            .await
-            .map_err(cd("tasks.start"))
-        {
-            let _ = self.delete_task(id).await;
-            return Err(e);
-        }
-        // Record the start time with the container so status survives restarts.
-        let mut labels = HashMap::new();
-        labels.insert(LABEL_STARTED.to_owned(), unix_nanos(started_at).to_string());
-        let update = Container {
-            id: id.to_owned(),
-            labels,
-            ..Default::default()
-        };
-        self.client
-            .containers()
-            .update(self.client.request(UpdateContainerRequest {
-                container: Some(update),
-                update_mask: Some(prost_types::FieldMask {
-                    paths: vec![format!("labels.{LABEL_STARTED}")],
-                }),
-            }))
-            .await
-            .map_err(cd("containers.update"))?;
+        // Until the start, an exit of this process is not the container's.
+        lock_map(&self.unstarted)
+            .entry(id.to_owned())
+            .or_default()
+            .push(created.pid);
         Ok(created.pid)
+    }
+
+    /// `tasks.create`, one more time when the pod's shim it was to join
+    /// went away meanwhile (it exits once its last task is deleted, and a
+    /// task that joins it in that moment finds it closing).
+    async fn tasks_create(
+        &self,
+        request: CreateTaskRequest,
+    ) -> Result<containerd_client::services::v1::CreateTaskResponse, RuntimeError> {
+        let mut retried = false;
+        loop {
+            let result = self
+                .client
+                .tasks()
+                .create(self.client.request(request.clone()))
+                .instrument(debug_span!("tasks.create"))
+                .await;
+            match result {
+                Ok(c) => return Ok(c.into_inner()),
+                Err(s) if !retried && shim_went_away(&s) => {
+                    tracing::debug!(container_id = %request.container_id, error = %s.message(), "the pod's shim went away; creating the task again");
+                    retried = true;
+                }
+                Err(s) => return Err(RuntimeError::containerd("tasks.create", s)),
+            }
+        }
     }
 
     /// Resumes log copying for a running container after an agent restart.
@@ -327,6 +434,21 @@ impl ContainerRuntime {
         let Some(process) = self.get_task(id).await? else {
             return Ok(None);
         };
+        if process.status == TaskStatus::Created as i32 {
+            // Made ahead and never started (by this run or one before it):
+            // nothing ran, and its process's end is no exit. Deleted, so no
+            // process of it is left in the pod; a later start makes it
+            // again.
+            lock_map(&self.unstarted)
+                .entry(id.to_owned())
+                .or_default()
+                .push(process.pid);
+            lock_map(&self.prepared).remove(id);
+            delete_task_of(&self.client, id).await?;
+            let live = self.lock_live().remove(id);
+            drain_copiers(live).await;
+            return Ok(None);
+        }
         if process.status == TaskStatus::Stopped as i32 {
             return Ok(Some((
                 process.exit_status,
@@ -427,6 +549,7 @@ impl ContainerRuntime {
     #[tracing::instrument(name = "task.delete", level = "debug", skip_all)]
     pub async fn delete_task(&self, id: &str) -> Result<(), RuntimeError> {
         self.retired(id).await;
+        lock_map(&self.prepared).remove(id);
         if let Some(p) = self.get_task(id).await? {
             if p.status != TaskStatus::Stopped as i32 && p.status != TaskStatus::Created as i32 {
                 self.halt(id, Duration::ZERO).await?;
@@ -497,6 +620,18 @@ async fn drain_copiers(live: Option<Live>) {
         .instrument(debug_span!("log_copiers.drain"))
         .await;
     }
+}
+
+/// Whether `tasks.create` failed because the shim the task was to join
+/// (its pod's, by the runc shim's group annotation) was closing: its
+/// connection closed or refused, which a second attempt, starting a new
+/// shim, does not meet.
+fn shim_went_away(status: &tonic::Status) -> bool {
+    let m = status.message();
+    status.code() == tonic::Code::Unavailable
+        || m.contains("ttrpc: closed")
+        || m.contains("connection refused")
+        || m.contains("shim has exited")
 }
 
 /// A wait's exit, or `None` when the task is gone.

@@ -45,8 +45,13 @@ pub const ANCHOR_MARKER: &str = "stats-anchor";
 /// CRI runs a pod's containers in its sandbox's shim.
 pub const SHIM_GROUP_ANNOTATION: &str = "io.containerd.runc.v2.group";
 
+/// The label of a warm-pool shell's keeper ([`keeper_spec`]): a pause
+/// container with the shell's id that holds the shell's shim until a pod's
+/// stats anchor replaces it.
+pub const KEEPER_LABEL: &str = "io.cubelet.sandbox/keeper";
+
 /// Whether the pin directory `pins_dir` says its pod has (or may have) a
-/// stats anchor.
+/// stats anchor (or, for a shell, a keeper).
 pub fn marked(pins_dir: &Path) -> bool {
     pins_dir.join(ANCHOR_MARKER).exists()
 }
@@ -97,7 +102,11 @@ impl StatsAnchor {
             return Ok(AnchorOutcome::NotNeeded);
         };
         match self.runtime.status(id).await {
-            Ok(s) if s.state == ContainerState::Running => return Ok(AnchorOutcome::Running),
+            // A shell's keeper holds the pod's shim but is no anchor (no
+            // labels of the pod, not in its cgroup): replaced.
+            Ok(s) if s.state == ContainerState::Running && !s.labels.contains_key(KEEPER_LABEL) => {
+                return Ok(AnchorOutcome::Running)
+            }
             Ok(_) => self.runtime.remove(id).await?,
             Err(RuntimeError::NotFound { .. }) => {}
             Err(e) => return Err(e),
@@ -129,7 +138,7 @@ impl StatsAnchor {
 }
 
 /// Writes the marker in `pins_dir`; false when the directory is gone.
-fn write_marker(pins_dir: &Path) -> Result<bool, RuntimeError> {
+pub(crate) fn write_marker(pins_dir: &Path) -> Result<bool, RuntimeError> {
     let marker = pins_dir.join(ANCHOR_MARKER);
     match std::fs::OpenOptions::new()
         .write(true)
@@ -192,6 +201,55 @@ pub fn anchor_spec(
         namespaces,
         hostname: spec.effective_hostname().to_owned(),
         runtime_handler: spec.runtime_handler.clone(),
+        ..Default::default()
+    })
+}
+
+/// The container spec of a warm-pool shell's keeper: the pause binary, with
+/// the shell's id, in the shell's network namespace and its pinned IPC and
+/// UTS namespaces, in a PID
+/// namespace of its own, on the default handler, labelled
+/// [`KEEPER_LABEL`] and nothing of a pod's (no pod has the shell yet), in
+/// no pod's cgroup: the default parent (`/cubelet`, or `system.slice`
+/// under systemd). Its task starts the runc shim the shell's pod will run
+/// its containers in ([`SHIM_GROUP_ANNOTATION`], the shell's id).
+pub fn keeper_spec(
+    id: &str,
+    process: &SandboxProcess,
+    netns: &Path,
+    image_ref: String,
+    image: ImageInfo,
+    hostname: &str,
+) -> Result<ContainerSpec, RuntimeError> {
+    let options = cubelet_engine::spec::NamespaceOptions {
+        pid: NamespaceMode::Container,
+        ..Default::default()
+    };
+    let namespaces = ContainerNamespaces::for_pod_container(
+        &options,
+        &PodNamespacePaths::of_sandbox(process, Some(netns)),
+        None,
+    )?;
+    Ok(ContainerSpec {
+        name: format!("shell_{id}_keeper"),
+        image_ref,
+        image,
+        command: vec!["/pause".to_owned()],
+        capabilities_drop: Vec::new(),
+        privileged: false,
+        readonly_rootfs: true,
+        no_new_privs: true,
+        seccomp: SeccompProfile::RuntimeDefault,
+        resources: Resources {
+            oom_score_adj: INFRA_OOM_SCORE_ADJ,
+            ..Default::default()
+        },
+        kind: ContainerKind::Sandbox,
+        labels: [(KEEPER_LABEL.to_owned(), "true".to_owned())].into(),
+        annotations: [(SHIM_GROUP_ANNOTATION.to_owned(), id.to_owned())].into(),
+        cgroup_parent: None,
+        namespaces,
+        hostname: hostname.to_owned(),
         ..Default::default()
     })
 }

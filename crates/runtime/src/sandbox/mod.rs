@@ -144,6 +144,9 @@ pub struct SandboxProvider {
     pause: Arc<dyn PauseImageSource>,
     mode: SandboxMode,
     pins: Option<PodNamespaces>,
+    /// Whether a warm-pool shell gets a keeper (and so a running shim):
+    /// see [`SandboxProvider::with_shell_shims`].
+    shell_shims: bool,
 }
 
 impl SandboxProvider {
@@ -155,6 +158,7 @@ impl SandboxProvider {
             pause,
             mode: SandboxMode::Pause,
             pins: None,
+            shell_shims: false,
         }
     }
 
@@ -165,6 +169,21 @@ impl SandboxProvider {
     pub fn with_pinned_namespaces(mut self, pins: PodNamespaces, mode: SandboxMode) -> Self {
         self.pins = Some(pins);
         self.mode = mode;
+        self
+    }
+
+    /// Gives every warm-pool shell with a network namespace a running runc
+    /// shim, held by a *keeper* ([`anchor::keeper_spec`]): the pause binary
+    /// as a containerd container with the shell's id, started in a shim
+    /// grouped by that id ([`anchor::SHIM_GROUP_ANNOTATION`]). The pod that
+    /// claims the shell runs its containers in that shim (they are grouped
+    /// by their sandbox id), so its first StartContainer starts no shim;
+    /// its stats anchor replaces the keeper. The keeper is made after the
+    /// anchor marker is written in the shell's pin directory, so every
+    /// teardown of the shell or of its pod (and the GC's, after a crash)
+    /// removes it as it removes an anchor.
+    pub fn with_shell_shims(mut self, on: bool) -> Self {
+        self.shell_shims = on;
         self
     }
 
@@ -299,6 +318,13 @@ impl Flow for SandboxProvider {
                 });
                 return Ok(());
             }
+            // The shell's keeper has the id the pause container takes.
+            if let Some(dir) = &shell.pins_dir {
+                let dir = dir.clone();
+                if cubelet_engine::blocking(|| anchor::marked(&dir)) {
+                    self.runtime.remove(id).await?;
+                }
+            }
             pins.remove(ctx.sandbox_id()).await?;
             ctx.take::<SandboxProcess>();
         }
@@ -382,13 +408,52 @@ impl Flow for SandboxProvider {
             hostname: Some(SHELL_HOSTNAME.to_owned()),
         };
         let pinned = pins.create(ctx.sandbox_id(), &req).await?;
-        ctx.publish(SandboxProcess {
+        let process = SandboxProcess {
             pid: None,
             runtime_handler: String::new(),
             ipc_path: pinned.ipc,
             uts_path: pinned.uts,
             pins_dir: Some(pinned.dir),
-        });
+        };
+        ctx.publish(process.clone());
+        let netns = ctx.get::<NetworkStatus>().and_then(|n| n.netns_path);
+        if let (true, Some(netns)) = (self.shell_shims, netns) {
+            self.start_keeper(ctx.sandbox_id().as_str(), &process, &netns)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+impl SandboxProvider {
+    /// Starts shell `id`'s keeper (see [`SandboxProvider::with_shell_shims`]):
+    /// the marker first, so that the shell's teardown (the prewarm's
+    /// rollback on failure, a later destroy, the GC after a crash) removes
+    /// whatever of it was made.
+    async fn start_keeper(
+        &self,
+        id: &str,
+        process: &SandboxProcess,
+        netns: &std::path::Path,
+    ) -> Result<(), StepError> {
+        let Some(dir) = process.pins_dir.clone() else {
+            return Ok(());
+        };
+        if !cubelet_engine::blocking(|| anchor::write_marker(&dir))? {
+            return Ok(());
+        }
+        let image = self.pause.pause_image().await?;
+        let spec = anchor::keeper_spec(
+            id,
+            process,
+            netns,
+            self.pause.reference(),
+            image,
+            SHELL_HOSTNAME,
+        )?;
+        self.runtime.create(id, &spec).await?;
+        let pid = self.runtime.start(id).await?;
+        tracing::debug!(sandbox = id, pid, "shell keeper started, its shim ready");
         Ok(())
     }
 }

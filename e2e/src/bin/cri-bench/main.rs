@@ -395,8 +395,12 @@ async fn measure(args: &Args, w: &Workload, eps: &mut [Endpoint]) -> anyhow::Res
 
     let rounds = args.n.div_ceil(args.concurrency);
     let warmup = if args.n == 0 { 0 } else { args.warmup };
+    let mut lifecycle_pool = None;
     for round in 0..warmup + rounds {
         let counted = round >= warmup;
+        if round == warmup && args.n > 0 {
+            lifecycle_pool = Some(pool_counters(eps).await);
+        }
         for i in rotation(eps.len(), round) {
             let batch = (0..args.concurrency).map(|k| {
                 let name = lifecycle::pod_name("lat", i, round * args.concurrency + k);
@@ -420,6 +424,10 @@ async fn measure(args: &Args, w: &Workload, eps: &mut [Endpoint]) -> anyhow::Res
         ));
     }
     progress_done();
+    if let Some(before) = lifecycle_pool {
+        let after = pool_counters(eps).await;
+        report_pool(eps, &before, &after, "the counted lifecycles");
+    }
 
     if args.churn > 0 {
         let before = pool_counters(eps).await;
@@ -427,16 +435,7 @@ async fn measure(args: &Args, w: &Workload, eps: &mut [Endpoint]) -> anyhow::Res
             results[i].churn = Some(c);
         }
         let after = pool_counters(eps).await;
-        for (e, (b, a)) in eps.iter().zip(before.iter().zip(&after)) {
-            if let (Some(b), Some(a)) = (b, a) {
-                let (hits, misses) = (a.0 - b.0, a.1 - b.1);
-                println!(
-                    "{}: sandbox pool during the churn: {hits} hits, {misses} misses ({:.0}% hits)",
-                    e.label,
-                    100.0 * hits / (hits + misses).max(1.0)
-                );
-            }
-        }
+        report_pool(eps, &before, &after, "the churn");
     }
 
     if args.n > 0 || args.churn > 0 {
@@ -523,6 +522,26 @@ async fn churn(args: &Args, w: &Workload, eps: &[Endpoint]) -> Vec<Churn> {
     }
     progress_done();
     out
+}
+
+/// Prints each started Cubelet's pool hits and misses between the counts
+/// `before` and `after` ([`pool_counters`]), during `what`.
+fn report_pool(
+    eps: &[Endpoint],
+    before: &[Option<(f64, f64)>],
+    after: &[Option<(f64, f64)>],
+    what: &str,
+) {
+    for (e, (b, a)) in eps.iter().zip(before.iter().zip(after)) {
+        if let (Some(b), Some(a)) = (b, a) {
+            let (hits, misses) = (a.0 - b.0, a.1 - b.1);
+            println!(
+                "{}: sandbox pool during {what}: {hits} hits, {misses} misses ({:.0}% hits)",
+                e.label,
+                100.0 * hits / (hits + misses).max(1.0)
+            );
+        }
+    }
 }
 
 /// `cubelet_pool_hits_total` and `cubelet_pool_misses_total` of each
