@@ -66,7 +66,13 @@ down() {
     if [[ -f "$CONF" ]]; then log "removing $CONF"; rm -f "$CONF"; fi
     if [[ -e "/sys/class/net/${BRIDGE}" ]]; then log "deleting bridge $BRIDGE"; ip link del "$BRIDGE"; fi
     rm -rf "$IPAM_DIR"
-    if [[ "$(cat "$MARK" 2>/dev/null || echo no)" == no ]]; then
+    local before
+    before="$(cat "$MARK" 2>/dev/null || echo unknown)"
+    if [[ "$before" == unknown ]]; then
+        # No `up` recorded (already down, or never up): whatever CNI chains
+        # the nat table has are someone else's.
+        log "no record of an up: leaving the nat table's CNI chains alone"
+    elif [[ "$before" == no ]]; then
         local rules chains
         rules=$(cni_nat | sed -n 's/^-A //p')
         chains=$(cni_nat | sed -n 's/^:\([^ ]*\) .*/\1/p')
