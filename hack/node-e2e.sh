@@ -21,8 +21,8 @@
 # 10.203.79.0/24) for the run.
 #
 # Results per runtime in $NODE_E2E_OUT/<runtime>/: junit_01.xml (one
-# testcase per spec), e2e.log (the suite's output), kubelet.log, and
-# summary.txt. The last lines printed are one per runtime:
+# testcase per spec), e2e.log (the suite's output), kubelet.log,
+# cubelet.log (Cubelet's run) and summary.txt. The last lines printed are one per runtime:
 #   node-e2e <runtime>: N passed, N failed, N skipped (junit: <path>)
 # then, with both runtimes, the specs that pass on containerd and fail on
 # Cubelet. Afterwards everything this made is gone: kubelet's dirs, mounts,
@@ -235,6 +235,8 @@ run_one() {
     fi
     stop_kubelet "$dir"
     kc delete node "$NODE" --ignore-not-found >/dev/null
+    # The daemon's log goes with its teardown: a copy stays with the results.
+    [[ -n "${CUBELET_LOG:-}" && -f "$CUBELET_LOG" ]] && cp "$CUBELET_LOG" "$out/cubelet.log"
     if [[ -f "$out/junit_01.xml" ]]; then
         local counts
         read -r -a counts < <(junit_counts "$out/junit_01.xml")
