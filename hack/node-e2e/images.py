@@ -6,8 +6,13 @@ mirrors registry.k8s.io to that registry pulls them by their upstream names:
 
   e2e-test-images/busybox:1.29-4       Debian's busybox-static, every applet a hard link
   e2e-test-images/agnhost:2.45         busybox + the agnhost binary given (/agnhost,
-                                       ENTRYPOINT ["/agnhost"], CMD ["pause"]) and the
-                                       users/groups of the upstream image
+                                       ENTRYPOINT ["/agnhost"], CMD ["pause"]), the
+                                       users/groups of the upstream image and, as it has,
+                                       /localhost.crt and /localhost.key (here a key and
+                                       self-signed certificate for localhost made by
+                                       openssl for the run), and a curl stand-in
+                                       (busybox wget: `curl URL` prints the body), which
+                                       the lifecycle hook specs' exec hooks call
   e2e-test-images/nginx:1.14-4, 1.15-4 busybox + the stand-in server as /usr/sbin/nginx
   e2e-test-images/httpd:2.4.38-4, 2.4.39-4
                                        busybox + the stand-in server as /usr/local/bin/httpd
@@ -24,7 +29,8 @@ default 80, and acts by the name it is installed under).
 Usage: images.py REGISTRY BUSYBOX STANDIN AGNHOST PAUSE
 
 Tars are deterministic (fixed mtimes and owners): re-running pushes nothing
-new. A dynamically linked agnhost gets the libraries ldd names beside it.
+new but agnhost's certificate layer. A dynamically linked agnhost gets the
+libraries ldd names beside it.
 """
 import gzip
 import hashlib
@@ -34,6 +40,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import tempfile
 import urllib.error
 import urllib.request
 
@@ -118,6 +125,16 @@ httpd = layer([("dir", "usr", 0o755), ("dir", "usr/local", 0o755), ("dir", "usr/
 nnp = layer([("dir", "usr", 0o755), ("dir", "usr/local", 0o755), ("dir", "usr/local/bin", 0o755),
              ("file", "usr/local/bin/nonewprivs", sb, 0o4755)])
 
+CURL = b"""#!/bin/sh
+# curl [options] URL: GETs URL and prints the body (a stand-in on busybox wget;
+# options are ignored).
+url=""
+for a in "$@"; do
+    case "$a" in -*) ;; *) url="$a" ;; esac
+done
+exec wget -q -O - "$url"
+"""
+
 # agnhost: the binary, its libraries when it is dynamically linked, and
 # the users and groups the upstream image adds (adduser -u 1000, addgroup -g 50000).
 agn = [("file", "agnhost", open(agnhost, "rb").read(), 0o755), ("sym", "agnhost-2", "agnhost"),
@@ -125,7 +142,8 @@ agn = [("file", "agnhost", open(agnhost, "rb").read(), 0o755), ("sym", "agnhost-
        ("dir", "etc", 0o755),
        ("file", "etc/passwd", PASSWD + b"user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n", 0o644),
        ("file", "etc/group", GROUP + b"user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n", 0o644),
-       ("dir", "home", 0o755), ("dir", "home/user-defined-in-image", 0o755)]
+       ("dir", "home", 0o755), ("dir", "home/user-defined-in-image", 0o755),
+       ("dir", "usr", 0o755), ("dir", "usr/bin", 0o755), ("file", "usr/bin/curl", CURL, 0o755)]
 ldd = subprocess.run(["ldd", agnhost], capture_output=True, text=True)
 libs = []
 if ldd.returncode == 0:
@@ -142,6 +160,14 @@ for lib in libs:
             seen.add(d)
     real = os.path.realpath(lib)
     agn.append(("file", lib.lstrip("/"), open(real, "rb").read(), 0o755))
+with tempfile.TemporaryDirectory() as tmp:
+    # netexec --tls-cert-file /localhost.crt (the lifecycle hook specs' HTTPS server).
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                    "-keyout", f"{tmp}/localhost.key", "-out", f"{tmp}/localhost.crt"],
+                   check=True, capture_output=True)
+    certs = layer([("file", "localhost.crt", open(f"{tmp}/localhost.crt", "rb").read(), 0o644),
+                   ("file", "localhost.key", open(f"{tmp}/localhost.key", "rb").read(), 0o644)])
 agnhost_layer = layer(agn)
 
 
@@ -169,7 +195,7 @@ nginx_img = image([base, nginx], ["nginx", "-g", "daemon off;"], marker="nginx")
 httpd_img = image([base, httpd], ["httpd"], marker="httpd")
 plan = [
     (E + "busybox", "1.29-4", image([base], ["sh"], marker="busybox")),
-    (E + "agnhost", "2.45", image([base, agnhost_layer], ["pause"], entrypoint=["/agnhost"], marker="agnhost")),
+    (E + "agnhost", "2.45", image([base, agnhost_layer, certs], ["pause"], entrypoint=["/agnhost"], marker="agnhost")),
     (E + "nginx", "1.14-4", nginx_img),
     (E + "nginx", "1.15-4", nginx_img),
     (E + "httpd", "2.4.38-4", httpd_img),
