@@ -117,13 +117,6 @@ case "$subset" in
     *) die "--subset lifecycle|ci|conformance, not $subset" ;;
 esac
 skip="${skip:-$DEFAULT_SKIP}"
-# PrivilegedPod's spec makes a dummy link in the pod: a kernel without the
-# dummy driver fails it whatever the runtime.
-if [[ -z "$one" ]] && ! ip link add cbtdummyprobe type dummy 2>/dev/null; then
-    log "this kernel has no dummy link driver: skipping PrivilegedPod's 'should enable privileged commands'"
-    skip="${skip}|PrivilegedPod .*should enable privileged commands"
-fi
-ip link del cbtdummyprobe 2>/dev/null || true
 case "$runtime" in
     both) runtimes=(containerd cubelet) ;;
     cubelet | containerd) runtimes=("$runtime") ;;
@@ -304,6 +297,13 @@ if ((${#missing[@]})); then
     exit 0
 fi
 [[ $EUID -eq 0 ]] || die "run as root: kubelet and the runtimes make namespaces, mounts and cgroups"
+# PrivilegedPod's spec makes a dummy link in the pod: a kernel without the
+# dummy driver fails it whatever the runtime.
+if ! ip link add cbtdummyprobe type dummy 2>/dev/null; then
+    log "this kernel has no dummy link driver: skipping PrivilegedPod's 'should enable privileged commands'"
+    skip="${skip}|PrivilegedPod .*should enable privileged commands"
+fi
+ip link del cbtdummyprobe 2>/dev/null || true
 need_bin python3 python3
 need_bin cc gcc
 need_bin openssl openssl
