@@ -19,6 +19,10 @@
 #
 # Env: CLUSTER_ROOT CLUSTER_STATE CLUSTER_ETCD_PORT CLUSTER_API_PORT
 #      CLUSTER_SERVICE_CIDR CLUSTER_SCHEDULER (0: no scheduler)
+#      CLUSTER_TOKEN (a bearer token the API server also accepts, as a member
+#      of system:masters: the node e2e suite's --bearer-token; none by default)
+#      CLUSTER_KUBELET_ADDRESS_TYPES (the node address types the API server
+#      dials kubelets on, in order; default Hostname,InternalIP)
 set -euo pipefail
 # shellcheck source=hack/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -32,6 +36,8 @@ CLUSTER_SCHED_PORT="${CLUSTER_SCHED_PORT:-20259}"
 CLUSTER_SERVICE_CIDR="${CLUSTER_SERVICE_CIDR:-10.0.0.0/24}"
 CLUSTER_SERVICE_IP="${CLUSTER_SERVICE_IP:-10.0.0.1}"
 CLUSTER_SCHEDULER="${CLUSTER_SCHEDULER:-1}"
+CLUSTER_TOKEN="${CLUSTER_TOKEN:-}"
+CLUSTER_KUBELET_ADDRESS_TYPES="${CLUSTER_KUBELET_ADDRESS_TYPES:-Hostname,InternalIP}"
 CERTS="${CLUSTER_ROOT}/pki"
 KUBECONFIG_FILE="${CLUSTER_ROOT}/admin.kubeconfig"
 
@@ -186,8 +192,13 @@ start() {
     fi
     wait_for etcd 30 curl -fsS "${etcd_url}/health"
 
+    local token_args=()
+    if [[ -n "$CLUSTER_TOKEN" ]]; then
+        (umask 077; printf '%s,e2e-admin,e2e-admin,system:masters\n' "$CLUSTER_TOKEN" >"${CERTS}/tokens.csv")
+        token_args=(--token-auth-file "${CERTS}/tokens.csv")
+    fi
     log "starting kube-apiserver on https://127.0.0.1:${CLUSTER_API_PORT}"
-    spawn kube-apiserver "$APISERVER" \
+    spawn kube-apiserver "$APISERVER" "${token_args[@]}" \
         --etcd-servers "$etcd_url" \
         --bind-address 127.0.0.1 --advertise-address 127.0.0.1 \
         --secure-port "$CLUSTER_API_PORT" \
@@ -195,7 +206,7 @@ start() {
         --client-ca-file "${CERTS}/ca.crt" \
         --kubelet-client-certificate "${CERTS}/apiserver-kubelet.crt" \
         --kubelet-client-key "${CERTS}/apiserver-kubelet.key" \
-        --kubelet-preferred-address-types Hostname,InternalIP \
+        --kubelet-preferred-address-types "$CLUSTER_KUBELET_ADDRESS_TYPES" \
         --service-account-key-file "${CERTS}/sa.pub" \
         --service-account-signing-key-file "${CERTS}/sa.key" \
         --service-account-issuer https://kubernetes.default.svc \

@@ -18,6 +18,10 @@ pub(crate) const RESIZE: u8 = 4;
 /// v5 only: the client closed the channel named by the payload's first byte.
 pub(crate) const CLOSE: u8 = 255;
 
+/// `channel.k8s.io`: the first WebSocket remote command protocol (what
+/// Kubernetes' node e2e suite still asks for): v4's channels, but the error
+/// channel carries only a failure's message, and nothing on success.
+pub(crate) const V1: &str = "channel.k8s.io";
 /// `v4.channel.k8s.io`: channels 0-4, no stream close.
 pub(crate) const V4: &str = "v4.channel.k8s.io";
 /// `v5.channel.k8s.io`: v4 plus the close channel.

@@ -17,7 +17,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::channel::{self, PORT_FORWARD, SPDY_TUNNEL_PORT_FORWARD, V4, V5};
+use crate::channel::{self, PORT_FORWARD, SPDY_TUNNEL_PORT_FORWARD, V1, V4, V5};
 use crate::dial::PodTarget;
 use crate::limits::{Limits, SessionSlot};
 use crate::session;
@@ -265,7 +265,7 @@ fn handle(
     let supported: &[&str] = if kind == "portforward" {
         &[SPDY_TUNNEL_PORT_FORWARD, V4, PORT_FORWARD]
     } else {
-        &[V5, V4]
+        &[V5, V4, V1]
     };
     let Some(proto) = channel::negotiate(&offers, supported) else {
         return text(
@@ -282,6 +282,7 @@ fn handle(
         Err(refusal) => return *refusal,
     };
     let v5 = proto == V5;
+    let legacy = proto == V1;
     let tunnel = proto == SPDY_TUNNEL_PORT_FORWARD;
     let accept = derive_accept_key(key.as_bytes());
     let mut resp = Response::new(Full::new(Bytes::new()));
@@ -322,11 +323,13 @@ fn handle(
                     container_id,
                     cmd,
                     streams,
-                }) => session::exec(ws, v5, backend, container_id, cmd, streams, limits).await,
+                }) => {
+                    session::exec(ws, v5, legacy, backend, container_id, cmd, streams, limits).await
+                }
                 Pending::Attach(AttachRequest {
                     container_id,
                     streams,
-                }) => session::attach(ws, v5, backend, container_id, streams, limits).await,
+                }) => session::attach(ws, v5, legacy, backend, container_id, streams, limits).await,
                 Pending::PortForward(PortForwardRequest {
                     pod_sandbox_id: sandbox_id,
                     netns,
@@ -456,6 +459,7 @@ fn spdy_upgrade(
 fn proto_static(p: &str) -> &'static str {
     match p {
         V5 => V5,
+        V1 => V1,
         PORT_FORWARD => PORT_FORWARD,
         SPDY_TUNNEL_PORT_FORWARD => SPDY_TUNNEL_PORT_FORWARD,
         _ => V4,

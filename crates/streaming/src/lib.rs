@@ -9,7 +9,8 @@
 //! certificate, see [`TlsFiles`]). The client (kubelet, crictl, kubectl
 //! through the API server) then connects to that URL on this server's own
 //! TCP listener and upgrades to WebSocket with the Kubernetes channel
-//! protocol (`v4.channel.k8s.io`, `v5.channel.k8s.io`), or to SPDY/3.1
+//! protocol (`v4.channel.k8s.io`, `v5.channel.k8s.io`, and for exec and
+//! attach the first one, `channel.k8s.io`), or to SPDY/3.1
 //! (`X-Stream-Protocol-Version: v4.channel.k8s.io` .. `channel.k8s.io`, or
 //! `portforward.k8s.io`), which crictl and kubelet's proxy speak.
 //!
@@ -334,6 +335,25 @@ mod tests {
                 .unwrap()
                 .contains("command not found"),
             "{status}"
+        );
+        stop.cancel();
+    }
+
+    /// `channel.k8s.io` (what Kubernetes' node e2e suite asks for): the
+    /// output as v4, nothing on the error channel after a success, and only
+    /// the message after a failure.
+    #[tokio::test]
+    async fn exec_over_the_first_channel_protocol_sends_no_success_status() {
+        let (server, _backend, stop) = served().await;
+        let url = server.exec(exec(&["echo", "hello"], false)).unwrap();
+        let msgs = drain(&mut connect(&url, channel::V1).await.unwrap()).await;
+        assert_eq!(on(&msgs, channel::STDOUT), b"hello\n");
+        assert!(on(&msgs, channel::ERROR).is_empty(), "{msgs:?}");
+        let url = server.exec(exec(&["exit", "3"], false)).unwrap();
+        let msgs = drain(&mut connect(&url, channel::V1).await.unwrap()).await;
+        assert_eq!(
+            on(&msgs, channel::ERROR),
+            b"command terminated with non-zero exit code: exit status 3"
         );
         stop.cancel();
     }

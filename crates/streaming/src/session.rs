@@ -66,10 +66,12 @@ type CloseReason = Arc<std::sync::Mutex<Option<CloseFrame>>>;
 /// [`In::End`]). The reader ends the session (the receiver reports the
 /// sender gone) when the client leaves, sends a message over
 /// `max_message_size`, or moves no byte for the idle timeout; the close
-/// frame then says why.
+/// frame then says why. With `legacy` (`channel.k8s.io`) the error channel
+/// carries only a failure's message, and nothing on success.
 fn ws_adapt<S>(
     ws: WebSocketStream<S>,
     v5: bool,
+    legacy: bool,
     limits: Limits,
     coalesce_resizes: bool,
 ) -> (Tx, Rx, JoinHandle<()>, JoinHandle<()>)
@@ -85,7 +87,13 @@ where
         tokio::spawn(
             async move {
                 while let Some(m) = rx.recv().await {
-                    if let Out::Data(ch, data) = m {
+                    if let Out::Data(ch, mut data) = m {
+                        if legacy && ch == ERROR {
+                            match crate::spdy_remote::error_payload(false, &data) {
+                                Some(d) => data = d,
+                                None => continue,
+                            }
+                        }
                         // A client that reads nothing holds this send only
                         // until it has been idle for the timeout.
                         let sent = tokio::select! {
@@ -251,6 +259,7 @@ where
 async fn over_ws<S, F, Fut>(
     ws: WebSocketStream<S>,
     v5: bool,
+    legacy: bool,
     limits: Limits,
     coalesce_resizes: bool,
     core: F,
@@ -259,7 +268,7 @@ async fn over_ws<S, F, Fut>(
     F: FnOnce(Tx, Rx) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let (tx, rx, writer, reader) = ws_adapt(ws, v5, limits, coalesce_resizes);
+    let (tx, rx, writer, reader) = ws_adapt(ws, v5, legacy, limits, coalesce_resizes);
     core(tx, rx).await;
     reader.abort();
     let _ = writer.await;
@@ -311,9 +320,11 @@ async fn finish(mut h: JoinHandle<()>) {
 }
 
 /// Runs `cmd` in the container and streams it over `ws` until it exits.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn exec<S>(
     ws: WebSocketStream<S>,
     v5: bool,
+    legacy: bool,
     backend: Arc<dyn StreamBackend>,
     container_id: String,
     cmd: Vec<String>,
@@ -322,7 +333,7 @@ pub(crate) async fn exec<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    over_ws(ws, v5, limits, true, |tx, rx| {
+    over_ws(ws, v5, legacy, limits, true, |tx, rx| {
         exec_core(tx, rx, backend, container_id, cmd, streams)
     })
     .await;
@@ -462,6 +473,7 @@ fn term_size(sz: channel::TermSize) -> TerminalSize {
 pub(crate) async fn attach<S>(
     ws: WebSocketStream<S>,
     v5: bool,
+    legacy: bool,
     backend: Arc<dyn StreamBackend>,
     container_id: String,
     streams: Streams,
@@ -469,7 +481,7 @@ pub(crate) async fn attach<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    over_ws(ws, v5, limits, true, |tx, rx| {
+    over_ws(ws, v5, legacy, limits, true, |tx, rx| {
         attach_core(tx, rx, backend, container_id, streams)
     })
     .await;
@@ -596,7 +608,7 @@ pub(crate) async fn port_forward<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    over_ws(ws, false, limits, false, |tx, rx| {
+    over_ws(ws, false, false, limits, false, |tx, rx| {
         port_forward_ws(tx, rx, sandbox_id, target, ports)
     })
     .await;

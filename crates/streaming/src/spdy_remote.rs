@@ -127,7 +127,7 @@ fn resize_objects(buf: &mut BytesMut) -> Vec<Bytes> {
 
 /// The error stream's payload for `protocol`: v4 sends the status as is;
 /// older versions send only a failure's message.
-fn error_payload(v4: bool, status: &[u8]) -> Option<Bytes> {
+pub(crate) fn error_payload(v4: bool, status: &[u8]) -> Option<Bytes> {
     if v4 {
         return Some(Bytes::copy_from_slice(status));
     }
