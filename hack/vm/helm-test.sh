@@ -287,6 +287,9 @@ pods_on() {
     guest "crictl -r unix://$1 pods --state ready ${2:+--namespace $2} -q" | grep -c . || true
 }
 
+# no_pods_on SOCKET: no pod sandbox at all (any state) on that runtime.
+no_pods_on() { [[ "$(guest "crictl -r unix://$1 pods -q" | grep -c .)" == 0 ]]; }
+
 deployment_ready() {
     [[ "$(kubectl -n "$APP_NS" get deploy web -o jsonpath='{.status.readyReplicas}')" == "$REPLICAS" ]] \
         && [[ "$(kubectl -n "$APP_NS" get deploy web -o jsonpath='{.status.updatedReplicas}')" == "$REPLICAS" ]] \
@@ -332,8 +335,12 @@ installer_pod() {
     kubectl -n "$NS" get pods -l app.kubernetes.io/component=installer \
         -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}' | head -n 1
 }
+# installer_ready [SOCKET]: the DaemonSet rolled out, its one pod Ready, and
+# (with SOCKET) its sandbox ready on that runtime.
 installer_ready() {
-    [[ "$(kubectl -n "$NS" get ds "$RELEASE" -o jsonpath='{.status.numberReady}/{.status.updatedNumberScheduled}/{.status.desiredNumberScheduled}')" == 1/1/1 ]]
+    [[ "$(kubectl -n "$NS" get ds "$RELEASE" -o jsonpath='{.status.numberReady}/{.status.updatedNumberScheduled}/{.status.desiredNumberScheduled}')" == 1/1/1 ]] || return 1
+    [[ "$(kubectl -n "$NS" get pods -l app.kubernetes.io/component=installer -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{end}')" == True ]] || return 1
+    [[ -z "${1:-}" || "$(pods_on "$1" "$NS")" == 1 ]]
 }
 
 # --- steps -----------------------------------------------------------------
@@ -365,7 +372,13 @@ EOF
 }
 
 step_install() {
-    local t0 pod
+    step_install_switch
+    step_install_pods
+}
+
+# The first half of install: refused while undrained, then switched.
+step_install_switch() {
+    local t0
     t0="$(now)"
     # shellcheck disable=SC2046
     helm install "$RELEASE" "${REPO_ROOT}/charts/cubelet" $(helm_install_args "$V1_TAG") >/dev/null
@@ -381,22 +394,137 @@ step_install() {
         || die "kubectl drain: $(tail -n 3 "${RUN}/drain.log")"
     log "drained in $(($(now) - drained)) s"
     wait_for 600 "kubelet on Cubelet" kubelet_on "$CUBELET_SOCK"
-    wait_for 600 "installer pod ready on Cubelet" installer_ready
+    wait_for 600 "installer pod ready on Cubelet" installer_ready "$CUBELET_SOCK"
     kubectl wait --for=condition=Ready "node/${NODE}" --timeout=300s >/dev/null
     log "install to node Ready on Cubelet: $(($(now) - t0)) s"
-    wait_for 300 "containerd emptied of kubelet's sandboxes" test "$(pods_on "$CONTAINERD_SOCK")" = 0
-    guest "crictl -r unix://${CONTAINERD_SOCK} pods" | sed 's/^/containerd: /' >&2
+    wait_for 300 "containerd emptied of kubelet's sandboxes" no_pods_on "$CONTAINERD_SOCK"
+    log "containerd holds no pod sandbox"
+}
+
+# The second half of install: the workload comes back, on Cubelet.
+step_install_pods() {
+    local t0 n
     kubectl uncordon "$NODE" >/dev/null
     t0="$(now)"
     wait_for 900 "deployment web ${REPLICAS}/${REPLICAS} on Cubelet" deployment_ready
     log "${REPLICAS} pods Ready on Cubelet $(($(now) - t0)) s after uncordon"
-    local n
     n="$(pods_on "$CUBELET_SOCK" "$APP_NS")"
     [[ "$n" == "$REPLICAS" ]] || die "Cubelet holds ${n} of the workload's pods, want ${REPLICAS}"
-    pod="$(installer_pod)"
-    [[ "$(pods_on "$CUBELET_SOCK" "$NS")" == 1 ]] || die "the installer pod ${pod} is not on Cubelet"
+    [[ "$(pods_on "$CUBELET_SOCK" "$NS")" == 1 ]] || die "the installer pod $(installer_pod) is not on Cubelet"
     streaming_checks
     containers_state >"${RUN}/state-after-install"
+}
+
+# cubelet_version: RuntimeVersion of the Cubelet serving in the guest.
+cubelet_version() {
+    guest "crictl -r unix://${CUBELET_SOCK} version" 2>/dev/null | sed -n 's/^RuntimeVersion: *//p'
+}
+cubelet_version_is() { [[ "$(cubelet_version)" == "$1" ]]; }
+cubelet_pid() { guest 'systemctl show -p MainPID --value cubelet'; }
+
+# installer_on TAG: the installer pod runs the image TAG, Ready on Cubelet.
+installer_on() {
+    [[ "$(kubectl -n "$NS" get pods -l app.kubernetes.io/component=installer -o jsonpath='{.items[*].spec.containers[0].image}')" == "${INSTALLER_REPO}:$1" ]] \
+        && installer_ready "$CUBELET_SOCK"
+}
+
+# same_containers BEFORE: the workload's pods, container IDs and restart
+# counts are those of BEFORE (containers_state output).
+same_containers() {
+    local after
+    after="$(containers_state)"
+    [[ "$after" == "$1" ]] || die "the workload's containers changed:
+$(diff <(echo "$1") <(echo "$after") || true)"
+    log "${REPLICAS} pods kept their container IDs and restart counts"
+}
+
+# new_pod_on_cubelet: a new pod starts (on whatever Cubelet now runs).
+new_pod_on_cubelet() {
+    kubectl -n "$APP_NS" run probe --image=127.0.0.1:5000/busybox:test --restart=Never \
+        --command -- sleep 3600 >/dev/null
+    kubectl -n "$APP_NS" wait --for=condition=Ready pod/probe --timeout=300s >/dev/null
+    guest "crictl -r unix://${CUBELET_SOCK} pods --name probe --state ready -q" | grep -q . \
+        || die "pod probe is not on Cubelet"
+    kubectl -n "$APP_NS" delete pod probe --wait=true >/dev/null
+}
+
+step_upgrade() {
+    local before pid t0
+    before="$(containers_state)"
+    pid="$(cubelet_pid)"
+    t0="$(now)"
+    # shellcheck disable=SC2046
+    helm upgrade "$RELEASE" "${REPO_ROOT}/charts/cubelet" $(helm_install_args "$V2_TAG") >/dev/null
+    wait_for 900 "installer ${V2_TAG} Ready on Cubelet" installer_on "$V2_TAG"
+    wait_for 300 "Cubelet ${V2_VERSION} serving" cubelet_version_is "$V2_VERSION"
+    log "upgrade roll (helm upgrade to the new installer Ready, Cubelet ${V2_VERSION} serving): $(($(now) - t0)) s"
+    [[ "$(cubelet_pid)" != "$pid" ]] || die "cubelet.service kept its process (pid ${pid}): not restarted"
+    kubectl wait --for=condition=Ready "node/${NODE}" --timeout=300s >/dev/null
+    wait_for 300 "deployment web ${REPLICAS}/${REPLICAS}" deployment_ready
+    same_containers "$before"
+    t0="$(now)"
+    new_pod_on_cubelet
+    log "a new pod ran on Cubelet ${V2_VERSION} ($(($(now) - t0)) s)"
+}
+
+# The installer killed mid-install: a roll back to the first build, the new
+# installer pod force-deleted as soon as it has copied the binary (before
+# it restarts cubelet); the DaemonSet's next pod must finish the job.
+step_fault_installer() {
+    local before pod t0 v1
+    v1="$("$CUBELET" --version | awk '{print $2}')"
+    before="$(containers_state)"
+    t0="$(now)"
+    # shellcheck disable=SC2046
+    helm upgrade "$RELEASE" "${REPO_ROOT}/charts/cubelet" $(helm_install_args "$V1_TAG") >/dev/null
+    local deadline=$(($(now) + 900))
+    pod=""
+    while (($(now) < deadline)); do
+        pod="$(kubectl -n "$NS" get pods -l app.kubernetes.io/component=installer -o jsonpath='{range .items[*]}{.metadata.name} {.spec.containers[0].image}{"\n"}{end}' \
+            | awk -v img="${INSTALLER_REPO}:${V1_TAG}" '$2 == img {print $1}')"
+        if [[ -n "$pod" ]] && kubectl -n "$NS" logs "$pod" 2>/dev/null | grep -q "installed ${CUBELET_BIN_DIR:-/opt/cubelet/bin}/cubelet$"; then
+            break
+        fi
+        pod=""
+        sleep 0.5
+    done
+    [[ -n "$pod" ]] || die "no installer pod of ${V1_TAG} copied the binary within 900 s"
+    kubectl -n "$NS" delete pod "$pod" --grace-period=0 --force >/dev/null 2>&1
+    log "killed installer ${pod} mid-install, its log ending: $(kubectl -n "$NS" logs "$pod" 2>/dev/null | tail -n 1)"
+    wait_for 900 "a new installer ${V1_TAG} Ready on Cubelet" installer_on "$V1_TAG"
+    wait_for 300 "Cubelet ${v1} serving" cubelet_version_is "$v1"
+    kubectl wait --for=condition=Ready "node/${NODE}" --timeout=300s >/dev/null
+    log "killed mid-install to installed and Ready: $(($(now) - t0)) s; $(kubectl -n "$NS" logs -l app.kubernetes.io/component=installer --tail=-1 | grep -m1 'earlier installer' || echo 'the restart was not pending (the kill came after it)')"
+    wait_for 300 "deployment web ${REPLICAS}/${REPLICAS}" deployment_ready
+    same_containers "$before"
+}
+
+# The guest rebooted with Cubelet installed.
+step_fault_reboot() {
+    local t0 counts
+    t0="$(now)"
+    "$VM" reboot
+    # The node's registry is not a unit; pods re-created later pull from it.
+    guest "'${HACK_DIR}/registry.sh' start >/dev/null"
+    wait_for 600 "kubelet on Cubelet after the reboot" kubelet_on "$CUBELET_SOCK"
+    wait_for 900 "${REPLICAS} pods Ready on Cubelet after the reboot" workload_on_cubelet
+    wait_for 600 "installer Ready on Cubelet after the reboot" installer_ready "$CUBELET_SOCK"
+    kubectl wait --for=condition=Ready "node/${NODE}" --timeout=300s >/dev/null
+    log "reboot to ${REPLICAS} pods Ready on Cubelet: $(($(now) - t0)) s"
+    # The sandboxes of before the reboot are dead: kubelet removes them
+    # (its GC, every minute) and Cubelet their leftovers.
+    wait_for 600 "dead sandboxes removed" only_ready_on "$CUBELET_SOCK"
+    counts="$(guest "echo \$(crictl -r unix://${CUBELET_SOCK} pods -q | wc -l) \$(ip -o link show master cubelet0 | wc -l) \$(ls /run/cubelet/netns | wc -l) \$(/opt/cubelet/bin/cubelet ctl shells | wc -l)")"
+    read -r sandboxes links netns shells <<<"$counts"
+    log "after the reboot: ${sandboxes} sandboxes (all ready), ${links} veths on cubelet0, ${netns} netns, ${shells} warm shells"
+    # hostNetwork pods (the installer) have neither veth nor netns.
+    local want=$((sandboxes - 1 + shells))
+    ((links == want && netns == want)) || die "leak after the reboot: ${links} veths and ${netns} netns for ${sandboxes} sandboxes (1 hostNetwork) and ${shells} shells"
+}
+
+workload_on_cubelet() { deployment_ready && [[ "$(pods_on "$CUBELET_SOCK" "$APP_NS")" == "$REPLICAS" ]]; }
+only_ready_on() {
+    [[ "$(guest "crictl -r unix://$1 pods -q | wc -l; crictl -r unix://$1 pods --state ready -q | wc -l" | uniq | wc -l)" == 1 ]]
 }
 
 step_uninstall() {
