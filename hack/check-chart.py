@@ -118,6 +118,8 @@ UNIT_DIRECTIVES = [
     ("Service", "Type", "notify"),
     ("Service", "NotifyAccess", "main"),
     ("Service", "WatchdogSec", "30s"),
+    # Start reconciles every pod before READY=1: 90 s killed it under load.
+    ("Service", "TimeoutStartSec", "600"),
     ("Service", "ExecStart", "/opt/cubelet/bin/cubelet --config /etc/cubelet/config.yaml"),
     ("Service", "Delegate", "yes"),
     ("Service", "KillMode", "process"),

@@ -293,12 +293,12 @@ no_pods_on() { [[ "$(guest "crictl -r unix://$1 pods -q" | grep -c .)" == 0 ]]; 
 deployment_ready() {
     [[ "$(kubectl -n "$APP_NS" get deploy web -o jsonpath='{.status.readyReplicas}')" == "$REPLICAS" ]] \
         && [[ "$(kubectl -n "$APP_NS" get deploy web -o jsonpath='{.status.updatedReplicas}')" == "$REPLICAS" ]] \
-        && [[ "$(kubectl -n "$APP_NS" get pods --no-headers | grep -c .)" == "$REPLICAS" ]]
+        && [[ "$(kubectl -n "$APP_NS" get pods -l app=web --no-headers | grep -c .)" == "$REPLICAS" ]]
 }
 
 # containers_state: "pod container-id restarts" of the workload, sorted.
 containers_state() {
-    kubectl -n "$APP_NS" get pods -o jsonpath='{range .items[*]}{.metadata.name} {.status.containerStatuses[0].containerID} {.status.containerStatuses[0].restartCount}{"\n"}{end}' | sort
+    kubectl -n "$APP_NS" get pods -l app=web -o jsonpath='{range .items[*]}{.metadata.name} {.status.containerStatuses[0].containerID} {.status.containerStatuses[0].restartCount}{"\n"}{end}' | sort
 }
 
 # streaming_checks: kubectl logs, exec and port-forward through Cubelet.
@@ -471,28 +471,33 @@ step_upgrade() {
 # installer pod force-deleted as soon as it has copied the binary (before
 # it restarts cubelet); the DaemonSet's next pod must finish the job.
 step_fault_installer() {
-    local before pod t0 v1
-    v1="$("$CUBELET" --version | awk '{print $2}')"
+    local before pod t0 tag version
+    # To the other build than the one installed (the first, after upgrade).
+    if [[ "$(kubectl -n "$NS" get ds "$RELEASE" -o jsonpath='{.spec.template.spec.containers[0].image}')" == "${INSTALLER_REPO}:${V1_TAG}" ]]; then
+        tag="$V2_TAG" version="$V2_VERSION"
+    else
+        tag="$V1_TAG" version="$("$CUBELET" --version | awk '{print $2}')"
+    fi
     before="$(containers_state)"
     t0="$(now)"
     # shellcheck disable=SC2046
-    helm upgrade "$RELEASE" "${REPO_ROOT}/charts/cubelet" $(helm_install_args "$V1_TAG") >/dev/null
+    helm upgrade "$RELEASE" "${REPO_ROOT}/charts/cubelet" $(helm_install_args "$tag") >/dev/null
     local deadline=$(($(now) + 900))
     pod=""
     while (($(now) < deadline)); do
         pod="$(kubectl -n "$NS" get pods -l app.kubernetes.io/component=installer -o jsonpath='{range .items[*]}{.metadata.name} {.spec.containers[0].image}{"\n"}{end}' \
-            | awk -v img="${INSTALLER_REPO}:${V1_TAG}" '$2 == img {print $1}')"
+            | awk -v img="${INSTALLER_REPO}:${tag}" '$2 == img {print $1}')"
         if [[ -n "$pod" ]] && kubectl -n "$NS" logs "$pod" 2>/dev/null | grep -q "installed ${CUBELET_BIN_DIR:-/opt/cubelet/bin}/cubelet$"; then
             break
         fi
         pod=""
         sleep 0.5
     done
-    [[ -n "$pod" ]] || die "no installer pod of ${V1_TAG} copied the binary within 900 s"
+    [[ -n "$pod" ]] || die "no installer pod of ${tag} copied the binary within 900 s"
     kubectl -n "$NS" delete pod "$pod" --grace-period=0 --force >/dev/null 2>&1
     log "killed installer ${pod} mid-install, its log ending: $(kubectl -n "$NS" logs "$pod" 2>/dev/null | tail -n 1)"
-    wait_for 900 "a new installer ${V1_TAG} Ready on Cubelet" installer_on "$V1_TAG"
-    wait_for 300 "Cubelet ${v1} serving" cubelet_version_is "$v1"
+    wait_for 900 "a new installer ${tag} Ready on Cubelet" installer_on "$tag"
+    wait_for 300 "Cubelet ${version} serving" cubelet_version_is "$version"
     kubectl wait --for=condition=Ready "node/${NODE}" --timeout=300s >/dev/null
     log "killed mid-install to installed and Ready: $(($(now) - t0)) s; $(kubectl -n "$NS" logs -l app.kubernetes.io/component=installer --tail=-1 | grep -m1 'earlier installer' || echo 'the restart was not pending (the kill came after it)')"
     wait_for 300 "deployment web ${REPLICAS}/${REPLICAS}" deployment_ready
