@@ -494,8 +494,10 @@ step_fault_installer() {
         sleep 0.5
     done
     [[ -n "$pod" ]] || die "no installer pod of ${tag} copied the binary within 900 s"
+    local last
+    last="$(kubectl -n "$NS" logs "$pod" 2>/dev/null | tail -n 1)"
     kubectl -n "$NS" delete pod "$pod" --grace-period=0 --force >/dev/null 2>&1
-    log "killed installer ${pod} mid-install, its log ending: $(kubectl -n "$NS" logs "$pod" 2>/dev/null | tail -n 1)"
+    log "killed installer ${pod} mid-install, its log ending: ${last}"
     wait_for 900 "a new installer ${tag} Ready on Cubelet" installer_on "$tag"
     wait_for 300 "Cubelet ${version} serving" cubelet_version_is "$version"
     kubectl wait --for=condition=Ready "node/${NODE}" --timeout=300s >/dev/null
