@@ -423,7 +423,7 @@ NSENTER_STUB = """#!/bin/sh
 while [ "$1" != "--" ]; do shift; done
 shift
 case "$1" in
-systemctl | journalctl)
+systemctl | journalctl | ip | nft)
 	echo "$*" >>"$FAKE_LOG"
 	case "$*" in *is-active*cubelet-uninstall*) exit 3 ;; esac
 	exit 0
@@ -534,7 +534,7 @@ class Scratch:
             KUBELET_DROPIN="/etc/systemd/system/kubelet.service.d/99-cubelet-runtime.conf",
             CUBELET_PURGE_STATE="true", CUBELET_ROOT_DIR="/var/lib/test-cubelet-check",
             CUBELET_STATE_DIR="/run/test-cubelet-check",
-            CUBELET_SOCKET="/run/cubelet/cubelet.sock", POD_UID="uid-installer",
+            CUBELET_SOCKET="/run/cubelet/cubelet.sock", CUBELET_BRIDGE="test-cbl0", POD_UID="uid-installer",
             POD_NAMESPACE="cubelet-system",
             FAKE_PODS_IDS=str(self.base / "pods-ids"), FAKE_PODS_JSON=str(self.base / "pods.json"),
             FAKE_PODS_INSTALLER=str(self.base / "pods-installer.json"),
@@ -672,10 +672,12 @@ def check_installer_scripts(report):
                      f"exit {code}, calls {calls}: {out[-400:]}")
         report.check("uninstall.sh (host unit) restarts kubelet on its previous runtime, then removes Cubelet's pods and stops it",
                      order == ["systemd-run", "systemctl restart kubelet", "systemctl disable --now cubelet"]
-                     and not dropin.exists() and "stopp cubelet-1" in crictl and "rmp cubelet-1" in crictl,
+                     and not dropin.exists() and "stopp cubelet-1" in crictl and "rmp cubelet-1" in crictl
+                     and "ip link delete test-cbl0" in calls and "nft delete table ip cubelet_test_cbl0" in calls,
                      f"calls {calls}, crictl {crictl!r}")
         report.check("uninstall.sh removes installed files, markers and state",
                      not any(p.exists() for p in installed) and not previous.exists()
+                     and not (host / "opt/cubelet").exists()
                      and not (host / "var/lib/test-cubelet-check").exists()
                      and not (host / "run/cubelet-uninstall").exists(), f"calls {calls}")
         code, out = box.run("uninstall.sh")

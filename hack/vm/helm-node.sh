@@ -114,10 +114,13 @@ audit() {
         for f in /var/lib/cubelet /run/cubelet; do [[ -e "$f" ]] && report "state $f"; done
     fi
     pgrep -a -x cubelet && report "cubelet process"
-    ip -o link show cubelet0 2>/dev/null && report "bridge cubelet0"
-    ip -o link | grep -q 'cbl\|cubelet' && report "links: $(ip -o link | grep 'cbl\|cubelet' | cut -d: -f2 | tr '\n' ' ')"
-    ip netns list 2>/dev/null | grep -q . && report "netns: $(ip netns list | tr '\n' ' ')"
-    [[ -d /run/netns ]] && ls /run/netns | grep -q . && report "netns files: $(ls /run/netns | tr '\n' ' ')"
+    ip -o link show cubelet0 >/dev/null 2>&1 && report "bridge cubelet0"
+    # Cubelet's veths are cb<12 hex>; containerd's pods' netns (cni-*) are
+    # not Cubelet's.
+    local links
+    links="$(ip -o link | awk -F': ' '{print $2}' | grep -E '^(cb[0-9a-f]{12}|cubelet)' | tr '\n' ' ' || true)"
+    [[ -n "$links" ]] && report "links: ${links}"
+    [[ -d /run/netns ]] && ls /run/netns | grep -vq '^cni-' && report "netns files: $(ls /run/netns | grep -v '^cni-' | tr '\n' ' ')"
     nft list tables 2>/dev/null | grep -i cubelet && report "nft tables"
     grep -E 'cubelet' /proc/mounts && report "mounts"
     [[ -n "$(find /sys/fs/cgroup -maxdepth 3 -name '*cubelet*' 2>/dev/null)" ]] \

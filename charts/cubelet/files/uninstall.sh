@@ -21,7 +21,8 @@
 # Environment (set by templates/uninstall-job.yaml): CUBELET_BIN_DIR,
 # CUBELET_CONFIG_DIR, CUBELET_SYSTEMD_DIR, KUBELET_SERVICE, KUBELET_DROPIN,
 # CUBELET_PURGE_STATE (true|false), CUBELET_ROOT_DIR, CUBELET_STATE_DIR,
-# CUBELET_SOCKET, POD_NAMESPACE.
+# CUBELET_SOCKET, CUBELET_BRIDGE (empty unless network.provider is bridge),
+# POD_NAMESPACE.
 set -eu
 
 WORK=/run/cubelet-uninstall
@@ -91,7 +92,22 @@ host() {
 	remove "$CUBELET_CONFIG_DIR/config.yaml"
 	remove "$PREVIOUS_ENDPOINT"
 	remove "$CUBELET_CONFIG_DIR/restart-pending"
-	on_host rmdir "$CUBELET_BIN_DIR" "$CUBELET_CONFIG_DIR" 2>/dev/null || true
+	on_host rmdir "$CUBELET_BIN_DIR" 2>/dev/null || true
+	on_host rmdir "$CUBELET_CONFIG_DIR" 2>/dev/null || true
+	# The DaemonSet's hostPath (DirectoryOrCreate) made the bin dir's parent
+	# too when it is Cubelet's own (/opt/cubelet).
+	case "$CUBELET_BIN_DIR" in */cubelet/*) on_host rmdir "${CUBELET_BIN_DIR%/*}" 2>/dev/null || true ;; esac
+	# Cubelet's bridge (network.provider bridge) and its nftables table
+	# (ip cubelet_<bridge, non-alphanumerics as _>) outlive it.
+	if [ -n "${CUBELET_BRIDGE:-}" ]; then
+		if on_host ip link show "$CUBELET_BRIDGE" >/dev/null 2>&1; then
+			on_host ip link delete "$CUBELET_BRIDGE" && log "deleted bridge $CUBELET_BRIDGE"
+		fi
+		table="cubelet_$(printf '%s' "$CUBELET_BRIDGE" | tr -c 'A-Za-z0-9' '_')"
+		if on_host nft list table ip "$table" >/dev/null 2>&1; then
+			on_host nft delete table ip "$table" && log "deleted nftables table ip $table"
+		fi
+	fi
 
 	if [ "$CUBELET_PURGE_STATE" = true ]; then
 		purge "$CUBELET_ROOT_DIR"
@@ -193,6 +209,7 @@ on_host systemd-run --unit "$UNIT" --description "Cubelet uninstall (cubelet Hel
 	--setenv "KUBELET_DROPIN=$KUBELET_DROPIN" --setenv "CUBELET_PURGE_STATE=$CUBELET_PURGE_STATE" \
 	--setenv "CUBELET_ROOT_DIR=$CUBELET_ROOT_DIR" --setenv "CUBELET_STATE_DIR=$CUBELET_STATE_DIR" \
 	--setenv "CUBELET_SOCKET=${CUBELET_SOCKET:-/run/cubelet/cubelet.sock}" \
+	--setenv "CUBELET_BRIDGE=${CUBELET_BRIDGE:-}" \
 	--setenv "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
 	/bin/sh "$WORK/uninstall.sh" host
 wait_unit
