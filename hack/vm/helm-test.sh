@@ -584,11 +584,18 @@ run_step() {
 # for the upgrade. The second build goes through the same target dir and
 # is then undone by a plain build (cargo rebuilds cubelet-cri and cubelet
 # only, both times).
+# The second build is kept with the hash of the first it was made beside
+# (cubelet-v2.base) and reused while that first build is the one tested.
 build_images() {
-    (cd "$REPO_ROOT" && CUBELET_BUILD_VERSION="$V2_VERSION" nice cargo build -q -p cubelet)
+    local v2="${TARGET_DIR}/vm-helm/cubelet-v2" base
     mkdir -p "${TARGET_DIR}/vm-helm"
-    cp "${TARGET_DIR}/debug/cubelet" "${TARGET_DIR}/vm-helm/cubelet-v2"
-    (cd "$REPO_ROOT" && nice cargo build -q -p cubelet)
+    base="$(sha256sum "$CUBELET" | cut -d' ' -f1)"
+    if [[ ! -x "$v2" || "$(cat "${v2}.base" 2>/dev/null)" != "$base" ]]; then
+        (cd "$REPO_ROOT" && CUBELET_BUILD_VERSION="$V2_VERSION" nice cargo build -q -p cubelet)
+        cp "${TARGET_DIR}/debug/cubelet" "$v2"
+        (cd "$REPO_ROOT" && nice cargo build -q -p cubelet)
+        sha256sum "$CUBELET" | cut -d' ' -f1 >"${v2}.base"
+    fi
     CUBELET_BIN="$CUBELET" OUT="${TARGET_DIR}/vm-helm/installer-${V1_TAG}" \
         "${HACK_DIR}/build-installer-image.sh" debug >/dev/null
     CUBELET_BIN="${TARGET_DIR}/vm-helm/cubelet-v2" OUT="${TARGET_DIR}/vm-helm/installer-${V2_TAG}" \
