@@ -120,6 +120,7 @@ audit() {
     local links
     links="$(ip -o link | awk -F': ' '{print $2}' | grep -E '^(cb[0-9a-f]{12}|cubelet)' | tr '\n' ' ' || true)"
     [[ -n "$links" ]] && report "links: ${links}"
+    # shellcheck disable=SC2010 # netns names are plain
     [[ -d /run/netns ]] && ls /run/netns | grep -vq '^cni-' && report "netns files: $(ls /run/netns | grep -v '^cni-' | tr '\n' ' ')"
     nft list tables 2>/dev/null | grep -i cubelet && report "nft tables"
     grep -E 'cubelet' /proc/mounts && report "mounts"

@@ -33,6 +33,7 @@
 #      CUBELET_VM_OUT (logs of a failed run), CUBELET_VM_HELM_STEPS (the
 #      steps of `all`), and hack/vm.sh's.
 set -euo pipefail
+# shellcheck disable=SC2317 # steps and checks run indirectly (run_step, wait_for)
 # shellcheck source=hack/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
