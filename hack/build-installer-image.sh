@@ -6,7 +6,8 @@
 # The image holds what charts/cubelet/files/install.sh and uninstall.sh run
 # inside the installer pod: a static busybox in /bin with its applets as
 # symlinks (sh, cp, cmp, mkdir, dirname, chmod, mv, rm, sleep, wget for
-# /readyz and the readiness probe, nsenter into the host), and `cubelet` and
+# /readyz and the readiness probe, nsenter into the host, pidof, tr, sed,
+# tail, awk and cat for the runtime switch's checks, timeout), and `cubelet` and
 # `cubelet-pause` in `image.binDir` (/usr/local/bin), which install.sh copies
 # to the host. The scripts themselves come from the chart's ConfigMap. The
 # binaries run on the host (cubelet under systemd, cubelet-pause in pods),
@@ -59,7 +60,8 @@ bin_dir = values["image"]["binDir"].strip("/")
 tag = values["image"]["tag"] or str(chart["appVersion"])
 ref = f"{values['image']['repository']}:{tag}"
 # What install.sh, uninstall.sh and the readiness probe run in the image.
-APPLETS = ["sh", "cp", "cmp", "mkdir", "dirname", "chmod", "mv", "rm", "sleep", "wget", "nsenter"]
+APPLETS = ["sh", "cp", "cmp", "mkdir", "dirname", "chmod", "mv", "rm", "sleep", "wget", "nsenter",
+           "pidof", "tr", "sed", "tail", "awk", "cat", "timeout"]
 ELF_MACHINES = {62: "amd64", 183: "arm64", 40: "arm", 3: "386", 243: "riscv64", 22: "s390x", 21: "ppc64le"}
 errors = []
 
@@ -193,6 +195,14 @@ with tempfile.TemporaryDirectory(prefix="installer-oci-check-") as tmp:
         fail(f"in the extracted image, {unresolved} do not resolve to bin/busybox")
     runs = [([f"{tmp}/bin/sh", "-c", "exit 0"], ""), ([f"{tmp}/bin/dirname", "/a/b"], "/a\n"),
             ([f"{tmp}/bin/cmp", busybox, busybox], "")]
+    # The readiness probe's and install.sh's call, against a closed port:
+    # wget must fail as a program (exit 1), not die of a signal (Debian's
+    # busybox 1.35 wget segfaults on -T).
+    probe = subprocess.run([f"{tmp}/bin/timeout", "2", f"{tmp}/bin/wget", "-q", "-O", "/dev/null",
+                            "http://127.0.0.1:9/"], capture_output=True, text=True, env={"PATH": f"{tmp}/bin"})
+    if probe.returncode != 1:
+        fail(f"in the extracted image, the readiness probe's wget exits {probe.returncode} "
+             f"against a closed port, want 1: {probe.stderr!r}")
     for argv, want in runs:
         run = subprocess.run(argv, capture_output=True, text=True, env={"PATH": f"{tmp}/bin"})
         if run.returncode != 0 or run.stdout != want:
@@ -338,6 +348,7 @@ export REPO_ROOT
 # even if a concurrent cargo build replaces target/ meanwhile.
 validate "$layout" "$rootfs${bin_dir}/cubelet" "$rootfs${bin_dir}/cubelet-pause" "$rootfs/bin/busybox"
 rm -rf "$OUT.old"
+mkdir -p "$(dirname "$OUT")"
 if [[ -e "$OUT" ]]; then mv "$OUT" "$OUT.old"; fi
 mv "$layout" "$OUT"
 rm -rf "$OUT.old"

@@ -118,6 +118,8 @@ UNIT_DIRECTIVES = [
     ("Service", "Type", "notify"),
     ("Service", "NotifyAccess", "main"),
     ("Service", "WatchdogSec", "30s"),
+    # Start reconciles every pod before READY=1: 90 s killed it under load.
+    ("Service", "TimeoutStartSec", "600"),
     ("Service", "ExecStart", "/opt/cubelet/bin/cubelet --config /etc/cubelet/config.yaml"),
     ("Service", "Delegate", "yes"),
     ("Service", "KillMode", "process"),
@@ -421,9 +423,24 @@ NSENTER_STUB = """#!/bin/sh
 while [ "$1" != "--" ]; do shift; done
 shift
 case "$1" in
-systemctl | journalctl)
+systemctl | journalctl | ip | nft)
 	echo "$*" >>"$FAKE_LOG"
+	case "$*" in *is-active*cubelet-uninstall*) exit 3 ;; esac
 	exit 0
+	;;
+systemd-run)
+	# Runs the unit's command at once, with its --setenv variables (not
+	# PATH: the stubs stay first).
+	echo "systemd-run" >>"$FAKE_LOG"
+	shift
+	while [ $# -gt 0 ]; do
+		case $1 in
+		--setenv) case $2 in PATH=*) ;; *) export "$2" ;; esac; shift 2 ;;
+		--*) shift 2 ;;
+		*) break ;;
+		esac
+	done
+	exec sh "$FAKE_HOST$2" "$3"
 	;;
 esac
 cmd=$1
@@ -436,6 +453,39 @@ done
 shift "$n"
 exec "$cmd" "$@"
 """
+
+# Stands in for the host's crictl: `pods -q` prints $FAKE_PODS_IDS, `pods
+# --label ...` $FAKE_PODS_INSTALLER and `pods` $FAKE_PODS_JSON (files the
+# checks write: ids, then crictl's JSON); stopp and rmp are logged in
+# $FAKE_CRICTL_LOG.
+CRICTL_STUB = """#!/bin/sh
+show() { if [ -f "$1" ]; then cat "$1"; fi; }
+case " $* " in
+*" pods "*"-q "*) show "$FAKE_PODS_IDS" ;;
+*" pods "*"--label "*) show "$FAKE_PODS_INSTALLER" ;;
+*" pods "*) show "$FAKE_PODS_JSON" ;;
+*" stopp "* | *" rmp "*) echo "$*" >>"$FAKE_CRICTL_LOG" ;;
+esac
+exit 0
+"""
+
+
+def pods_json(*pods):
+    """crictl pods -o json of (namespace, name, uid, labels, annotations)."""
+    items = [{"id": f"id-{name}", "metadata": {"name": name, "uid": uid, "namespace": ns, "attempt": 0},
+              "state": "SANDBOX_READY", "labels": labels, "annotations": annotations}
+             for ns, name, uid, labels, annotations in pods]
+    return json.dumps({"items": items}, indent=2) + "\n"
+
+
+WEB_POD = ("default", "web-1", "uid-web", {"app": "web"}, {"kubernetes.io/config.source": "api"})
+DS_POD = ("kube-system", "proxy-x", "uid-proxy", {"pod-template-generation": "1"},
+          {"kubernetes.io/config.source": "api"})
+STATIC_POD = ("kube-system", "etcd-node", "uid-etcd", {}, {"kubernetes.io/config.source": "file"})
+INSTALLER_POD = ("cubelet-system", "cubelet-x", "uid-installer",
+                 {"pod-template-generation": "1", "app.kubernetes.io/component": "installer"}, {})
+UNINSTALL_POD = ("cubelet-system", "cubelet-uninstall-x", "uid-job",
+                 {"app.kubernetes.io/component": "uninstall"}, {})
 
 
 class Scratch:
@@ -451,6 +501,12 @@ class Scratch:
             stubs.mkdir()
             (stubs / "nsenter").write_text(NSENTER_STUB)
             (stubs / "wget").write_text(f"#!/bin/sh\nexit {wget_status}\n")
+            (stubs / "crictl").write_text(CRICTL_STUB)
+            # No kubelet runs in the box (the machine's own must not be seen).
+            # $FAKE_KUBELET_PID when set: a process whose command line names
+            # the runtime endpoint.
+            (stubs / "pidof").write_text('#!/bin/sh\n[ -n "${FAKE_KUBELET_PID:-}" ] || exit 1\n'
+                                         'echo "$FAKE_KUBELET_PID"\n')
             for stub in stubs.iterdir():
                 stub.chmod(0o755)
         stubs = self.base / "stubs"
@@ -478,6 +534,11 @@ class Scratch:
             KUBELET_DROPIN="/etc/systemd/system/kubelet.service.d/99-cubelet-runtime.conf",
             CUBELET_PURGE_STATE="true", CUBELET_ROOT_DIR="/var/lib/test-cubelet-check",
             CUBELET_STATE_DIR="/run/test-cubelet-check",
+            CUBELET_SOCKET="/run/cubelet/cubelet.sock", CUBELET_BRIDGE="test-cbl0", POD_UID="uid-installer",
+            POD_NAMESPACE="cubelet-system",
+            FAKE_PODS_IDS=str(self.base / "pods-ids"), FAKE_PODS_JSON=str(self.base / "pods.json"),
+            FAKE_PODS_INSTALLER=str(self.base / "pods-installer.json"),
+            FAKE_CRICTL_LOG=str(self.base / "crictl.log"),
         )
 
     def calls(self):
@@ -531,29 +592,94 @@ def check_installer_scripts(report):
                      code == 0 and "installed /" not in out
                      and calls == ["systemctl daemon-reload", "systemctl enable --now cubelet"],
                      f"exit {code}, calls {calls}")
+        pending = host / "etc/cubelet/restart-pending"
+        pending.write_text("")
+        code, out = box.run("install.sh", until="sleeping")
+        calls = box.calls()
+        report.check("install.sh restarts cubelet after an installer killed between copy and restart",
+                     code == 0 and "systemctl restart cubelet" in calls and not pending.exists(),
+                     f"exit {code}, calls {calls}: {out[-300:]}")
+        retired = host / "run/cubelet-uninstall/retired/uid-installer"
+        retired.mkdir(parents=True)
+        (host / "opt/cubelet/bin/cubelet").unlink()
+        code, out = box.run("install.sh", until="sleeping")
+        calls = box.calls()
+        report.check("install.sh in an installer pod helm uninstall retired installs nothing",
+                     code == 0 and "retired" in out and not calls
+                     and not (host / "opt/cubelet/bin/cubelet").exists(), f"exit {code}, calls {calls}: {out[-300:]}")
+        retired.rmdir()
+        box.run("install.sh", until="sleeping")
+        box.calls()
+
+        dropin = host / "etc/systemd/system/kubelet.service.d/99-cubelet-runtime.conf"
+        (box.base / "pods.json").write_text(pods_json(WEB_POD, DS_POD, STATIC_POD, UNINSTALL_POD))
+        code, out = box.run("install.sh", until="drain the node first", KUBELET_SWITCH_RUNTIME="true")
+        calls = box.calls()
+        report.check("install.sh with switchRuntime refuses an undrained node, naming its pods",
+                     "drain the node first" in out and "default/web-1" in out and "proxy-x" not in out
+                     and "etcd-node" not in out and not dropin.exists()
+                     and "systemctl restart kubelet" not in calls, f"calls {calls}: {out[-400:]}")
+        (box.base / "pods.json").write_text(pods_json(DS_POD, STATIC_POD))
         code, out = box.run("install.sh", until="sleeping", KUBELET_SWITCH_RUNTIME="true")
         calls = box.calls()
-        dropin = host / "etc/systemd/system/kubelet.service.d/99-cubelet-runtime.conf"
-        report.check("install.sh with switchRuntime writes the kubelet drop-in, restarts kubelet, exits",
+        previous = host / "etc/cubelet/kubelet-previous-endpoint"
+        report.check("install.sh with switchRuntime on a drained node writes the drop-in, restarts kubelet, exits",
                      code == 0 and dropin.is_file() and "systemctl restart kubelet" in calls
-                     and "sleeping" not in out, f"exit {code}, calls {calls}")
+                     and "sleeping" not in out, f"exit {code}, calls {calls}: {out[-300:]}")
+        report.check("install.sh records kubelet's previous runtime endpoint",
+                     previous.is_file() and previous.read_text().strip() == "unix:///run/containerd/containerd.sock",
+                     f"{previous.read_text() if previous.exists() else 'missing'}")
+        kubelet = subprocess.Popen(["sh", "-c", "sleep 60", "kubelet",
+                                    "--container-runtime-endpoint=unix:///run/cubelet/cubelet.sock"])
+        try:
+            (box.base / "pods-ids").write_text("old-1\nold-2\n")
+            code, out = box.run("install.sh", until="sleeping", KUBELET_SWITCH_RUNTIME="true",
+                                FAKE_KUBELET_PID=str(kubelet.pid))
+        finally:
+            kubelet.kill()
+            kubelet.wait()
+        calls = box.calls()
+        crictl = (box.base / "crictl.log").read_text() if (box.base / "crictl.log").exists() else ""
+        report.check("install.sh under Cubelet removes the sandboxes kubelet left on the previous runtime",
+                     code == 0 and "sleeping" in out and "systemctl restart kubelet" not in calls
+                     and all(f"-r unix:///run/containerd/containerd.sock {op} {i}" in crictl
+                             for op in ("stopp", "rmp") for i in ("old-1", "old-2")), f"crictl {crictl!r}: {out[-300:]}")
+        (box.base / "crictl.log").write_text("")
         code, out = box.run("install.sh", until="sleeping", KUBELET_SWITCH_RUNTIME="true",
                             CUBELET_READY_TIMEOUT="2",
                             PATH=box.env["PATH"].replace(str(box.base / "stubs"), str(box.base / "stubs-down")))
         box.calls()
         report.check("install.sh fails when /readyz never answers", code != 0 and "not ready" in out,
                      f"exit {code}: {out[-300:]}")
+
         (host / "var/lib/test-cubelet-check/store.redb").write_text("state")
+        (box.base / "pods.json").write_text(pods_json(WEB_POD, INSTALLER_POD, UNINSTALL_POD))
+        code, out = box.run("uninstall.sh", until="drain the node first")
+        calls = box.calls()
+        report.check("uninstall.sh refuses to move kubelet off Cubelet while other pods run on it",
+                     "drain the node first" in out and "default/web-1" in out and "cubelet-x" not in out
+                     and "cubelet-uninstall-x" not in out and dropin.exists()
+                     and "systemd-run" not in calls, f"calls {calls}: {out[-400:]}")
+        (box.base / "pods.json").write_text(pods_json(INSTALLER_POD, UNINSTALL_POD))
+        (box.base / "pods-installer.json").write_text(pods_json(INSTALLER_POD))
+        (box.base / "pods-ids").write_text("cubelet-1\n")
         code, out = box.run("uninstall.sh")
         calls = box.calls()
-        report.check("uninstall.sh removes the drop-in and restarts kubelet first",
-                     code == 0 and not dropin.exists() and calls[:2] == ["systemctl daemon-reload",
-                                                                        "systemctl restart kubelet"],
-                     f"exit {code}, calls {calls}: {out[-300:]}")
-        report.check("uninstall.sh disables the unit and removes installed files and state",
-                     "systemctl disable --now cubelet" in calls
-                     and not any(p.exists() for p in installed)
-                     and not (host / "var/lib/test-cubelet-check").exists(), f"calls {calls}")
+        crictl = (box.base / "crictl.log").read_text()
+        order = [c for c in calls if c in ("systemd-run", "systemctl restart kubelet", "systemctl disable --now cubelet")]
+        report.check("uninstall.sh retires the installer pods and hands over to a host unit",
+                     code == 0 and "retired installer pod uid-installer" in out and "systemd-run" in calls,
+                     f"exit {code}, calls {calls}: {out[-400:]}")
+        report.check("uninstall.sh (host unit) restarts kubelet on its previous runtime, then removes Cubelet's pods and stops it",
+                     order == ["systemd-run", "systemctl restart kubelet", "systemctl disable --now cubelet"]
+                     and not dropin.exists() and "stopp cubelet-1" in crictl and "rmp cubelet-1" in crictl
+                     and "ip link delete test-cbl0" in calls and "nft delete table ip cubelet_test_cbl0" in calls,
+                     f"calls {calls}, crictl {crictl!r}")
+        report.check("uninstall.sh removes installed files, markers and state",
+                     not any(p.exists() for p in installed) and not previous.exists()
+                     and not (host / "opt/cubelet").exists()
+                     and not (host / "var/lib/test-cubelet-check").exists()
+                     and not (host / "run/cubelet-uninstall").exists(), f"calls {calls}")
         code, out = box.run("uninstall.sh")
         report.check("uninstall.sh re-run succeeds", code == 0, f"exit {code}: {out[-300:]}")
 

@@ -19,10 +19,13 @@
 #   hack/vm.sh test             build-or-reuse, boot, run hack/vm/guest-test.sh
 #                               inside, stop; logs kept under
 #                               ${CUBELET_VM_OUT} when anything fails
+#   hack/vm.sh helm             the chart end to end on a one-node cluster
+#                               (hack/vm/helm-test.sh, docs/guest.md)
 #
 # Env: CUBELET_VM_STATE (run state, default /var/tmp/cubelet-vm)
 #      CUBELET_VM_OUT (logs of a failed test, default target/vm-out)
 #      CUBELET_VM_ACCEL (tcg or kvm, default tcg) CUBELET_VM_SMP (2)
+#      CUBELET_VM_NET_EXTRA (more -netdev user options)
 #      CUBELET_VM_MEM (MiB, 2048) CUBELET_VM_BOOT_TIMEOUT (s, 300)
 #      CUBELET_VM_TEST_TIMEOUT (s, whole guest test, 3600)
 #      CUBELET_BIN CUBELET_PAUSE_BIN (binaries staged into the guest; default
@@ -46,6 +49,8 @@ MEM="${CUBELET_VM_MEM:-2048}"
 BOOT_TIMEOUT="${CUBELET_VM_BOOT_TIMEOUT:-300}"
 TEST_TIMEOUT="${CUBELET_VM_TEST_TIMEOUT:-3600}"
 TARGET_DIR="${CARGO_TARGET_DIR:-${REPO_ROOT}/target}"
+# More -netdev user options (",hostfwd=...,guestfwd=..."), for hack/vm.sh helm.
+NET_EXTRA="${CUBELET_VM_NET_EXTRA:-}"
 # Where the guest sees the staged binaries and the control directory.
 GUEST_BIN=/mnt/bin
 GUEST_CTL=/mnt/vmctl
@@ -183,7 +188,7 @@ cmd_boot() {
         -kernel "${image}/vmlinuz" -initrd "${image}/initrd.img" \
         -append "root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 net.ifnames=0" \
         -drive "file=${image}/rootfs.img,format=raw,if=virtio,snapshot=on" \
-        -netdev "user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:$(cat "${STATE}/ssh_port")-:22" \
+        -netdev "user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:$(cat "${STATE}/ssh_port")-:22${NET_EXTRA}" \
         -device virtio-net-pci,netdev=n0 \
         -virtfs "local,path=${STATE}/ctl,mount_tag=vmctl,security_model=none,id=vmctl" \
         -virtfs "local,path=${REPO_ROOT},mount_tag=repo,security_model=none,readonly=on,id=repo" \
@@ -266,7 +271,7 @@ cmd_stop() {
     local keep="${1:-}"
     if qemu_alive && [[ -n "$keep" ]]; then
         guest "journalctl -b --no-pager -o short-monotonic >${GUEST_CTL}/out/journal.txt 2>&1;
-            systemctl --no-pager status cubelet containerd >${GUEST_CTL}/out/units.txt 2>&1;
+            systemctl --no-pager status cubelet containerd kubelet >${GUEST_CTL}/out/units.txt 2>&1;
             systemd-cgls --no-pager >${GUEST_CTL}/out/cgls.txt 2>&1; sync" 2>/dev/null \
             || log "could not read the guest's journal (ssh failed)"
     fi
@@ -357,7 +362,8 @@ main() {
         reboot) cmd_reboot ;;
         stop) shift; cmd_stop "${1:-}" ;;
         test) refuse_running; trap on_exit EXIT; trap 'exit 130' INT TERM; cmd_test ;;
-        *) echo "usage: $0 build|boot|run CMD...|ssh|reboot|stop [DIR]|test" >&2; exit 2 ;;
+        helm) shift; exec "${HACK_DIR}/vm/helm-test.sh" "$@" ;;
+        *) echo "usage: $0 build|boot|run CMD...|ssh|reboot|stop [DIR]|test|helm" >&2; exit 2 ;;
     esac
 }
 

@@ -157,6 +157,18 @@ Environment shared by the installer DaemonSet and the uninstall Jobs.
   value: {{ .Values.config.root_dir | quote }}
 - name: CUBELET_STATE_DIR
   value: {{ .Values.config.state_dir | quote }}
+- name: CUBELET_SOCKET
+  value: {{ .Values.config.socket | quote }}
+- name: CUBELET_BRIDGE
+  value: {{ if eq (.Values.config.network.provider | toString) "bridge" }}{{ .Values.config.network.bridge.name | quote }}{{ else }}""{{ end }}
+- name: POD_UID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.uid
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
 {{- end }}
 
 {{/*

@@ -152,6 +152,15 @@ impl Cri {
     }
 }
 
+/// The version Cubelet reports to kubelet (`RuntimeVersion`, the node's
+/// `containerRuntimeVersion`): `CUBELET_BUILD_VERSION` at build time when
+/// set (a build told apart from another of the same source, e.g. the
+/// upgrade of `hack/vm.sh helm`), else the crate version.
+const RUNTIME_VERSION: &str = match option_env!("CUBELET_BUILD_VERSION") {
+    Some(v) => v,
+    None => env!("CARGO_PKG_VERSION"),
+};
+
 fn unimplemented<T>(what: &str) -> CriResult<T> {
     Err(CriError::Unimplemented(format!(
         "{what} is not supported by cubelet yet"
@@ -168,7 +177,7 @@ impl RuntimeService for Cri {
             Ok(cri::VersionResponse {
                 version: "0.1.0".into(),
                 runtime_name: "cubelet".into(),
-                runtime_version: env!("CARGO_PKG_VERSION").into(),
+                runtime_version: RUNTIME_VERSION.into(),
                 runtime_api_version: "v1".into(),
             })
         })
