@@ -109,7 +109,12 @@ impl PodService {
                             if r.state == ContainerState::Running {
                                 r.state = ContainerState::Exited;
                                 r.exit_code = s.exit_code.or(r.exit_code);
-                                r.finished_at = s.finished_at.or(r.finished_at);
+                                // As containerd's CRI: when the exit was not
+                                // seen, it is dated when this start noticed it.
+                                r.finished_at = s
+                                    .finished_at
+                                    .or(r.finished_at)
+                                    .or_else(|| Some(std::time::SystemTime::now()));
                             }
                         })
                     })?;
@@ -119,6 +124,12 @@ impl PodService {
                         store.update_container(&c.id, |r| {
                             if r.state != ContainerState::Exited {
                                 r.state = ContainerState::Unknown;
+                                // Gone with the node (a reboot): dated when
+                                // noticed, as containerd's CRI does, never
+                                // left at the epoch (kubelet showed "56y ago").
+                                if r.started_at.is_some() {
+                                    r.finished_at.get_or_insert_with(std::time::SystemTime::now);
+                                }
                             }
                         })
                     })?;

@@ -72,7 +72,13 @@ async fn running_containers_are_reattached_and_lost_ones_unknown() {
     assert_eq!((report.reattached, report.lost), (1, 1));
     assert_eq!(r.runtime.calls("reattach"), 1);
     assert_eq!(r.container(&kept).unwrap().state, ContainerState::Running);
-    assert_eq!(r.container(&lost).unwrap().state, ContainerState::Unknown);
+    let lost = r.container(&lost).unwrap();
+    assert_eq!(lost.state, ContainerState::Unknown);
+    // Dated when noticed (as containerd's CRI), not left at the epoch.
+    let finished = lost
+        .finished_at
+        .expect("a finish time for a lost container");
+    assert!(finished >= lost.started_at.unwrap());
 }
 
 #[tokio::test]
