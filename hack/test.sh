@@ -84,6 +84,15 @@ log "package: build, install, crictl, purge, audit (hack/test-package.sh)"
 log "hack/up.sh then hack/down.sh leave the host as it was (hack/test-up-down.sh)"
 "$HACK_DIR/test-up-down.sh"
 
+# Kubernetes' own node conformance suite (test/e2e_node, [NodeConformance]):
+# its pod and container lifecycle specs, a kubelet v1.28.7 of the harness's
+# on a Cubelet of its own, through a control plane on 127.0.0.1
+# (docs/node-e2e.md). The binaries are built by hand outside the
+# repository; without them it prints one SKIP line. It runs alone: two
+# kubelets on one host remove each other's pod log directories.
+log "node conformance, CI subset on Cubelet (hack/node-e2e.sh)"
+"$HACK_DIR/node-e2e.sh" --runtime cubelet --subset ci
+
 log "disk: target/ is $(du -sh target | cut -f1), $(df -h --output=avail . | tail -1 | tr -d ' ') free"
 log "leak audit"
 "$HACK_DIR/leak-audit.sh"
