@@ -32,64 +32,17 @@ Tars are deterministic (fixed mtimes and owners): re-running pushes nothing
 new but agnhost's certificate layer. A dynamically linked agnhost gets the
 libraries ldd names beside it.
 """
-import gzip
-import hashlib
-import io
-import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
-import urllib.error
-import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from oci_images import MANIFEST, Builder, req  # noqa: E402
 
 registry, busybox, standin, agnhost, pause_bin = sys.argv[1:6]
-MTIME = 1700000000
-CREATED = "2023-11-14T22:13:20Z"
-PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-blobs = {}
-
-
-def put(data):
-    d = "sha256:" + hashlib.sha256(data).hexdigest()
-    blobs[d] = data
-    return d, len(data)
-
-
-def layer(entries):
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
-        for e in entries:
-            kind, name = e[0], e[1]
-            ti = tarfile.TarInfo(name)
-            ti.mtime = MTIME
-            ti.uid = ti.gid = 0
-            ti.uname = ti.gname = "root"
-            if kind == "dir":
-                ti.type = tarfile.DIRTYPE
-                ti.mode = e[2]
-                t.addfile(ti)
-            elif kind == "sym":
-                ti.type = tarfile.SYMTYPE
-                ti.linkname = e[2]
-                ti.mode = 0o777
-                t.addfile(ti)
-            elif kind == "hard":
-                ti.type = tarfile.LNKTYPE
-                ti.linkname = e[2]
-                ti.mode = 0o755
-                t.addfile(ti)
-            else:
-                ti.size = len(e[2])
-                ti.mode = e[3]
-                t.addfile(ti, io.BytesIO(e[2]))
-    raw = buf.getvalue()
-    gz = io.BytesIO()
-    with gzip.GzipFile(fileobj=gz, mode="wb", mtime=0) as g:
-        g.write(raw)
-    digest, size = put(gz.getvalue())
-    return {"digest": digest, "size": size, "diff_id": "sha256:" + hashlib.sha256(raw).hexdigest()}
+B = Builder("io.cubelet.node-e2e-standin", "hack/node-e2e/images.py")
+layer, image = B.layer, B.image
 
 
 def dirs_of(path):
@@ -171,25 +124,6 @@ with tempfile.TemporaryDirectory() as tmp:
 agnhost_layer = layer(agn)
 
 
-def image(layers, cmd, user="", entrypoint=None, marker=""):
-    cfg = {
-        "architecture": "amd64", "os": "linux", "created": CREATED,
-        "config": {"User": user, "Env": [PATH_ENV], "Cmd": cmd, "WorkingDir": "/",
-                   "Labels": {"io.cubelet.node-e2e-standin": marker}},
-        "rootfs": {"type": "layers", "diff_ids": [l["diff_id"] for l in layers]},
-        "history": [{"created": CREATED, "created_by": "hack/node-e2e/images.py"}],
-    }
-    if entrypoint:
-        cfg["config"]["Entrypoint"] = entrypoint
-    cd, cs = put(json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode())
-    m = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-         "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": cs},
-         "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                     "digest": l["digest"], "size": l["size"]} for l in layers]}
-    data = json.dumps(m, sort_keys=True, indent=2).encode()
-    return {"data": data, "blobs": [cd] + [l["digest"] for l in layers]}
-
-
 E = "e2e-test-images/"
 nginx_img = image([base, nginx], ["nginx", "-g", "daemon off;"], marker="nginx")
 httpd_img = image([base, httpd], ["httpd"], marker="httpd")
@@ -206,37 +140,8 @@ plan = [
 pause_layer = layer([("file", "pause", open(pause_bin, "rb").read(), 0o755)])
 pause_img = image([pause_layer], None, entrypoint=["/pause"], marker="pause")
 
-MT = "application/vnd.oci.image.manifest.v1+json"
-
-
-def req(method, url, data=None, headers=None):
-    r = urllib.request.Request(url, data=data, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(r) as resp:
-            return resp.status, resp.headers
-    except urllib.error.HTTPError as e:
-        if method == "HEAD" and e.code == 404:
-            return 404, e.headers
-        raise
-
-
-status, _ = req("HEAD", f"http://{registry}/v2/pause/manifests/3.9", headers={"Accept": MT})
+status, _ = req("HEAD", f"http://{registry}/v2/pause/manifests/3.9", headers={"Accept": MANIFEST})
 if status != 200:
     plan.append(("pause", "3.9", pause_img))
 
-pushed = set()
-for repo, tag, img in plan:
-    for d in dict.fromkeys(img["blobs"]):
-        if (repo, d) in pushed:
-            continue
-        status, _ = req("HEAD", f"http://{registry}/v2/{repo}/blobs/{d}")
-        if status != 200:
-            _, h = req("POST", f"http://{registry}/v2/{repo}/blobs/uploads/")
-            loc = h["Location"]
-            if not loc.startswith("http"):
-                loc = f"http://{registry}{loc}"
-            loc += ("&" if "?" in loc else "?") + "digest=" + d
-            req("PUT", loc, blobs[d], {"Content-Type": "application/octet-stream"})
-        pushed.add((repo, d))
-    req("PUT", f"http://{registry}/v2/{repo}/manifests/{tag}", img["data"], {"Content-Type": MT})
-    print(f"[node-e2e-images] {registry}/{repo}:{tag}", file=sys.stderr)
+B.push(registry, plan, "node-e2e-images")
