@@ -181,7 +181,32 @@ pub fn anchor_spec(
     let mut labels = spec.labels.clone();
     labels.insert("io.cubelet.sandbox/uid".to_owned(), spec.uid.clone());
     Ok(ContainerSpec {
-        name: format!("{}_{}_stats", spec.namespace, spec.name),
+        labels,
+        annotations: spec.annotations.clone(),
+        cgroup_parent: spec.cgroup_parent.clone(),
+        hostname: spec.effective_hostname().to_owned(),
+        runtime_handler: spec.runtime_handler.clone(),
+        ..pause_spec(
+            format!("{}_{}_stats", spec.namespace, spec.name),
+            image_ref,
+            image,
+            namespaces,
+        )
+    })
+}
+
+/// What every pause-binary container of Cubelet's (a stats anchor, a
+/// shell's keeper) has: `/pause` on a read-only rootfs with no new
+/// privileges, the default seccomp profile and capabilities, the infra
+/// container's OOM score, kind `sandbox`, in `namespaces`.
+fn pause_spec(
+    name: String,
+    image_ref: String,
+    image: ImageInfo,
+    namespaces: ContainerNamespaces,
+) -> ContainerSpec {
+    ContainerSpec {
+        name,
         image_ref,
         image,
         command: vec!["/pause".to_owned()],
@@ -195,14 +220,9 @@ pub fn anchor_spec(
             ..Default::default()
         },
         kind: ContainerKind::Sandbox,
-        labels,
-        annotations: spec.annotations.clone(),
-        cgroup_parent: spec.cgroup_parent.clone(),
         namespaces,
-        hostname: spec.effective_hostname().to_owned(),
-        runtime_handler: spec.runtime_handler.clone(),
         ..Default::default()
-    })
+    }
 }
 
 /// The container spec of a warm-pool shell's keeper: the pause binary, with
@@ -231,26 +251,11 @@ pub fn keeper_spec(
         None,
     )?;
     Ok(ContainerSpec {
-        name: format!("shell_{id}_keeper"),
-        image_ref,
-        image,
-        command: vec!["/pause".to_owned()],
-        capabilities_drop: Vec::new(),
-        privileged: false,
-        readonly_rootfs: true,
-        no_new_privs: true,
-        seccomp: SeccompProfile::RuntimeDefault,
-        resources: Resources {
-            oom_score_adj: INFRA_OOM_SCORE_ADJ,
-            ..Default::default()
-        },
-        kind: ContainerKind::Sandbox,
         labels: [(KEEPER_LABEL.to_owned(), "true".to_owned())].into(),
         annotations: [(SHIM_GROUP_ANNOTATION.to_owned(), id.to_owned())].into(),
         cgroup_parent: None,
-        namespaces,
         hostname: hostname.to_owned(),
-        ..Default::default()
+        ..pause_spec(format!("shell_{id}_keeper"), image_ref, image, namespaces)
     })
 }
 
