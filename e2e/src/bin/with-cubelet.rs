@@ -93,7 +93,14 @@ async fn main_async(args: Args) -> anyhow::Result<i32> {
     let code = run_command(&args, &d).await;
     // What the command's clients left (kubelet's pods) is theirs, not a
     // leak: removed through CRI first; what is left after that is.
-    let removed = d.remove_all().await;
+    // Bounded: a runtime call that hangs here fails the run instead of
+    // stalling it (a StopContainer that never returned did once).
+    let removed = match tokio::time::timeout(Duration::from_secs(180), d.remove_all()).await {
+        Ok(r) => r,
+        Err(_) => Err(anyhow::anyhow!(
+            "removing the pods left did not finish within 180 s"
+        )),
+    };
     let leaked = match (&removed, leaks(&d).await) {
         (Err(e), _) => vec![format!("removing the pods left failed: {e:#}")],
         (Ok(()), Ok(l)) => l,
