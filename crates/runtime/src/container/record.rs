@@ -9,8 +9,7 @@ use containerd_client::services::v1::container::Runtime as ContainerRuntimeInfo;
 use containerd_client::services::v1::snapshots::{PrepareSnapshotRequest, RemoveSnapshotRequest};
 use containerd_client::services::v1::CreateRequest as LeaseCreateRequest;
 use containerd_client::services::v1::{
-    Container, CreateContainerRequest, DeleteContainerRequest, UpdateContainerRequest,
-    UpdateTaskRequest,
+    Container, CreateContainerRequest, DeleteContainerRequest, UpdateTaskRequest,
 };
 use containerd_client::types::v1::Status as TaskStatus;
 use prost_types::Any;
@@ -664,16 +663,7 @@ impl ContainerRuntime {
             spec: Some(json_any(SPEC_TYPE_URL, "oci spec", &spec)?),
             ..Default::default()
         };
-        self.client
-            .containers()
-            .update(self.client.request(UpdateContainerRequest {
-                container: Some(update),
-                update_mask: Some(prost_types::FieldMask {
-                    paths: vec!["spec".to_owned()],
-                }),
-            }))
-            .await
-            .map_err(cd("containers.update"))?;
+        super::task::update_container(&self.client, update, "spec".to_owned()).await?;
         match self.get_task(id).await? {
             // Running, or made at the create and not started yet (its
             // cgroup is there, and it starts with these limits).

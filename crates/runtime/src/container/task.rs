@@ -105,17 +105,7 @@ impl ContainerRuntime {
             labels,
             ..Default::default()
         };
-        self.client
-            .containers()
-            .update(self.client.request(UpdateContainerRequest {
-                container: Some(update),
-                update_mask: Some(prost_types::FieldMask {
-                    paths: vec![format!("labels.{LABEL_STARTED}")],
-                }),
-            }))
-            .instrument(debug_span!("containers.update"))
-            .await
-            .map_err(cd("containers.update"))?;
+        update_container(&self.client, update, format!("labels.{LABEL_STARTED}")).await?;
         Ok(pid)
     }
 
@@ -574,14 +564,22 @@ async fn record_exit(
         labels: HashMap::from([(LABEL_EXIT.to_owned(), value)]),
         ..Default::default()
     };
+    update_container(client, update, format!("labels.{LABEL_EXIT}")).await
+}
+
+/// Writes the one field `path` of `update` to its containerd container.
+pub(super) async fn update_container(
+    client: &Containerd,
+    update: Container,
+    path: String,
+) -> Result<(), RuntimeError> {
     client
         .containers()
         .update(client.request(UpdateContainerRequest {
             container: Some(update),
-            update_mask: Some(prost_types::FieldMask {
-                paths: vec![format!("labels.{LABEL_EXIT}")],
-            }),
+            update_mask: Some(prost_types::FieldMask { paths: vec![path] }),
         }))
+        .instrument(debug_span!("containers.update"))
         .await
         .map_err(cd("containers.update"))?;
     Ok(())
