@@ -238,6 +238,22 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
+/// A Cubelet for a tool run beside it (critest, the node e2e suite): fails
+/// when the test infrastructure is missing, takes the drop-in at `drop_in`,
+/// and waits up to 120 s for readiness.
+pub async fn start_for_tool(index: u8, drop_in: Option<&Path>) -> anyhow::Result<Daemon> {
+    if let Some(why) = skip_reason() {
+        bail!("cannot run: {why}");
+    }
+    Daemon::start(DaemonOpts {
+        index,
+        extra_config: read_drop_in(drop_in)?,
+        ready_timeout: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+}
+
 /// The text of the config drop-in at `path`, for [`DaemonOpts::extra_config`]
 /// (the benchmarks' and critest runner's `--drop-in`); `None` without one.
 pub fn read_drop_in(path: Option<&Path>) -> anyhow::Result<Option<String>> {

@@ -13,11 +13,10 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use cubelet_e2e::{leaks, Daemon, DaemonOpts};
+use cubelet_e2e::{leaks, Daemon};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// Run critest against a private Cubelet.
@@ -127,17 +126,7 @@ async fn run_critest(args: &Args, d: &Daemon) -> anyhow::Result<Option<Summary>>
 }
 
 async fn main_async(args: Args) -> anyhow::Result<bool> {
-    if let Some(why) = cubelet_e2e::skip_reason() {
-        bail!("cannot run: {why}");
-    }
-    let extra_config = cubelet_e2e::read_drop_in(args.drop_in.as_deref())?;
-    let d = Daemon::start(DaemonOpts {
-        index: args.index,
-        extra_config,
-        ready_timeout: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await?;
+    let d = cubelet_e2e::start_for_tool(args.index, args.drop_in.as_deref()).await?;
     eprintln!(
         "critest-run: Cubelet on {} (log {}), critest output in {}",
         d.socket.display(),

@@ -17,9 +17,9 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::Parser;
-use cubelet_e2e::{leaks, Daemon, DaemonOpts};
+use cubelet_e2e::{leaks, Daemon};
 use tokio::signal::unix::{signal, SignalKind};
 
 /// Run a command next to a private Cubelet.
@@ -73,17 +73,7 @@ fn forward(child: &tokio::process::Child, sig: nix::sys::signal::Signal) {
 }
 
 async fn main_async(args: Args) -> anyhow::Result<i32> {
-    if let Some(why) = cubelet_e2e::skip_reason() {
-        bail!("cannot run: {why}");
-    }
-    let extra_config = cubelet_e2e::read_drop_in(args.drop_in.as_deref())?;
-    let d = Daemon::start(DaemonOpts {
-        index: args.index,
-        extra_config,
-        ready_timeout: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await?;
+    let d = cubelet_e2e::start_for_tool(args.index, args.drop_in.as_deref()).await?;
     eprintln!(
         "with-cubelet: Cubelet on {} (log {}, containerd namespace {})",
         d.socket.display(),
