@@ -5,7 +5,12 @@
 //! ("Timeout expired"), while CRI clients expect `DEADLINE_EXCEEDED`
 //! (critest's "public image should timeout if requested"; kubelet maps it to
 //! a probe timeout). [`DeadlineLayer`] sits inside tonic's timeout and applies
-//! the same deadline; tonic polls the inner call first, so this answer wins.
+//! the same deadline, fixed when the call is made: tonic makes its own timer
+//! only after the inner `call` returns, so ours is never later, and tonic
+//! polls the inner call before its timer, so this answer wins even when both
+//! fire on the same tick. (A deadline fixed at the first poll instead could
+//! fall one timer tick after tonic's on a slow machine, and the client got
+//! `CANCELLED`.)
 
 use std::future::Future;
 use std::pin::Pin;
@@ -48,13 +53,15 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let timeout = grpc_timeout(req.headers());
+        // Fixed now, before tonic starts its own timer (see the module docs).
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let method = req.uri().path().to_owned();
         let call = self.inner.call(req);
         Box::pin(async move {
-            let Some(timeout) = timeout else {
+            let (Some(timeout), Some(deadline)) = (timeout, deadline) else {
                 return call.await;
             };
-            match tokio::time::timeout(timeout, call).await {
+            match tokio::time::timeout_at(deadline, call).await {
                 Ok(response) => response,
                 Err(_) => {
                     tracing::debug!(method, ?timeout, "client deadline passed");
@@ -148,6 +155,30 @@ mod tests {
             .await
             .unwrap();
         assert!(started.elapsed() < Duration::from_secs(2));
+        assert_eq!(
+            grpc_status(&r).as_deref(),
+            Some((tonic::Code::DeadlineExceeded as i32).to_string().as_str())
+        );
+    }
+
+    /// The deadline runs from the call, not from the first poll: a future
+    /// first polled after its deadline answers at once (tonic's timer, made
+    /// between the two, would otherwise fire first).
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_is_fixed_when_the_call_is_made() {
+        let never = tower::service_fn(|_req: http::Request<()>| {
+            std::future::pending::<
+                Result<http::Response<tonic::body::Body>, std::convert::Infallible>,
+            >()
+        });
+        let mut svc = DeadlineLayer.layer(never);
+        let call = svc.ready().await.unwrap().call(request(Some("500m")));
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let mut call = std::pin::pin!(call);
+        let polled = futures::poll!(call.as_mut());
+        let Poll::Ready(Ok(r)) = polled else {
+            panic!("a call polled first after its deadline is still pending");
+        };
         assert_eq!(
             grpc_status(&r).as_deref(),
             Some((tonic::Code::DeadlineExceeded as i32).to_string().as_str())
