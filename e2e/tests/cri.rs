@@ -694,14 +694,37 @@ async fn stop_escalates(d: &Daemon) -> anyhow::Result<()> {
         "state {}",
         s.state
     );
-    d.runtime
-        .clone()
-        .stop_container(StopContainerRequest {
+    // Kubelet's pattern when it gives up on a pod: a stop with a long
+    // grace period in flight, then one with a short one. The short one
+    // kills at its own deadline (as containerd's CRI does) instead of
+    // waiting out the first under the container's lock, and both answer.
+    let long = tokio::spawn({
+        let mut rt = d.runtime.clone();
+        let cid = cid.clone();
+        async move {
+            rt.stop_container(StopContainerRequest {
+                container_id: cid,
+                timeout: 500,
+            })
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ensure!(!long.is_finished(), "the 500 s stop answered at once");
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        d.runtime.clone().stop_container(StopContainerRequest {
             container_id: cid.clone(),
             timeout: 2,
-        })
+        }),
+    )
+    .await
+    .context("StopContainer timeout 2 waited behind the 500 s stop")?
+    .context("StopContainer timeout 2")?;
+    tokio::time::timeout(Duration::from_secs(15), long)
         .await
-        .context("StopContainer timeout 2")?;
+        .context("the 500 s StopContainer did not answer after the kill")??
+        .context("StopContainer timeout 500")?;
     let s = container_status(d, &cid).await?;
     ensure!(
         s.state == ContainerState::ContainerExited as i32,

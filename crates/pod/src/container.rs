@@ -5,14 +5,14 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use cubelet_engine::spec::NamespaceMode;
-use cubelet_runtime::container::{ContainerState as RtState, ExecOutput};
+use cubelet_runtime::container::{ContainerState as RtState, ExecOutput, TaskExit};
 use cubelet_runtime::sandbox::anchor::SHIM_GROUP_ANNOTATION;
 use cubelet_runtime::spec::{
     ContainerKind, ContainerNamespaces, ContainerSpec, PodNamespacePaths, Resources,
 };
 use cubelet_runtime::RuntimeError;
 use cubelet_store::{ContainerRecord, ContainerState, SandboxState};
-use tracing::{info_span, warn, Instrument};
+use tracing::{info, info_span, warn, Instrument};
 
 use crate::error::{PodError, PodResult};
 use crate::service::{blocking, new_id, pod_key, PodEventKind, PodService};
@@ -361,7 +361,13 @@ impl PodService {
     }
 
     /// Stops one container under its lock (callers may hold its pod's lock).
+    /// A graceful stop already in flight, which holds the lock for up to its
+    /// own timeout, is made to kill by this one's deadline if that is
+    /// earlier, as containerd's CRI lets the shorter stop win.
     pub(crate) async fn stop_container_in_pod(&self, id: &str, timeout: Duration) -> PodResult<()> {
+        self.inner
+            .stops
+            .hasten(id, tokio::time::Instant::now() + timeout);
         let _lock = self.lock_container(id).await;
         let Some(rec) = self.store().get_container(id)? else {
             return Ok(());
@@ -377,7 +383,7 @@ impl PodService {
             }
         }
         if rec.state == ContainerState::Running || rec.state == ContainerState::Unknown {
-            match self.runtime().stop(&rec.id, timeout).await {
+            match self.graceful_stop(&rec.id, timeout).await {
                 // The stop saw the exit: no status call needed to learn it.
                 Ok(Some(exit)) => {
                     return self
@@ -397,6 +403,45 @@ impl PodService {
             }
         }
         self.refresh_exit(&rec.id).await
+    }
+
+    /// The runtime's stop of `id` with `timeout`, killed early when a later
+    /// stop asks for an earlier deadline (see [`crate::stops`]).
+    async fn graceful_stop(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<Option<TaskExit>, RuntimeError> {
+        if timeout.is_zero() {
+            return self.runtime().stop(id, timeout).await;
+        }
+        let own_deadline = tokio::time::Instant::now() + timeout;
+        let (_registered, mut hastened) = self.inner.stops.begin(id, own_deadline);
+        let stop = self.runtime().stop(id, timeout);
+        tokio::pin!(stop);
+        let mut open = true;
+        loop {
+            let kill_at = *hastened.borrow_and_update();
+            // The runtime kills at its own deadline; only an earlier one is
+            // ours to act on.
+            let early = async {
+                if kill_at < own_deadline {
+                    tokio::time::sleep_until(kill_at).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                r = &mut stop => return r,
+                changed = hastened.changed(), if open => open = changed.is_ok(),
+                () = early => {
+                    info!(container_id = %id, "a later stop's shorter timeout passed; killing");
+                    // The stop in flight is dropped: the kill ends its wait
+                    // anyway, and this call retires the task as it would.
+                    return self.runtime().stop(id, Duration::ZERO).await;
+                }
+            }
+        }
     }
 
     /// Reads the task's exit from the runtime into the record.
@@ -473,6 +518,9 @@ impl PodService {
     /// Deletes one container's record under its lock and hands the
     /// runtime's part of the removal to a task of its own.
     async fn forget_container(&self, id: &str) -> PodResult<()> {
+        // A removal forces the container down: a graceful stop in flight
+        // kills now rather than holding the removal up.
+        self.inner.stops.hasten(id, tokio::time::Instant::now());
         let _lock = self.lock_container(id).await;
         let Some(rec) = self.store().get_container(id)? else {
             return Ok(());
@@ -500,6 +548,7 @@ impl PodService {
     /// Removes one container under its lock (callers may hold its pod's
     /// lock), runtime first: a failure leaves the record for a retry.
     pub(crate) async fn remove_container_in_pod(&self, id: &str) -> PodResult<()> {
+        self.inner.stops.hasten(id, tokio::time::Instant::now());
         let _lock = self.lock_container(id).await;
         let Some(rec) = self.store().get_container(id)? else {
             return Ok(());

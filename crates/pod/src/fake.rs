@@ -69,6 +69,9 @@ struct State {
     anchor_delay: Duration,
     /// (container, pid) of tasks made ahead and deleted unstarted.
     unstarted: Vec<(String, u32)>,
+    /// Containers that ignore their stop signal: a stop waits out its
+    /// timeout (or another stop's kill) before it kills them.
+    ignores_stop_signal: std::collections::HashSet<String>,
 }
 
 /// The fake runtime. Cheap to clone; clones share state.
@@ -135,6 +138,13 @@ impl FakeRuntime {
             .entry(op)
             .or_default()
             .push(Box::new(make));
+    }
+
+    /// Container `id` ignores its stop signal, as a process trapping
+    /// SIGTERM does: a stop with a timeout kills it only when the timeout
+    /// passes, unless another stop kills it first.
+    pub fn ignore_stop_signal(&self, id: &str) {
+        self.lock().ignores_stop_signal.insert(id.to_owned());
     }
 
     /// Every call to `op` waits `delay` first (to widen race windows).
@@ -355,8 +365,24 @@ impl Runtime for FakeRuntime {
         Ok(pid)
     }
 
-    async fn stop(&self, id: &str, _timeout: Duration) -> Result<Option<TaskExit>, RuntimeError> {
+    async fn stop(&self, id: &str, timeout: Duration) -> Result<Option<TaskExit>, RuntimeError> {
         self.enter("stop", id).await?;
+        if !timeout.is_zero() && self.lock().ignores_stop_signal.contains(id) {
+            // The signal changes nothing: wait for the timeout or for an
+            // exit another call caused.
+            let kill_at = tokio::time::Instant::now() + timeout;
+            while tokio::time::Instant::now() < kill_at {
+                let running = self
+                    .lock()
+                    .containers
+                    .get(id)
+                    .is_some_and(|c| c.state == ContainerState::Running);
+                if !running {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
         let mut s = self.lock();
         let c = s.containers.get_mut(id).ok_or_else(|| not_found(id))?;
         if c.state == ContainerState::Running {

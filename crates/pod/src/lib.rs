@@ -24,6 +24,7 @@ mod runtime;
 mod sandbox;
 mod service;
 mod stats;
+mod stops;
 
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;

@@ -93,6 +93,8 @@ pub(crate) struct Inner {
     pub(crate) sightings: Sightings,
     /// Keeps stats anchors off busy moments ([`crate::anchor::AnchorGate`]).
     pub(crate) anchors: crate::anchor::AnchorGate,
+    /// Graceful stops in flight, which a later, shorter stop hastens.
+    pub(crate) stops: crate::stops::Stops,
 }
 
 /// When a client last saw each sandbox, in memory: after a restart every
@@ -205,6 +207,7 @@ impl PodService {
                 stats: crate::stats::StatsState::default(),
                 sightings: Sightings::default(),
                 anchors: crate::anchor::AnchorGate::default(),
+                stops: crate::stops::Stops::default(),
             }),
         }
     }

@@ -452,6 +452,74 @@ async fn stop_records_the_exit() {
     assert_eq!(r.runtime.calls("status"), 0);
 }
 
+/// Kubelet stops with a long grace period, then with a short one (or
+/// removes): the later stop kills at its own deadline instead of waiting
+/// behind the first under the container's lock, and both answer.
+#[tokio::test]
+async fn a_shorter_stop_overtakes_a_longer_one_in_flight() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    r.runtime.ignore_stop_signal(&id);
+    let long = tokio::spawn({
+        let pods = r.pods.clone();
+        let id = id.clone();
+        async move { pods.stop_container(&id, Duration::from_secs(500)).await }
+    });
+    // The long stop is waiting out its grace period.
+    while r.runtime.calls("stop") == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!long.is_finished());
+    // A bound that only catches a hang: the short stop must not wait 500 s.
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        r.pods.stop_container(&id, Duration::from_millis(200)),
+    )
+    .await
+    .expect("the short stop waited behind the long one")
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), long)
+        .await
+        .expect("the long stop did not end with the kill")
+        .unwrap()
+        .unwrap();
+    let rec = r.container(&id).unwrap();
+    assert_eq!(rec.state, ContainerState::Exited);
+    assert_eq!(rec.exit_code, Some(137));
+}
+
+/// A removal forces a container down at once, also while a graceful stop
+/// of it is in flight.
+#[tokio::test]
+async fn a_removal_kills_a_container_a_long_stop_is_waiting_on() {
+    let r = Rig::new();
+    let sb = r.ready_pod("web").await;
+    let id = r.running(&sb, "app").await;
+    r.runtime.ignore_stop_signal(&id);
+    let long = tokio::spawn({
+        let pods = r.pods.clone();
+        let id = id.clone();
+        async move { pods.stop_container(&id, Duration::from_secs(500)).await }
+    });
+    while r.runtime.calls("stop") == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::timeout(Duration::from_secs(30), r.pods.remove_container(&id))
+        .await
+        .expect("the removal waited behind the long stop")
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), long)
+        .await
+        .expect("the long stop did not end with the kill")
+        .unwrap()
+        .unwrap();
+    assert!(r.container(&id).is_none());
+    r.pods.drain_removals().await;
+    assert!(r.runtime.container(&id).is_none());
+}
+
 #[tokio::test]
 async fn stopping_a_stopped_created_or_unknown_container_is_ok() {
     let r = Rig::new();
