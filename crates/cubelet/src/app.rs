@@ -14,7 +14,7 @@ use cubelet_metrics::{AdminServer, Metrics, Readiness};
 use cubelet_pod::{PodDeps, PodService};
 use cubelet_runtime::container::{ContainerRuntime, HandlerConfig, RuntimeConfig};
 use cubelet_runtime::events::{ContainerEventKind, EventMonitor};
-use cubelet_runtime::image::ImageService;
+use cubelet_runtime::image::{DirectContent, ImageService};
 use cubelet_runtime::sandbox::anchor::StatsAnchor;
 use cubelet_runtime::sandbox::podns::PodNamespaces;
 use cubelet_runtime::sandbox::{PauseImage, SandboxMode, SandboxProvider};
@@ -175,12 +175,20 @@ pub async fn run(config: Config) -> Result<()> {
     let admin_task = tokio::spawn(admin.serve(shutdown.clone()).in_current_span());
 
     let cd = connect_containerd(&config, &readiness).await?;
-    let images = Arc::new(
-        ImageService::new(cd.clone(), &config.images.registry_config_dir)
-            .with_pull_progress_timeout(config.images.pull_progress_timeout)
-            .with_max_concurrent_downloads(config.images.max_concurrent_downloads)
-            .with_pull_observer(Arc::new(crate::adapters::PullMetrics(metrics.clone()))),
-    );
+    let mut image_service = ImageService::new(cd.clone(), &config.images.registry_config_dir)
+        .with_pull_progress_timeout(config.images.pull_progress_timeout)
+        .with_max_concurrent_downloads(config.images.max_concurrent_downloads)
+        .with_pull_observer(Arc::new(crate::adapters::PullMetrics(metrics.clone())));
+    if config.images.direct_content_write {
+        let content_root = config
+            .containerd
+            .root
+            .join("io.containerd.content.v1.content");
+        if let Some(direct) = DirectContent::open(&content_root, &config.root_dir.join("ingest")) {
+            image_service = image_service.with_direct_content(Arc::new(direct)).await;
+        }
+    }
+    let images = Arc::new(image_service);
     let pause = Arc::new(PauseImage::configured(
         (*images).clone(),
         &config.images.pause_image,

@@ -900,3 +900,139 @@ async fn concurrent_pulls_of_one_image_are_one_download() {
     env.images.remove(&reference).await.unwrap();
     env.finish().await;
 }
+
+// ---- direct content writes -------------------------------------------------
+
+/// A staging directory of the test's own beside containerd's root (one
+/// file system, as a hard link needs), removed when dropped.
+struct Staging(PathBuf);
+
+impl Staging {
+    fn new(test: &str) -> Self {
+        let root = PathBuf::from(
+            std::env::var("CONTAINERD_ROOT").unwrap_or_else(|_| DEFAULT_ROOT.to_owned()),
+        );
+        let dir = root
+            .parent()
+            .unwrap()
+            .join(format!("ingest-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Self(dir)
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn content_root() -> PathBuf {
+    PathBuf::from(std::env::var("CONTAINERD_ROOT").unwrap_or_else(|_| DEFAULT_ROOT.to_owned()))
+        .join("io.containerd.content.v1.content")
+}
+
+/// Layers staged, linked into containerd's content directory and
+/// committed with no data sent: the image is whole (unpacked, its layers
+/// in the namespace, read back by digest), the staging directory is empty
+/// and the pull's lease is gone.
+#[tokio::test]
+async fn pulled_layers_are_linked_into_the_content_directory() {
+    let Some(mut env) = setup("pulled_layers_are_linked_into_the_content_directory").await else {
+        return;
+    };
+    let staging = Staging::new("direct");
+    let direct = std::sync::Arc::new(
+        cubelet_runtime::image::DirectContent::open(&content_root(), &staging.0)
+            .expect("the test containerd's content directory is usable")
+            .with_min_size(0),
+    );
+    env.images = env.images.clone().with_direct_content(direct.clone()).await;
+    assert!(direct.enabled(), "the probe did not see the linked blob");
+    // The probe left nothing.
+    assert_eq!(std::fs::read_dir(&staging.0).unwrap().count(), 0);
+    let reference = format!("{}/busybox:test", registry());
+    let info = env.images.pull(&reference, None).await.unwrap();
+    assert!(direct.enabled(), "a layer write fell back");
+    assert!(env.snapshot_exists(&info.chain_id).await);
+    assert_eq!(std::fs::read_dir(&staging.0).unwrap().count(), 0);
+    assert_eq!(env.lease_count().await, 0, "pull left its lease behind");
+    let mlabels = env.content_labels(&info.target_digest).await;
+    let layers: Vec<&String> = mlabels
+        .iter()
+        .filter(|(k, _)| k.starts_with("containerd.io/gc.ref.content.l."))
+        .map(|(_, v)| v)
+        .collect();
+    assert!(!layers.is_empty(), "{mlabels:?}");
+    for digest in layers {
+        let hex = digest.strip_prefix("sha256:").unwrap();
+        let blob = content_root().join("blobs/sha256").join(hex);
+        let meta = std::fs::metadata(&blob).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            meta.nlink(),
+            1,
+            "{} still linked from staging",
+            blob.display()
+        );
+        // It is whole, and committed in this namespace (Info finds it).
+        let data = std::fs::read(&blob).unwrap();
+        let actual = format!("sha256:{}", sha256_hex(&data));
+        assert_eq!(&actual, digest);
+        env.content_labels(digest).await;
+    }
+    // A second image sharing the layers commits them again at once.
+    let again = env
+        .images
+        .pull(&format!("{}/busybox-oci:test", registry()), None)
+        .await
+        .unwrap();
+    assert!(env.snapshot_exists(&again.chain_id).await);
+    env.images.remove(&reference).await.unwrap();
+    env.images.remove(&again.id).await.unwrap();
+    env.finish().await;
+}
+
+/// A content directory containerd does not read (a stale or wrong
+/// `containerd.root`): the probe finds out, nothing is left in it, and
+/// pulls stream through the content API.
+#[tokio::test]
+async fn a_content_directory_containerd_does_not_read_is_not_used() {
+    let Some(mut env) = setup("a_content_directory_containerd_does_not_read_is_not_used").await
+    else {
+        return;
+    };
+    let staging = Staging::new("wrong-root");
+    let wrong = staging.0.join("content");
+    std::fs::create_dir_all(wrong.join("blobs/sha256")).unwrap();
+    let direct = std::sync::Arc::new(
+        cubelet_runtime::image::DirectContent::open(&wrong, &staging.0.join("staging"))
+            .unwrap()
+            .with_min_size(0),
+    );
+    env.images = env.images.clone().with_direct_content(direct.clone()).await;
+    assert!(!direct.enabled());
+    assert_eq!(
+        std::fs::read_dir(wrong.join("blobs/sha256"))
+            .unwrap()
+            .count(),
+        0,
+        "the probe's blob was left"
+    );
+    let reference = format!("{}/busybox:test", registry());
+    let info = env.images.pull(&reference, None).await.unwrap();
+    assert!(env.snapshot_exists(&info.chain_id).await);
+    assert_eq!(
+        std::fs::read_dir(wrong.join("blobs/sha256"))
+            .unwrap()
+            .count(),
+        0
+    );
+    env.images.remove(&reference).await.unwrap();
+    env.finish().await;
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(data))
+}

@@ -388,6 +388,23 @@ async fn bad_registry_scenario(d: &Daemon) -> anyhow::Result<()> {
             .all(|digest| !active.contains(digest.as_str())),
         "an ingest was left behind:\n{active}"
     );
+    // Layers are staged under the agent's root and linked into
+    // containerd's content directory only once whole and verified: no
+    // staging file stays, and no refused blob reached that directory.
+    let staging = d.root_dir.join("ingest");
+    let staged: Vec<_> = std::fs::read_dir(&staging)
+        .with_context(|| format!("reading {}", staging.display()))?
+        .collect();
+    ensure!(staged.is_empty(), "staging files left: {staged:?}");
+    let blobs = Path::new(cubelet_e2e::CONTAINERD_ROOT)
+        .join("io.containerd.content.v1.content/blobs/sha256");
+    for digest in [&big_digest, &stall_digest, &tampered_digest] {
+        let hex = digest.trim_start_matches("sha256:");
+        ensure!(
+            !blobs.join(hex).exists(),
+            "{digest} reached containerd's content directory"
+        );
+    }
     still_serving(d).await?;
     d.remove_all().await
 }

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -14,6 +15,7 @@ use sha2::Digest as _;
 use tonic::transport::Channel;
 use tonic::Request;
 
+use super::direct::{self, DirectContent};
 use crate::client::Containerd;
 use crate::error::RuntimeError;
 
@@ -42,6 +44,8 @@ pub(crate) fn unique() -> String {
 pub(crate) struct Store {
     cd: Containerd,
     lease: Option<String>,
+    /// Layers written into containerd's content directory, when usable.
+    direct: Option<Arc<DirectContent>>,
 }
 
 impl Store {
@@ -49,7 +53,15 @@ impl Store {
         Self {
             cd: cd.clone(),
             lease: None,
+            direct: None,
         }
+    }
+
+    /// Writes layers through `direct` while it is on (see
+    /// [`super::direct`]).
+    pub(crate) fn with_direct(mut self, direct: Option<Arc<DirectContent>>) -> Self {
+        self.direct = direct;
+        self
     }
 
     /// Creates a lease (expiring after an hour, in case we die) and returns
@@ -70,6 +82,7 @@ impl Store {
         Ok(Self {
             cd: cd.clone(),
             lease: Some(id),
+            direct: None,
         })
     }
 
@@ -249,6 +262,27 @@ impl Store {
     where
         S: Stream<Item = Result<Bytes, RuntimeError>> + Send,
     {
+        if let Some(d) = self.direct.as_ref().filter(|d| d.takes(size)) {
+            if let Some(target) = d.blob_path(digest) {
+                return self
+                    .write_direct(d, &target, digest, size, labels, body)
+                    .await;
+            }
+        }
+        self.write_streamed(digest, size, labels, body).await
+    }
+
+    /// [`Store::write`] through containerd's content API.
+    async fn write_streamed<S>(
+        &self,
+        digest: &str,
+        size: u64,
+        labels: HashMap<String, String>,
+        body: S,
+    ) -> Result<(), RuntimeError>
+    where
+        S: Stream<Item = Result<Bytes, RuntimeError>> + Send,
+    {
         let ingest = format!("cubelet-{}-{digest}", unique());
         // A write dropped half-way (a pull whose other layer failed, or
         // that every caller gave up on) must not leave its ingest behind.
@@ -336,6 +370,234 @@ impl Store {
                 // Written concurrently by someone else: reuse it.
                 self.hold(digest).await?;
                 self.set_labels(digest, &labels).await
+            }
+            Err(s) => Err(RuntimeError::containerd("content.write", s)),
+        }
+    }
+
+    /// [`Store::write`] into containerd's content directory (see
+    /// [`super::direct`]): the body is staged, checked against `digest`
+    /// and `size`, linked into the blob directory and committed by a
+    /// write that sends no data, or the staged data when containerd asks
+    /// for it.
+    async fn write_direct<S>(
+        &self,
+        d: &DirectContent,
+        target: &std::path::Path,
+        digest: &str,
+        size: u64,
+        labels: HashMap<String, String>,
+        body: S,
+    ) -> Result<(), RuntimeError>
+    where
+        S: Stream<Item = Result<Bytes, RuntimeError>> + Send,
+    {
+        let name = format!("cubelet-{}", unique());
+        let staged = d.stage(&name);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(8);
+        let path = staged.path().to_owned();
+        // Hashing and writing run on a thread of their own, beside the
+        // download.
+        let writer = tokio::task::spawn_blocking(move || direct::write_staged(&path, rx));
+        let producer = async move {
+            let mut offset: u64 = 0;
+            let mut body = std::pin::pin!(coalesce(body, CHUNK));
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk?;
+                // Never past the declared size.
+                offset += chunk.len() as u64;
+                if offset > size {
+                    return Err(RuntimeError::DigestMismatch {
+                        digest: digest.to_owned(),
+                        actual: format!("more than the declared {size} bytes ({offset} so far)"),
+                    });
+                }
+                if tx.send(Bytes::from(chunk)).await.is_err() {
+                    // The writer failed; its error is reported below.
+                    break;
+                }
+            }
+            Ok(())
+        };
+        let produced = producer.await;
+        let written = writer.await.map_err(|e| RuntimeError::Io {
+            op: "writing the staging file",
+            path: staged.path().display().to_string(),
+            source: std::io::Error::other(e),
+        })?;
+        produced?;
+        let (actual, written_size) = written?;
+        if actual != digest || written_size != size {
+            return Err(RuntimeError::DigestMismatch {
+                digest: digest.to_owned(),
+                actual: format!("{actual} ({written_size} bytes, want {size})"),
+            });
+        }
+        let linked = {
+            let (from, to) = (staged.path().to_owned(), target.to_owned());
+            tokio::task::spawn_blocking(move || direct::link(&from, &to))
+                .await
+                .map_err(|e| RuntimeError::Io {
+                    op: "linking a staged blob into",
+                    path: target.display().to_string(),
+                    source: std::io::Error::other(e),
+                })??
+        };
+        if self.commit_linked(digest, size, &labels).await? {
+            return Ok(());
+        }
+        // containerd wants the data. Either its garbage collector took the
+        // blob between the link and the write, or it does not see the
+        // blob directory at all: then the link goes and so do direct
+        // writes.
+        if tokio::fs::try_exists(target).await.unwrap_or(false) {
+            if linked {
+                let _ = tokio::fs::remove_file(target).await;
+            }
+            d.disable("a blob linked into the directory was not seen by containerd");
+        } else {
+            tracing::debug!(
+                digest,
+                "a linked blob was collected before its commit; sending it"
+            );
+        }
+        let file = tokio::fs::File::open(staged.path())
+            .await
+            .map_err(crate::error::io_err(
+                "reading the staging file",
+                staged.path(),
+            ))?;
+        let body = tokio_util::io::ReaderStream::with_capacity(file, CHUNK).map(|r| {
+            r.map_err(|e| RuntimeError::Io {
+                op: "reading the staging file",
+                path: String::new(),
+                source: e,
+            })
+        });
+        self.write_streamed(digest, size, labels, body).await
+    }
+
+    /// Whether containerd sees blobs written through `d`: a blob of unique
+    /// content is staged and linked, and containerd asked whether a write
+    /// of it needs data; the write is aborted and the blob removed either
+    /// way.
+    pub(crate) async fn sees_direct_blobs(&self, d: &DirectContent) -> Result<bool, RuntimeError> {
+        let content = format!("cubelet direct content probe {}\n", unique()).into_bytes();
+        let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&content)));
+        let size = content.len() as u64;
+        let Some(target) = d.blob_path(&digest) else {
+            return Ok(false);
+        };
+        let staged = d.stage(&format!("cubelet-probe-{}", unique()));
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+        let path = staged.path().to_owned();
+        let writer = tokio::task::spawn_blocking(move || direct::write_staged(&path, rx));
+        let _ = tx.send(Bytes::from(content)).await;
+        drop(tx);
+        let joined = |e: tokio::task::JoinError| RuntimeError::Io {
+            op: "probing direct content writes in",
+            path: target.display().to_string(),
+            source: std::io::Error::other(e),
+        };
+        writer.await.map_err(joined)??;
+        let (from, to) = (staged.path().to_owned(), target.clone());
+        tokio::task::spawn_blocking(move || direct::link(&from, &to))
+            .await
+            .map_err(joined)??;
+        let seen = self.wants_no_data(&digest, size).await;
+        let _ = tokio::fs::remove_file(&target).await;
+        seen
+    }
+
+    /// Opens a write of `digest` and asks for its status: true when
+    /// containerd needs no data for it (the blob is in its content
+    /// directory). The write is aborted.
+    async fn wants_no_data(&self, digest: &str, size: u64) -> Result<bool, RuntimeError> {
+        let ingest = format!("cubelet-probe-{}", unique());
+        let _abort = AbortIngest {
+            store: self.clone(),
+            ingest: Some(ingest.clone()),
+        };
+        let total = i64::try_from(size).unwrap_or(i64::MAX);
+        let (tx, rx) = tokio::sync::mpsc::channel::<WriteContentRequest>(1);
+        let _ = tx.try_send(WriteContentRequest {
+            action: WriteAction::Stat as i32,
+            r#ref: ingest,
+            total,
+            expected: digest.to_owned(),
+            offset: 0,
+            data: Vec::new(),
+            labels: HashMap::new(),
+        });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let answer = async {
+            let mut responses = self.client().write(self.req(stream)).await?.into_inner();
+            responses.message().await
+        };
+        let status = answer
+            .await
+            .map_err(|s| RuntimeError::containerd("content.write", s))?;
+        drop(tx);
+        Ok(status.is_some_and(|st| st.offset == total && st.total == total))
+    }
+
+    /// Commits a blob present in containerd's content directory but in no
+    /// namespace, with no data sent: true when containerd took it (or the
+    /// namespace had it already), false when it asks for the data.
+    async fn commit_linked(
+        &self,
+        digest: &str,
+        size: u64,
+        labels: &HashMap<String, String>,
+    ) -> Result<bool, RuntimeError> {
+        let ingest = format!("cubelet-{}-{digest}", unique());
+        let mut guard = AbortIngest {
+            store: self.clone(),
+            ingest: Some(ingest.clone()),
+        };
+        let total = i64::try_from(size).unwrap_or(i64::MAX);
+        let message = |action: WriteAction, labels: HashMap<String, String>| WriteContentRequest {
+            action: action as i32,
+            r#ref: ingest.clone(),
+            total,
+            expected: digest.to_owned(),
+            offset: if action == WriteAction::Commit {
+                total
+            } else {
+                0
+            },
+            data: Vec::new(),
+            labels,
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel::<WriteContentRequest>(2);
+        // Room for it: the receiver is still here.
+        let _ = tx.try_send(message(WriteAction::Stat, HashMap::new()));
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let answered = async {
+            let mut responses = self.client().write(self.req(stream)).await?.into_inner();
+            let status = responses.message().await?;
+            let shared = status.is_some_and(|st| st.offset == total && st.total == total);
+            if shared {
+                let _ = tx.send(message(WriteAction::Commit, labels.clone())).await;
+            }
+            drop(tx);
+            if shared {
+                while responses.message().await?.is_some() {}
+            }
+            Ok::<bool, tonic::Status>(shared)
+        };
+        match answered.await {
+            Ok(true) => {
+                guard.ingest = None;
+                Ok(true)
+            }
+            // The guard aborts the ingest.
+            Ok(false) => Ok(false),
+            Err(s) if s.code() == tonic::Code::AlreadyExists => {
+                guard.ingest = None;
+                self.hold(digest).await?;
+                self.set_labels(digest, labels).await?;
+                Ok(true)
             }
             Err(s) => Err(RuntimeError::containerd("content.write", s)),
         }

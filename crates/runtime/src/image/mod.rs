@@ -7,6 +7,8 @@
 //! once the lease is deleted GC keeps exactly what image records reference.
 
 pub(crate) mod content;
+mod direct;
+pub use direct::DirectContent;
 mod fs;
 pub(crate) mod unpack;
 
@@ -86,6 +88,8 @@ pub struct ImageService {
     pulls: Arc<Mutex<Vec<InFlightPull>>>,
     /// Told when each pull (not each join) starts and ends.
     observer: Option<Arc<dyn PullObserver>>,
+    /// Layers written into containerd's content directory, when usable.
+    direct: Option<Arc<DirectContent>>,
 }
 
 /// The result of one pull, shared by every caller that joined it.
@@ -154,7 +158,29 @@ impl ImageService {
             documents: Arc::default(),
             pulls: Arc::default(),
             observer: None,
+            direct: None,
         }
+    }
+
+    /// Writes pulled layers into containerd's content directory through
+    /// `direct` instead of streaming them through its content API, once a
+    /// probe shows containerd sees the blobs written there; otherwise
+    /// (logged) they keep streaming.
+    pub async fn with_direct_content(mut self, direct: Arc<DirectContent>) -> Self {
+        match Store::new(&self.cd).sees_direct_blobs(&direct).await {
+            Ok(true) => {
+                tracing::info!("layers are written into containerd's content directory");
+                self.direct = Some(direct);
+            }
+            Ok(false) => {
+                direct.disable("a probe blob linked into the directory was not seen by containerd");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "probing direct content writes failed; layers go through containerd's content API");
+                direct.disable("the probe failed");
+            }
+        }
+        self
     }
 
     /// Reports every pull (start, end, size, duration) to `observer`.
@@ -310,7 +336,9 @@ impl ImageService {
             .await?
             .ok_or_else(not_found)?;
 
-        let store = Store::leased(&self.cd, "pull").await?;
+        let store = Store::leased(&self.cd, "pull")
+            .await?
+            .with_direct(self.direct.clone());
         let result = async {
             let config = checked_config(&name, &docs.config, &self.platform)?;
             // Layers download side by side, as containerd's do (one stream
