@@ -393,12 +393,13 @@ impl Store {
         S: Stream<Item = Result<Bytes, RuntimeError>> + Send,
     {
         let name = format!("cubelet-{}", unique());
-        let staged = d.stage(&name);
         let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(8);
-        let path = staged.path().to_owned();
         // Hashing and writing run on a thread of their own, beside the
-        // download.
-        let writer = tokio::task::spawn_blocking(move || direct::write_staged(&path, rx));
+        // download; the staging file's guard goes with them.
+        let writer = tokio::task::spawn_blocking({
+            let staged = d.stage(&name);
+            move || direct::write_staged(staged, rx)
+        });
         let producer = async move {
             let mut offset: u64 = 0;
             let mut body = std::pin::pin!(coalesce(body, CHUNK));
@@ -420,9 +421,9 @@ impl Store {
             Ok(())
         };
         let produced = producer.await;
-        let written = writer.await.map_err(|e| RuntimeError::Io {
+        let (staged, written) = writer.await.map_err(|e| RuntimeError::Io {
             op: "writing the staging file",
-            path: staged.path().display().to_string(),
+            path: name.clone(),
             source: std::io::Error::other(e),
         })?;
         produced?;
@@ -488,10 +489,11 @@ impl Store {
         let Some(target) = d.blob_path(&digest) else {
             return Ok(false);
         };
-        let staged = d.stage(&format!("cubelet-probe-{}", unique()));
         let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
-        let path = staged.path().to_owned();
-        let writer = tokio::task::spawn_blocking(move || direct::write_staged(&path, rx));
+        let writer = tokio::task::spawn_blocking({
+            let staged = d.stage(&format!("cubelet-probe-{}", unique()));
+            move || direct::write_staged(staged, rx)
+        });
         let _ = tx.send(Bytes::from(content)).await;
         drop(tx);
         let joined = |e: tokio::task::JoinError| RuntimeError::Io {
@@ -499,7 +501,8 @@ impl Store {
             path: target.display().to_string(),
             source: std::io::Error::other(e),
         };
-        writer.await.map_err(joined)??;
+        let (staged, written) = writer.await.map_err(joined)?;
+        written?;
         let (from, to) = (staged.path().to_owned(), target.clone());
         tokio::task::spawn_blocking(move || direct::link(&from, &to))
             .await

@@ -167,11 +167,22 @@ impl Drop for Staged {
     }
 }
 
-/// Writes what `chunks` carries into a new file at `path`, hashing it on
+/// Writes what `chunks` carries into the new file `staged`, hashing it on
 /// the way, on the calling (blocking) thread; synced and made read-only at
-/// the end. Returns the sha256 digest (`sha256:<hex>`) and the size. The
-/// sender bounds the size; a closed channel ends the file.
+/// the end. Returns the file's guard with the sha256 digest
+/// (`sha256:<hex>`) and the size. The guard travels with the work so that
+/// a caller that gave up (a cancelled pull) never leaves the file behind:
+/// it is removed when this thread is done with it. The sender bounds the
+/// size; a closed channel ends the file.
 pub(crate) fn write_staged(
+    staged: Staged,
+    chunks: tokio::sync::mpsc::Receiver<Bytes>,
+) -> (Staged, Result<(String, u64), RuntimeError>) {
+    let written = write_file(&staged.path, chunks);
+    (staged, written)
+}
+
+fn write_file(
     path: &Path,
     mut chunks: tokio::sync::mpsc::Receiver<Bytes>,
 ) -> Result<(String, u64), RuntimeError> {
@@ -254,14 +265,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("blobs/sha256")).unwrap();
         let d = DirectContent::open(dir.path(), &dir.path().join("staging")).unwrap();
-        let staged = d.stage("one");
         let (tx, rx) = tokio::sync::mpsc::channel(2);
-        let path = staged.path().to_owned();
-        let writer = tokio::task::spawn_blocking(move || write_staged(&path, rx));
+        let writer = tokio::task::spawn_blocking({
+            let staged = d.stage("one");
+            move || write_staged(staged, rx)
+        });
         tx.send(Bytes::from_static(b"hello ")).await.unwrap();
         tx.send(Bytes::from_static(b"world")).await.unwrap();
         drop(tx);
-        let (digest, size) = writer.await.unwrap().unwrap();
+        let (staged, written) = writer.await.unwrap();
+        let (digest, size) = written.unwrap();
         let want = format!(
             "sha256:{}",
             hex::encode(sha2::Sha256::digest(b"hello world"))
@@ -280,5 +293,31 @@ mod tests {
                 .count(),
             0
         );
+    }
+
+    /// A caller that gives up while the file is written (a cancelled pull)
+    /// leaves no staging file: the writer removes it when it is done.
+    #[tokio::test]
+    async fn a_write_given_up_on_leaves_no_staging_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("blobs/sha256")).unwrap();
+        let d = DirectContent::open(dir.path(), &dir.path().join("staging")).unwrap();
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let writer = tokio::task::spawn_blocking({
+            let staged = d.stage("abandoned");
+            move || write_staged(staged, rx)
+        });
+        tx.send(Bytes::from_static(b"part")).await.unwrap();
+        // The caller is gone: its handle and its sender are dropped.
+        drop(tx);
+        drop(writer);
+        let staging = dir.path().join("staging");
+        for _ in 0..500 {
+            if std::fs::read_dir(&staging).unwrap().count() == 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the staging file was left");
     }
 }
