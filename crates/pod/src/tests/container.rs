@@ -452,11 +452,9 @@ async fn stop_records_the_exit() {
     assert_eq!(r.runtime.calls("status"), 0);
 }
 
-/// Kubelet stops with a long grace period, then with a short one (or
-/// removes): the later stop kills at its own deadline instead of waiting
-/// behind the first under the container's lock, and both answer.
-#[tokio::test]
-async fn a_shorter_stop_overtakes_a_longer_one_in_flight() {
+/// A running container that ignores its stop signal, with a stop of a
+/// 500 s grace period in flight on it (the runtime is already waiting).
+async fn stopping_for_500_s() -> (Rig, String, tokio::task::JoinHandle<crate::PodResult<()>>) {
     let r = Rig::new();
     let sb = r.ready_pod("web").await;
     let id = r.running(&sb, "app").await;
@@ -466,10 +464,18 @@ async fn a_shorter_stop_overtakes_a_longer_one_in_flight() {
         let id = id.clone();
         async move { pods.stop_container(&id, Duration::from_secs(500)).await }
     });
-    // The long stop is waiting out its grace period.
     while r.runtime.calls("stop") == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    (r, id, long)
+}
+
+/// Kubelet stops with a long grace period, then with a short one (or
+/// removes): the later stop kills at its own deadline instead of waiting
+/// behind the first under the container's lock, and both answer.
+#[tokio::test]
+async fn a_shorter_stop_overtakes_a_longer_one_in_flight() {
+    let (r, id, long) = stopping_for_500_s().await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!long.is_finished());
     // A bound that only catches a hang: the short stop must not wait 500 s.
@@ -494,18 +500,7 @@ async fn a_shorter_stop_overtakes_a_longer_one_in_flight() {
 /// of it is in flight.
 #[tokio::test]
 async fn a_removal_kills_a_container_a_long_stop_is_waiting_on() {
-    let r = Rig::new();
-    let sb = r.ready_pod("web").await;
-    let id = r.running(&sb, "app").await;
-    r.runtime.ignore_stop_signal(&id);
-    let long = tokio::spawn({
-        let pods = r.pods.clone();
-        let id = id.clone();
-        async move { pods.stop_container(&id, Duration::from_secs(500)).await }
-    });
-    while r.runtime.calls("stop") == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let (r, id, long) = stopping_for_500_s().await;
     tokio::time::timeout(Duration::from_secs(30), r.pods.remove_container(&id))
         .await
         .expect("the removal waited behind the long stop")

@@ -303,15 +303,7 @@ impl Store {
                 let chunk = chunk?;
                 // Never past the declared size: a larger blob is refused
                 // before its excess reaches the content store.
-                if offset + chunk.len() as u64 > size {
-                    return Err(RuntimeError::DigestMismatch {
-                        digest: digest.to_owned(),
-                        actual: format!(
-                            "more than the declared {size} bytes ({} so far)",
-                            offset + chunk.len() as u64
-                        ),
-                    });
-                }
+                within_size(digest, size, offset + chunk.len() as u64)?;
                 hasher.update(&chunk);
                 let msg = WriteContentRequest {
                     action: WriteAction::Write as i32,
@@ -329,12 +321,7 @@ impl Store {
                 }
             }
             let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
-            if actual != digest || offset != size {
-                return Err(RuntimeError::DigestMismatch {
-                    digest: digest.to_owned(),
-                    actual: format!("{actual} ({offset} bytes, want {size})"),
-                });
-            }
+            as_declared(digest, size, &actual, offset)?;
             let commit = WriteContentRequest {
                 action: WriteAction::Commit as i32,
                 r#ref: ingest.clone(),
@@ -407,18 +394,13 @@ impl Store {
                 let chunk = chunk?;
                 // Never past the declared size.
                 offset += chunk.len() as u64;
-                if offset > size {
-                    return Err(RuntimeError::DigestMismatch {
-                        digest: digest.to_owned(),
-                        actual: format!("more than the declared {size} bytes ({offset} so far)"),
-                    });
-                }
+                within_size(digest, size, offset)?;
                 if tx.send(Bytes::from(chunk)).await.is_err() {
                     // The writer failed; its error is reported below.
                     break;
                 }
             }
-            Ok(())
+            Ok::<(), RuntimeError>(())
         };
         let produced = producer.await;
         let (staged, written) = writer.await.map_err(|e| RuntimeError::Io {
@@ -428,12 +410,7 @@ impl Store {
         })?;
         produced?;
         let (actual, written_size) = written?;
-        if actual != digest || written_size != size {
-            return Err(RuntimeError::DigestMismatch {
-                digest: digest.to_owned(),
-                actual: format!("{actual} ({written_size} bytes, want {size})"),
-            });
-        }
+        as_declared(digest, size, &actual, written_size)?;
         let linked = {
             let (from, to) = (staged.path().to_owned(), target.to_owned());
             tokio::task::spawn_blocking(move || direct::link(&from, &to))
@@ -605,6 +582,29 @@ impl Store {
             Err(s) => Err(RuntimeError::containerd("content.write", s)),
         }
     }
+}
+
+/// Refuses a blob that has passed its declared `size` (`so_far` bytes).
+fn within_size(digest: &str, size: u64, so_far: u64) -> Result<(), RuntimeError> {
+    if so_far <= size {
+        return Ok(());
+    }
+    Err(RuntimeError::DigestMismatch {
+        digest: digest.to_owned(),
+        actual: format!("more than the declared {size} bytes ({so_far} so far)"),
+    })
+}
+
+/// Refuses a whole blob whose sha256 (`actual`) or length is not the one
+/// declared.
+fn as_declared(digest: &str, size: u64, actual: &str, length: u64) -> Result<(), RuntimeError> {
+    if actual == digest && length == size {
+        return Ok(());
+    }
+    Err(RuntimeError::DigestMismatch {
+        digest: digest.to_owned(),
+        actual: format!("{actual} ({length} bytes, want {size})"),
+    })
 }
 
 /// Aborts an ingest in the background when dropped while still armed.
