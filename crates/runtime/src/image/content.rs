@@ -380,7 +380,8 @@ impl Store {
         S: Stream<Item = Result<Bytes, RuntimeError>> + Send,
     {
         let name = format!("cubelet-{}", unique());
-        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(8);
+        // As many chunks in flight as the streamed write keeps.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
         // Hashing and writing run on a thread of their own, beside the
         // download; the staging file's guard goes with them.
         let writer = tokio::task::spawn_blocking({
@@ -445,11 +446,12 @@ impl Store {
                 "reading the staging file",
                 staged.path(),
             ))?;
-        let body = tokio_util::io::ReaderStream::with_capacity(file, CHUNK).map(|r| {
-            r.map_err(|e| RuntimeError::Io {
+        let path = staged.path().display().to_string();
+        let body = tokio_util::io::ReaderStream::with_capacity(file, CHUNK).map(move |r| {
+            r.map_err(|source| RuntimeError::Io {
                 op: "reading the staging file",
-                path: String::new(),
-                source: e,
+                path: path.clone(),
+                source,
             })
         });
         self.write_streamed(digest, size, labels, body).await
