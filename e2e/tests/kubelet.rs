@@ -943,15 +943,19 @@ async fn print_start_times(t: &Target, ns: &str) -> anyhow::Result<()> {
     {
         let mut last = 0;
         for c in containers.iter().filter(|c| c.pod_sandbox_id == p.id) {
-            let status = rt
+            let status = match rt
                 .container_status(ContainerStatusRequest {
                     container_id: c.id.clone(),
                     verbose: false,
                 })
-                .await?
-                .into_inner()
-                .status
-                .context("no container status")?;
+                .await
+            {
+                Ok(r) => r.into_inner().status.context("no container status")?,
+                // Removed by kubelet since the list (the crash-looping
+                // pod's earlier attempt): nothing to time.
+                Err(s) if s.code() == tonic::Code::NotFound => continue,
+                Err(s) => return Err(s.into()),
+            };
             last = last.max(status.started_at);
         }
         let name = p.metadata.as_ref().map_or("", |m| m.name.as_str());
