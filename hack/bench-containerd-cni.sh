@@ -92,12 +92,16 @@ down() {
     rm -f "$MARK"
 }
 
+# Exits 0 when the network is up (its conf is written), 1 when down, as the
+# services' status commands do: hack/density.py brings it up on a 1.
 status() {
-    if [[ -f "$CONF" ]]; then log "up: $CONF"; else log "down"; fi
-    [[ -e "/sys/class/net/${BRIDGE}" ]] && log "bridge $BRIDGE exists"
+    local up=0
+    if [[ -f "$CONF" ]]; then log "up: $CONF"; else log "down"; up=1; fi
+    if [[ -e "/sys/class/net/${BRIDGE}" ]]; then log "bridge $BRIDGE exists"; fi
     local n
     n=$(cni_nat | grep -c . || true)
     log "nat table: $n CNI lines"
+    return "$up"
 }
 
 case "${1:-}" in
