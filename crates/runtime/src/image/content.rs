@@ -491,20 +491,28 @@ impl Store {
         seen
     }
 
-    /// Opens a write of `digest` and asks for its status: true when
-    /// containerd needs no data for it (the blob is in its content
-    /// directory). The write is aborted.
-    async fn wants_no_data(&self, digest: &str, size: u64) -> Result<bool, RuntimeError> {
-        let ingest = format!("cubelet-probe-{}", unique());
-        let _abort = AbortIngest {
-            store: self.clone(),
-            ingest: Some(ingest.clone()),
-        };
-        let total = i64::try_from(size).unwrap_or(i64::MAX);
-        let (tx, rx) = tokio::sync::mpsc::channel::<WriteContentRequest>(1);
+    /// Opens a write of `digest` (`total` bytes) under `ingest` and asks
+    /// for its status. Returns the way on (the sender), the answers, and
+    /// whether containerd needs no data for it (the blob is in its content
+    /// directory, in no namespace yet).
+    async fn open_stat(
+        &self,
+        ingest: &str,
+        digest: &str,
+        total: i64,
+    ) -> Result<
+        (
+            tokio::sync::mpsc::Sender<WriteContentRequest>,
+            tonic::Streaming<containerd_client::services::v1::WriteContentResponse>,
+            bool,
+        ),
+        tonic::Status,
+    > {
+        let (tx, rx) = tokio::sync::mpsc::channel::<WriteContentRequest>(2);
+        // Room for it: the receiver is still here.
         let _ = tx.try_send(WriteContentRequest {
             action: WriteAction::Stat as i32,
-            r#ref: ingest,
+            r#ref: ingest.to_owned(),
             total,
             expected: digest.to_owned(),
             offset: 0,
@@ -512,15 +520,26 @@ impl Store {
             labels: HashMap::new(),
         });
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-        let answer = async {
-            let mut responses = self.client().write(self.req(stream)).await?.into_inner();
-            responses.message().await
+        let mut responses = self.client().write(self.req(stream)).await?.into_inner();
+        let status = responses.message().await?;
+        let shared = status.is_some_and(|st| st.offset == total && st.total == total);
+        Ok((tx, responses, shared))
+    }
+
+    /// Whether containerd needs no data for a write of `digest` (the blob
+    /// is in its content directory). The write is aborted.
+    async fn wants_no_data(&self, digest: &str, size: u64) -> Result<bool, RuntimeError> {
+        let ingest = format!("cubelet-probe-{}", unique());
+        let _abort = AbortIngest {
+            store: self.clone(),
+            ingest: Some(ingest.clone()),
         };
-        let status = answer
+        let total = i64::try_from(size).unwrap_or(i64::MAX);
+        let (_tx, _responses, shared) = self
+            .open_stat(&ingest, digest, total)
             .await
             .map_err(|s| RuntimeError::containerd("content.write", s))?;
-        drop(tx);
-        Ok(status.is_some_and(|st| st.offset == total && st.total == total))
+        Ok(shared)
     }
 
     /// Commits a blob present in containerd's content directory but in no
@@ -538,32 +557,20 @@ impl Store {
             ingest: Some(ingest.clone()),
         };
         let total = i64::try_from(size).unwrap_or(i64::MAX);
-        let message = |action: WriteAction, labels: HashMap<String, String>| WriteContentRequest {
-            action: action as i32,
-            r#ref: ingest.clone(),
-            total,
-            expected: digest.to_owned(),
-            offset: if action == WriteAction::Commit {
-                total
-            } else {
-                0
-            },
-            data: Vec::new(),
-            labels,
-        };
-        let (tx, rx) = tokio::sync::mpsc::channel::<WriteContentRequest>(2);
-        // Room for it: the receiver is still here.
-        let _ = tx.try_send(message(WriteAction::Stat, HashMap::new()));
-        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
         let answered = async {
-            let mut responses = self.client().write(self.req(stream)).await?.into_inner();
-            let status = responses.message().await?;
-            let shared = status.is_some_and(|st| st.offset == total && st.total == total);
+            let (tx, mut responses, shared) = self.open_stat(&ingest, digest, total).await?;
             if shared {
-                let _ = tx.send(message(WriteAction::Commit, labels.clone())).await;
-            }
-            drop(tx);
-            if shared {
+                let commit = WriteContentRequest {
+                    action: WriteAction::Commit as i32,
+                    r#ref: ingest.clone(),
+                    total,
+                    expected: digest.to_owned(),
+                    offset: total,
+                    data: Vec::new(),
+                    labels: labels.clone(),
+                };
+                let _ = tx.send(commit).await;
+                drop(tx);
                 while responses.message().await?.is_some() {}
             }
             Ok::<bool, tonic::Status>(shared)
