@@ -36,16 +36,23 @@
 # control plane binaries are absent. Needs root.
 #
 # Usage: hack/node-e2e.sh [--runtime cubelet|containerd|both] [--subset lifecycle|ci|conformance]
-#                         [--focus REGEX] [--skip REGEX] [--agnhost PATH] [-- e2e_node.test args]
+#                         [--focus REGEX] [--skip REGEX] [--agnhost PATH] [--procs N]
+#                         [-- e2e_node.test args]
 #   --subset lifecycle    (default) the pod and container lifecycle specs (52), about 35 min a runtime
 #   --subset ci           lifecycle without the probe specs that wait 4 min each (48)
 #   --subset conformance  every [NodeConformance] spec this node can run (about 90 min a runtime)
 #   --focus / --skip      replace the subset's regular expressions
+#   --procs N             run the specs in N parallel ginkgo processes, as the
+#                         project's own node e2e jobs do (the [Serial] specs are
+#                         skipped in every subset); needs the ginkgo v2 CLI
+#                         (GINKGO, or ginkgo on PATH; built from the same tree's
+#                         vendor/github.com/onsi/ginkgo/v2/ginkgo)
 # Env: E2E_NODE_TEST (default: e2e_node.test on PATH), KUBELET_BIN (default:
 #      kubelet-v1.28.7 on PATH, else ../shared/tools/kubelet-v1.28.7), AGNHOST
 #      (default: agnhost on PATH), NODE_E2E_OUT (default
-#      ${CUBELET_TEST_ROOT}/node-e2e), NODE_E2E_DROP_IN (a config drop-in for
-#      Cubelet), CLUSTER_BIN_DIR (hack/cluster.sh)
+#      ${CUBELET_TEST_ROOT}/node-e2e), NODE_E2E_PROCS (--procs), GINKGO,
+#      NODE_E2E_DROP_IN (a config drop-in for Cubelet), CLUSTER_BIN_DIR
+#      (hack/cluster.sh)
 set -euo pipefail
 # shellcheck source=hack/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -95,6 +102,7 @@ skip=""
 agnhost="${AGNHOST:-$(command -v agnhost || true)}"
 extra=()
 one=""
+procs="${NODE_E2E_PROCS:-1}"
 while (($#)); do
     case "$1" in
         --runtime) runtime="$2"; shift 2 ;;
@@ -102,6 +110,7 @@ while (($#)); do
         --focus) focus="$2"; shift 2 ;;
         --skip) skip="$2"; shift 2 ;;
         --agnhost) agnhost="$2"; shift 2 ;;
+        --procs) procs="$2"; shift 2 ;;
         --one) one="$2"; shift 2 ;; # internal: one runtime, inside with-cubelet
         --) shift; extra=("$@"); break ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -117,6 +126,7 @@ case "$subset" in
     *) die "--subset lifecycle|ci|conformance, not $subset" ;;
 esac
 skip="${skip:-$DEFAULT_SKIP}"
+[[ "$procs" =~ ^[1-9][0-9]*$ ]] || die "--procs takes a positive number, not $procs"
 case "$runtime" in
     both) runtimes=(containerd cubelet) ;;
     cubelet | containerd) runtimes=("$runtime") ;;
@@ -126,6 +136,7 @@ esac
 E2E_NODE_TEST="${E2E_NODE_TEST:-$(command -v e2e_node.test || true)}"
 KUBELET_BIN="${KUBELET_BIN:-$(command -v kubelet-v1.28.7 || echo "${REPO_ROOT}/../shared/tools/kubelet-v1.28.7")}"
 KUBECTL="${KUBECTL:-$(command -v kubectl || true)}"
+GINKGO="${GINKGO:-$(command -v ginkgo || true)}"
 TARGET_DIR="${CARGO_TARGET_DIR:-${REPO_ROOT}/target}"
 
 # ---------------------------------------------------------------------------
@@ -234,11 +245,18 @@ run_one() {
         --node-name="$NODE" --dns-domain=cluster.local
         --container-runtime-endpoint="unix://${endpoint}" --image-service-endpoint="unix://${endpoint}"
         --report-dir="$out" --kubectl-path="$KUBECTL"
-        --ginkgo.focus="$focus" --ginkgo.skip="$skip"
-        --ginkgo.no-color --ginkgo.timeout=5h --ginkgo.v
     )
+    local run=("$E2E_NODE_TEST" "${args[@]}"
+        --ginkgo.focus="$focus" --ginkgo.skip="$skip"
+        --ginkgo.no-color --ginkgo.timeout=5h --ginkgo.v)
+    if ((procs > 1)); then
+        # The ginkgo CLI runs the binary N times and merges their reports
+        # (one junit_01.xml still).
+        run=("$GINKGO" --procs="$procs" --focus="$focus" --skip="$skip"
+            --no-color --timeout=5h -v "$E2E_NODE_TEST" -- "${args[@]}")
+    fi
     # The suite writes next to itself (kubelet-config, static pod files): its own dir.
-    (cd "$dir" && "$E2E_NODE_TEST" "${args[@]}" "${extra[@]}") >"$out/e2e.log" 2>&1 || rc=$?
+    (cd "$dir" && "${run[@]}" "${extra[@]}") >"$out/e2e.log" 2>&1 || rc=$?
     grep -E '^\[FAIL\]|^(Ran|SUCCESS!|FAIL!) ' "$out/e2e.log" | sed "s/^/[$rt] /" || true
     # The framework deleted its namespaces; wait for kubelet to see the pods gone.
     for i in $(seq 1 180); do
@@ -289,6 +307,9 @@ missing=()
 [[ -x "$KUBELET_BIN" ]] || missing+=("kubelet (KUBELET_BIN or kubelet-v1.28.7 on PATH)")
 [[ -n "$agnhost" && -x "$agnhost" ]] || missing+=("agnhost (--agnhost, AGNHOST or PATH)")
 [[ -n "$KUBECTL" && -x "$KUBECTL" ]] || missing+=("kubectl (KUBECTL or PATH)")
+if ((procs > 1)) && [[ -z "$GINKGO" || ! -x "$GINKGO" ]]; then
+    die "--procs ${procs} needs the ginkgo v2 CLI (GINKGO, or ginkgo on PATH)"
+fi
 if ! cp_missing="$("${HACK_DIR}/cluster.sh" have 2>&1)"; then
     missing+=("$cp_missing")
 fi
@@ -425,7 +446,7 @@ eval "$("${HACK_DIR}/cluster.sh" env)"
 export KUBECONFIG CLUSTER_SERVER CLUSTER_CA
 
 self="${HACK_DIR}/node-e2e.sh"
-pass_on=(--focus "$focus" --skip "$skip" --agnhost "$agnhost")
+pass_on=(--focus "$focus" --skip "$skip" --agnhost "$agnhost" --procs "$procs")
 status=0
 for rt in "${runtimes[@]}"; do
     rm -rf "${NODE_E2E_OUT:?}/${rt}"

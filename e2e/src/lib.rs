@@ -1617,7 +1617,7 @@ where
 
 /// Runs `scenario` against a daemon started with `opts`, for at most
 /// `limit`; then audits leaks (see [`leaks`]) and tears the daemon down.
-/// Panics with the failure and the daemon's log tail if the scenario fails,
+/// Panics with the daemon's log tail and then the failure if the scenario fails,
 /// leaks or the teardown fails. Prints `SKIP:` and returns when the private
 /// containerd is not there.
 pub async fn with_daemon<F>(opts: DaemonOpts, limit: Duration, scenario: F)
@@ -1646,7 +1646,8 @@ where
     let log = d.log_tail(60);
     let torn = d.teardown().await;
     if let Err(e) = result {
-        panic!("{e:#}\ndaemon log tail:\n{log}");
+        // The failure last: CI keeps the tail of a run's output.
+        panic!("daemon log tail:\n{log}\n--- failure ---\n{e:#}");
     }
     if let Err(e) = torn {
         panic!("teardown: {e:#}");
