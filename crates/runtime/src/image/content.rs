@@ -322,16 +322,9 @@ impl Store {
             }
             let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
             as_declared(digest, size, &actual, offset)?;
-            let commit = WriteContentRequest {
-                action: WriteAction::Commit as i32,
-                r#ref: ingest.clone(),
-                total,
-                expected: digest.to_owned(),
-                offset: total,
-                data: Vec::new(),
-                labels: labels.clone(),
-            };
-            let _ = tx.send(commit).await;
+            let _ = tx
+                .send(commit_request(&ingest, digest, total, &labels))
+                .await;
             drop(tx);
             Ok(())
         };
@@ -560,16 +553,9 @@ impl Store {
         let answered = async {
             let (tx, mut responses, shared) = self.open_stat(&ingest, digest, total).await?;
             if shared {
-                let commit = WriteContentRequest {
-                    action: WriteAction::Commit as i32,
-                    r#ref: ingest.clone(),
-                    total,
-                    expected: digest.to_owned(),
-                    offset: total,
-                    data: Vec::new(),
-                    labels: labels.clone(),
-                };
-                let _ = tx.send(commit).await;
+                let _ = tx
+                    .send(commit_request(&ingest, digest, total, labels))
+                    .await;
                 drop(tx);
                 while responses.message().await?.is_some() {}
             }
@@ -590,6 +576,25 @@ impl Store {
             }
             Err(s) => Err(RuntimeError::containerd("content.write", s)),
         }
+    }
+}
+
+/// The message that commits ingest `ingest` as `digest` of `total` bytes,
+/// with `labels`, once all its data is written.
+fn commit_request(
+    ingest: &str,
+    digest: &str,
+    total: i64,
+    labels: &HashMap<String, String>,
+) -> WriteContentRequest {
+    WriteContentRequest {
+        action: WriteAction::Commit as i32,
+        r#ref: ingest.to_owned(),
+        total,
+        expected: digest.to_owned(),
+        offset: total,
+        data: Vec::new(),
+        labels: labels.clone(),
     }
 }
 
