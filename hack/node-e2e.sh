@@ -40,7 +40,8 @@
 #                         [-- e2e_node.test args]
 #   --subset lifecycle    (default) the pod and container lifecycle specs (52), about 35 min a runtime
 #   --subset ci           lifecycle without the probe specs that wait 4 min each (48)
-#   --subset conformance  every [NodeConformance] spec this node can run (about 90 min a runtime)
+#   --subset conformance  every [NodeConformance] spec this node can run (211; about 90 min a
+#                         runtime, 40 min with --procs 4)
 #   --focus / --skip      replace the subset's regular expressions
 #   --procs N             run the specs in N parallel ginkgo processes, as the
 #                         project's own node e2e jobs do (the [Serial] specs are
