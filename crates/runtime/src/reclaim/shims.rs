@@ -54,12 +54,18 @@ use crate::safe_read::read_no_follow;
 /// creating (that takes milliseconds); it is never reaped.
 pub const ORPHAN_MIN_AGE: Duration = Duration::from_secs(10);
 
-/// How long a shim gets to exit after `SIGTERM` before `SIGKILL`, and
-/// after answering a `Shutdown` before it is signalled.
+/// How long a shim gets to exit after `SIGTERM` before `SIGKILL`.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// How long a shim's `Shutdown` call may take (connect, request, answer).
-pub const SHUTDOWN_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// A Go shim on a loaded node (a build and a guest beside it) took over 2 s
+/// to answer once, and was then signalled instead of shutting down cleanly;
+/// containerd itself gives a shim's cleanup seconds, not milliseconds.
+pub const SHUTDOWN_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a shim that answered `Shutdown` gets to exit before it is
+/// signalled (it exits at once unless it still serves a container).
+pub const SHUTDOWN_EXIT_WAIT: Duration = Duration::from_secs(5);
 
 /// How long listing the shims in `/proc` may take; past it the pass fails
 /// (and readiness never waits on it longer).
@@ -617,7 +623,7 @@ pub async fn stop_shim(shim: &Shim, namespace: &str, socket_dir: &Path) -> Optio
     for socket in &sockets {
         match ttrpc::shutdown_shim(socket, namespace, &shim.id, SHUTDOWN_CALL_TIMEOUT).await {
             Ok(()) => {
-                if exits_within(shim.identity, SHUTDOWN_GRACE).await {
+                if exits_within(shim.identity, SHUTDOWN_EXIT_WAIT).await {
                     how = Some(Stopped::Shutdown);
                 } else {
                     // The runc shim answers but stays while it still serves
