@@ -8,6 +8,8 @@
 mod gc;
 #[path = "hostile/image_user.rs"]
 mod image_user;
+#[path = "hostile/logs.rs"]
+mod logs;
 #[path = "hostile/network.rs"]
 mod network;
 #[path = "hostile/registry.rs"]

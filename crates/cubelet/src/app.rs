@@ -199,6 +199,7 @@ pub async fn run(config: Config) -> Result<()> {
         .with_context(|| format!("create {}", runtime_state.display()))?;
     let mut rt_config = RuntimeConfig::new(runtime_state);
     rt_config.task_at_create = config.runtime.task_at_create;
+    rt_config.log_rate_limit = config.runtime.log_rate()?;
     rt_config.handlers = config
         .runtime
         .handlers

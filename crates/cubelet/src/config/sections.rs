@@ -326,6 +326,32 @@ pub struct RuntimeConfig {
     /// shims"). The container stays `CREATED` until started; stopping or
     /// removing it first deletes the task unstarted.
     pub task_at_create: bool,
+    /// The most bytes of CRI log entries one container may write a second,
+    /// after a burst of a second's worth (`0`: no limit). Past it the agent
+    /// stops reading the container's output for a while and its writes
+    /// block, so one container printing as fast as it can neither holds
+    /// the agent's CPU nor fills the disk faster than this
+    /// (docs/security-runtime.md).
+    pub log_rate_limit: ByteSize,
+}
+
+impl RuntimeConfig {
+    /// Least non-zero `log_rate_limit`: one entry of the longest line (16
+    /// KiB) a second, and then some.
+    pub const MIN_LOG_RATE: u64 = 64 << 10;
+
+    /// `log_rate_limit` in bytes a second (`None`: no limit); an error
+    /// naming the key when it is below [`Self::MIN_LOG_RATE`].
+    pub fn log_rate(&self) -> Result<Option<u64>, ConfigError> {
+        match self.log_rate_limit.0 {
+            0 => Ok(None),
+            r if r < Self::MIN_LOG_RATE => Err(ConfigError::Invalid {
+                key: "runtime.log_rate_limit",
+                message: format!("{} is below 64Ki (0 for no limit)", self.log_rate_limit),
+            }),
+            r => Ok(Some(r)),
+        }
+    }
 }
 
 /// `runtime.sandbox`: how pods get their shared namespaces.
@@ -361,6 +387,7 @@ impl Default for RuntimeConfig {
             sandbox: SandboxMode::Auto,
             stats_anchor: true,
             task_at_create: true,
+            log_rate_limit: ByteSize(32 << 20),
         }
     }
 }
@@ -623,6 +650,21 @@ mod tests {
                 .to_string();
             assert!(e.starts_with(key), "{yaml}: {e}");
         }
+    }
+
+    #[test]
+    fn container_logs_are_held_to_32mi_a_second_unless_told_otherwise() {
+        assert_eq!(
+            Config::default().runtime.log_rate().unwrap(),
+            Some(32 << 20)
+        );
+        let off = Config::from_yaml("runtime: { log_rate_limit: 0 }").unwrap();
+        assert_eq!(off.runtime.log_rate().unwrap(), None);
+        let e = Config::from_yaml("runtime: { log_rate_limit: 1Ki }")
+            .and_then(|c| c.validate())
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("runtime.log_rate_limit"), "{e}");
     }
 
     #[test]

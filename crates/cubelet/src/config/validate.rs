@@ -99,6 +99,7 @@ impl Config {
         }
         self.streaming.tls()?;
         self.streaming.limits()?;
+        self.runtime.log_rate()?;
         if self.containerd.namespace.is_empty() {
             return Err(ConfigError::Invalid {
                 key: "containerd.namespace",

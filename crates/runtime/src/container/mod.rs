@@ -115,6 +115,10 @@ pub struct RuntimeConfig {
     /// its start only starts it (`runtime.task_at_create`); see
     /// [`ContainerRuntime::create`].
     pub task_at_create: bool,
+    /// The most bytes of log entries a second one container may write
+    /// (`runtime.log_rate_limit`); `None` leaves logs unlimited. See
+    /// [`crate::io::logs::LogSink::with_rate_limit`].
+    pub log_rate_limit: Option<u64>,
 }
 
 impl RuntimeConfig {
@@ -128,6 +132,7 @@ impl RuntimeConfig {
             snapshotter: "overlayfs".to_owned(),
             cgroup_driver: CgroupDriver::Cgroupfs,
             task_at_create: true,
+            log_rate_limit: None,
         }
     }
 

@@ -165,7 +165,11 @@ impl ContainerRuntime {
             .mounts;
         let mounts = self.userns_rootfs(id, &container, mounts).await?;
         let fifos = Fifos::create(self.io_dir(id), stdin, tty)?;
-        let sink = Arc::new(LogSink::open(log_path).await?);
+        let sink = Arc::new(
+            LogSink::open(log_path)
+                .await?
+                .with_rate_limit(self.config.log_rate_limit),
+        );
         let keepers = fifos.keep_open()?;
         let (stdin_path, stdout_path, stderr_path) = fifos.wire();
         let options = container.runtime.as_ref().and_then(|r| r.options.clone());
@@ -295,8 +299,11 @@ impl ContainerRuntime {
         }
         let tty = container.labels.get(LABEL_TTY).is_some_and(|v| v == "true");
         let fifos = Fifos::paths(self.io_dir(id), false, tty);
-        let sink =
-            Arc::new(LogSink::open(container.labels.get(LABEL_LOG).map(PathBuf::from)).await?);
+        let sink = Arc::new(
+            LogSink::open(container.labels.get(LABEL_LOG).map(PathBuf::from))
+                .await?
+                .with_rate_limit(self.config.log_rate_limit),
+        );
         let readers = fifos.open_readers()?;
         let copiers = spawn_copiers(id, readers, &sink);
         self.lock_live().insert(
