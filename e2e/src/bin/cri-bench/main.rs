@@ -24,10 +24,14 @@
 //!    filling up), then removed; a PNG of each call's latency per pod, its
 //!    numbers beside it as CSV (`out.csv`; `--replot out.csv` draws again);
 //! 4. pulls (`--pulls N`): cold and concurrent PullImage of `--pull-image`,
-//!    absent on every endpoint before each pull (see `pull.rs`).
+//!    absent on every endpoint before each pull (see `pull.rs`);
+//! 5. log flood (`--log-floods N`): a container printing `y` lines as fast
+//!    as it can for `--log-flood-secs`, the lines a second reaching its log
+//!    and the CPU of the process serving the socket (see `flood.rs`).
 //!
 //! `--n 0` skips the latency phase.
 
+mod flood;
 mod lifecycle;
 mod plot;
 mod pull;
@@ -122,6 +126,12 @@ struct Args {
     /// PullImage calls at once in the pull phase's concurrent part.
     #[arg(long, default_value_t = 10)]
     pull_concurrency: usize,
+    /// Rounds of the log flood phase per endpoint (0: no flood phase).
+    #[arg(long, default_value_t = 0)]
+    log_floods: usize,
+    /// How long each log flood is measured, seconds.
+    #[arg(long, default_value_t = 8.0)]
+    log_flood_secs: f64,
     /// Directory for pod log directories (a temporary dir in it, removed
     /// afterwards).
     #[arg(long, default_value = "/tmp")]
@@ -471,6 +481,9 @@ async fn measure(args: &Args, w: &Workload, eps: &mut [Endpoint]) -> anyhow::Res
             baseline,
         )
         .await?;
+    }
+    if args.log_floods > 0 {
+        flood::flood_phase(eps, w, args.log_floods, args.log_flood_secs, baseline).await?;
     }
     anyhow::ensure!(failed == 0, "{failed} lifecycles failed");
     Ok(())
