@@ -292,6 +292,11 @@ pub async fn copy_stream<R: AsyncRead + Unpin>(mut reader: R, stream: Stream, si
             break;
         };
         sink.tap.send(stream, rest);
+        if sink.path.is_none() {
+            // No log file: the output is the attach tap's only, as read,
+            // and never held to the log's rate.
+            rest = &[];
+        }
         let ts = rfc3339_nano(SystemTime::now());
         let ts = ts.as_bytes();
         while !rest.is_empty() {
@@ -451,6 +456,24 @@ mod tests {
             limit: None,
         };
         assert!(unlimited.with_rate_limit(Some(0)).limit.is_none());
+    }
+
+    #[tokio::test]
+    async fn output_without_a_log_file_is_never_held_to_the_rate() {
+        let sink = Arc::new(
+            LogSink::open(None)
+                .await
+                .unwrap()
+                .with_rate_limit(Some(64 << 10)),
+        );
+        // 8 MiB of `y` lines make 168 MiB of entries: 40 minutes at the rate.
+        let input = "y\n".repeat(4 << 20);
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            copy_stream(input.as_bytes(), Stream::Stdout, sink),
+        )
+        .await
+        .expect("copied without waiting");
     }
 
     /// Hands out at most `step` bytes a read.
