@@ -4,7 +4,9 @@
 //!
 //! Commands: `echo ARGS..` prints its arguments, `cat` copies stdin to
 //! stdout until end of input, `exit N` exits with `N`, `sink` reads nothing
-//! and runs until killed; anything else fails to start.
+//! and runs until killed, `tick` reads nothing either and prints a line
+//! every 20 ms until killed, whether or not anyone reads it; anything else
+//! fails to start.
 
 use std::io;
 use std::path::PathBuf;
@@ -80,17 +82,34 @@ impl StreamBackend for FakeBackend {
         Box::pin(async move {
             let args: Vec<String> = cmd.get(1..).unwrap_or_default().to_vec();
             let code = match cmd.first().map(String::as_str) {
-                Some("echo" | "cat" | "sink") => 0,
+                Some("echo" | "cat" | "sink" | "tick") => 0,
                 Some("exit") => args.first().and_then(|a| a.parse().ok()).unwrap_or(1),
                 other => return Err(format!("{other:?}: command not found").into()),
             };
             let cat = cmd[0] == "cat";
             let sink = cmd[0] == "sink";
+            let tick = cmd[0] == "tick";
             let (stdin_w, mut stdin_r) = tokio::io::duplex(4096);
             let (mut stdout_w, stdout_r) = tokio::io::duplex(4096);
             let (tx, rx) = watch::channel(None);
             let kill = tx.clone();
             tokio::spawn(async move {
+                if tick {
+                    // Holds stdin unread; prints until killed.
+                    let mut exit = tx.subscribe();
+                    loop {
+                        tokio::select! {
+                            _ = async { exit.wait_for(Option::is_some).await.map(|_| ()) } => break,
+                            () = tokio::time::sleep(std::time::Duration::from_millis(20)) => {
+                                // As a process whose output pipe has another
+                                // holder: nobody reading is no reason to stop.
+                                let _ = stdout_w.write_all(b"tick\n").await;
+                            }
+                        }
+                    }
+                    drop((stdin_r, stdout_w));
+                    return;
+                }
                 if sink {
                     // Holds stdin unread until killed.
                     let mut exit = tx.subscribe();

@@ -701,4 +701,38 @@ mod tests {
         );
         stop.cancel();
     }
+
+    /// As above, but the process keeps printing, so the session never goes
+    /// idle: the writer's failed send to the departed client ends it (it
+    /// lived until the container stopped, holding its pipes and buffers).
+    #[tokio::test]
+    async fn a_flooded_exec_that_keeps_printing_ends_when_its_client_leaves() {
+        let (server, backend, stop) = served_with(Limits {
+            max_queued_bytes: 64 * 1024,
+            ..Limits::default()
+        })
+        .await;
+        let url = server.exec(exec(&["tick"], true)).unwrap();
+        let mut ws = connect(&url, channel::V5).await.unwrap();
+        let chunk = channel::frame(channel::STDIN, &vec![b'x'; 32 * 1024]);
+        let flood = async {
+            loop {
+                if ws.send(Message::Binary(chunk.clone())).await.is_err() {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(500), flood).await;
+        drop(ws);
+        let cleaned = async {
+            while backend.cleaned_up.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        assert!(
+            tokio::time::timeout(PATIENCE, cleaned).await.is_ok(),
+            "the session outlived its client"
+        );
+        stop.cancel();
+    }
 }

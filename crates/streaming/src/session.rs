@@ -384,6 +384,10 @@ pub(crate) async fn exec_core(
         loop {
             tokio::select! {
                 r = &mut wait => break Some(r),
+                // The writer gave up: the client is gone (its reader may
+                // not notice while a process that reads nothing holds
+                // its input back).
+                () = tx.closed() => break None,
                 m = incoming.recv() => match m {
                     None => break None,
                     Some(In::Data(STDIN, data)) => {
@@ -395,6 +399,7 @@ pub(crate) async fn exec_core(
                                 r = w.write_all(&data) => if r.is_err() { stdin = None },
                                 r = &mut wait => break Some(r),
                                 () = incoming.closed() => break None,
+                                () = tx.closed() => break None,
                             }
                         }
                     }
@@ -520,6 +525,13 @@ pub(crate) async fn attach_core(
         loop {
             tokio::select! {
                 r = &mut wait => break Some(r),
+                () = tx.closed() => {
+                    if input_open {
+                        stdin = None;
+                        end_input(&*backend, &container_id).await;
+                    }
+                    break None;
+                }
                 c = output.next() => match c {
                     Some(Ok(c)) => {
                         if let Some(ch) = chunk_channel(&c, streams) {
@@ -546,7 +558,10 @@ pub(crate) async fn attach_core(
                             tokio::select! {
                                 r = w.write_all(&data) => if r.is_err() { stdin = None },
                                 r = &mut wait => break Some(r),
-                                () = incoming.closed() => {
+                                () = async { tokio::select! {
+                                    () = incoming.closed() => {},
+                                    () = tx.closed() => {},
+                                } } => {
                                     if input_open {
                                         stdin = None;
                                         end_input(&*backend, &container_id).await;
