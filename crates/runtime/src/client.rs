@@ -14,6 +14,13 @@ use tonic::Request;
 
 use crate::error::RuntimeError;
 
+/// The largest header block (a status's trailers included) taken from
+/// containerd. An error names what it failed on, and some of that is a
+/// tenant's (an image with 500 layers makes a 46 KB `mount options is too
+/// long` message): past h2's default of 16 KiB the call failed with
+/// `h2 protocol error` instead of containerd's answer.
+const MAX_HEADER_LIST: u32 = 4 << 20;
+
 /// A connection to containerd in one containerd namespace.
 ///
 /// Every request built with [`Containerd::request`] carries the namespace
@@ -35,7 +42,18 @@ impl Containerd {
                 field: "containerd.namespace".to_owned(),
                 reason: format!("{namespace:?} is not a valid header value"),
             })?;
-        let channel = containerd_client::connect(address)
+        let path = address.to_path_buf();
+        // The URI is not used: every connection is the unix socket's.
+        let channel = tonic::transport::Endpoint::from_static("http://[::]")
+            .http2_max_header_list_size(MAX_HEADER_LIST)
+            .connect_with_connector(tower::service_fn(move |_| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
             .await
             .map_err(|source| RuntimeError::Connect {
                 address: address.display().to_string(),

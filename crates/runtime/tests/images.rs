@@ -1036,3 +1036,34 @@ fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(data))
 }
+
+/// containerd's errors name what they failed on, and a tenant may make
+/// that long (a 500-layer image's `mount options is too long` is 46 KB):
+/// a status past h2's default 16 KiB header limit arrives whole, with its
+/// code, not as an `h2 protocol error`.
+#[tokio::test]
+async fn a_containerd_error_longer_than_16_kib_arrives_with_its_code() {
+    let Some(env) = setup("a_containerd_error_longer_than_16_kib_arrives_with_its_code").await
+    else {
+        return;
+    };
+    let id = "x".repeat(40_000);
+    let req = containerd_client::services::v1::GetContainerRequest { id: id.clone() };
+    let err = env
+        .cd
+        .containers()
+        .get(env.cd.request(req))
+        .await
+        .expect_err("no such container");
+    assert!(
+        matches!(
+            err.code(),
+            tonic::Code::NotFound | tonic::Code::InvalidArgument
+        ),
+        "{:?}: {:.200}",
+        err.code(),
+        err.message()
+    );
+    assert!(err.message().contains(&id), "{:.200}", err.message());
+    env.finish().await;
+}
