@@ -43,8 +43,8 @@ fn usage(d: &Daemon) -> anyhow::Result<(u64, f64)> {
     Ok((rss, ticks as f64 / 100.0))
 }
 
-/// Entries in `text` (whole lines only), checked to be `y` lines on stdout.
-fn count_entries(text: &str) -> anyhow::Result<u64> {
+/// Entries in `text` (whole lines only), checked to be `want` lines on stdout.
+fn count_entries(text: &str, want: &str) -> anyhow::Result<u64> {
     let mut n = 0;
     for line in text.lines() {
         let mut parts = line.splitn(4, ' ');
@@ -53,7 +53,7 @@ fn count_entries(text: &str) -> anyhow::Result<u64> {
             ts.is_some_and(|t| t.len() > 20 && t.ends_with('Z'))
                 && stream == Some("stdout")
                 && tag == Some("F")
-                && body == Some("y"),
+                && body == Some(want),
             "malformed log entry {line:?}"
         );
         n += 1;
@@ -61,9 +61,31 @@ fn count_entries(text: &str) -> anyhow::Result<u64> {
     Ok(n)
 }
 
+/// The floods: (pod name, command, the line it prints). `yes` writes its
+/// lines a few KiB at a time; the shell loop writes each line on its own,
+/// so every line is a read and a write of the agent's.
+const FLOODS: [(&str, &[&str], &str); 2] = [
+    ("hostile-log-yes", &["busybox", "yes"], "y"),
+    (
+        "hostile-log-echo",
+        &[
+            "sh",
+            "-c",
+            "while :; do echo spamspamspamspamspamspam; done",
+        ],
+        "spamspamspamspamspamspam",
+    ),
+];
+
 async fn scenario(d: &Daemon) -> anyhow::Result<()> {
-    let name = "hostile-log-flood";
-    let cfg = container_config("flood", BUSYBOX, &["busybox", "yes"]);
+    for (name, cmd, line) in FLOODS {
+        flood(d, name, cmd, line).await?;
+    }
+    Ok(())
+}
+
+async fn flood(d: &Daemon, name: &str, cmd: &[&str], want: &str) -> anyhow::Result<()> {
+    let cfg = container_config("flood", BUSYBOX, cmd);
     let (flood_pod, _) = d.pod_with(name, cfg).await?;
     let log = d.pod_config(name).log_directory.clone() + "/flood.log";
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -74,7 +96,7 @@ async fn scenario(d: &Daemon) -> anyhow::Result<()> {
     // Meanwhile: the agent is ready, starts another pod, runs an exec in it.
     let other = container_config("sleeper", BUSYBOX, &["sleep", "3600"]);
     let started = Instant::now();
-    let (other_pod, other_cid) = d.pod_with("hostile-log-other", other).await?;
+    let (other_pod, other_cid) = d.pod_with(&format!("{name}-other"), other).await?;
     let pod_start = started.elapsed();
     let exec = d
         .runtime
@@ -106,13 +128,13 @@ async fn scenario(d: &Daemon) -> anyhow::Result<()> {
         let text = std::fs::read_to_string(&log)?;
         let last: Vec<&str> = text.lines().rev().skip(1).take(10_000).collect();
         let sample = last.join("\n");
-        count_entries(&sample)?;
+        count_entries(&sample, want)?;
         sample.len() as u64 / last.len().max(1) as u64 + 1
     };
     let lines = (size1 - size0) / tail;
     let cpu = cpu1 - cpu0;
     println!(
-        "log flood: {:.0} lines/s into the log over {secs:.1} s, agent CPU {cpu:.2} s \
+        "log flood {name}: {:.0} lines/s into the log over {secs:.1} s, agent CPU {cpu:.2} s \
          ({:.2} s per million lines), RSS {rss0} -> {rss1} KiB; another pod started in {} ms meanwhile",
         lines as f64 / secs,
         cpu / (lines.max(1) as f64 / 1e6),

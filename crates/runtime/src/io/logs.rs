@@ -107,9 +107,18 @@ impl Throttle {
     /// its rate.
     const BURST: Duration = Duration::from_secs(1);
 
-    /// Charges `bytes`; returns how long the writer must wait to stay
-    /// within the rate.
+    /// What a write costs at least, as a share of a second at the rate: a
+    /// container printing one short line at a time (a shell's `echo` loop)
+    /// makes one read and one write per line, and what that costs the agent
+    /// is per write. Held to this, it makes at most about a thousand writes
+    /// a second past its burst; its lines then wait in the pipe and a read
+    /// takes many at once.
+    const MIN_WRITE_SHARE: u64 = 1024;
+
+    /// Charges a write of `bytes`; returns how long the writer must wait to
+    /// stay within the rate.
     fn charge(&self, bytes: usize, now: Instant) -> Duration {
+        let bytes = (bytes as u64).max(self.bytes_per_sec / Self::MIN_WRITE_SHARE);
         let cost = Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec as f64);
         let floor = now.checked_sub(Self::BURST).unwrap_or(now);
         let mut paid = self
@@ -448,6 +457,15 @@ mod tests {
         let later = now + Duration::from_secs(60);
         assert_eq!(t.charge(1000, later), Duration::ZERO);
         assert_eq!(t.charge(1, later), Duration::from_millis(1));
+        // A write costs at least a 1024th of a second at the rate.
+        let t = Throttle {
+            bytes_per_sec: 1 << 20,
+            paid_until: std::sync::Mutex::new(None),
+            said: std::sync::atomic::AtomicBool::new(false),
+        };
+        assert_eq!(t.charge(1 << 20, now), Duration::ZERO);
+        assert_eq!(t.charge(1, now), Duration::from_secs_f64(1.0 / 1024.0));
+        assert_eq!(t.charge(4096, now), Duration::from_secs_f64(5.0 / 1024.0));
         // No limit unless one is given.
         let unlimited = LogSink {
             path: None,
