@@ -311,6 +311,14 @@ impl RegistryClient {
             .min(MAX_MANIFEST * 4);
         let (url, body) = self.blob(host, digest, size).await?;
         let data = self.watch.read_limited(&url, body, limit).await?;
+        if data.len() as u64 != size {
+            return Err(RegistryError::TooSmall {
+                digest: digest.to_owned(),
+                url,
+                declared: size,
+                received: data.len() as u64,
+            });
+        }
         let actual = media::sha256_digest(&data);
         if actual != digest {
             return Err(RegistryError::DigestMismatch {
@@ -1394,6 +1402,27 @@ mod tests {
         let chunks: Vec<_> = futures::StreamExt::collect(stream).await;
         let last = chunks.last().unwrap().as_ref().unwrap_err();
         assert!(matches!(last, RegistryError::Stalled { .. }), "{last:?}");
+    }
+
+    #[tokio::test]
+    async fn a_document_smaller_than_declared_is_refused_though_its_digest_matches() {
+        let data = b"{\"architecture\":\"amd64\"}".to_vec();
+        let digest = media::sha256_digest(&data);
+        let served = data.clone();
+        let registry = Fake::start(move |_, _| reply("200 OK", &[], &served)).await;
+        let a = registry.authority();
+        let c = client(&a, &format!("server = \"http://{a}\"\n"), None);
+        let n = data.len() as u64;
+        assert_eq!(c.blob_bytes(0, &digest, n).await.unwrap(), data);
+        let err = c.blob_bytes(0, &digest, n + 5).await.unwrap_err();
+        assert!(
+            matches!(err, RegistryError::TooSmall { declared, received, .. } if declared == n + 5 && received == n),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains("smaller than its declared"),
+            "{err}"
+        );
     }
 
     #[tokio::test]

@@ -122,6 +122,21 @@ pub enum RegistryError {
         /// Bytes received (or announced) so far.
         received: u64,
     },
+    /// A blob is smaller than its descriptor declares (its digest may
+    /// still match: the descriptor lies about the size).
+    #[error(
+        "blob {digest} from {url} is smaller than its declared {declared} bytes (got {received})"
+    )]
+    TooSmall {
+        /// The blob's digest.
+        digest: String,
+        /// URL requested.
+        url: String,
+        /// Size in the descriptor.
+        declared: u64,
+        /// Bytes received.
+        received: u64,
+    },
     /// A digest string is not one (`algorithm:encoded`).
     #[error("invalid digest {digest:?}")]
     InvalidDigest {
