@@ -217,6 +217,18 @@ async fn exec_sync_output_exit_code_timeout_and_user() {
         .await
         .unwrap();
     assert_eq!(ok.exit_code, 0);
+
+    // A background child keeps the output open past the exit: what the
+    // command printed is still returned (it was lost before), after the
+    // drain wait.
+    let bg = env
+        .runtime
+        .exec_sync(&id, &cmd("sleep 30 & echo hi; echo oops >&2"), None)
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&bg.stdout), "hi\n");
+    assert_eq!(String::from_utf8_lossy(&bg.stderr), "oops\n");
+    assert_eq!(bg.exit_code, 0);
     env.teardown().await;
 }
 

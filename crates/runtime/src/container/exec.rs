@@ -1,5 +1,6 @@
 //! Processes run in a running container (`ExecSync`), their output capped.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use containerd_client::services::v1::{DeleteProcessRequest, ExecProcessRequest, StartRequest};
@@ -135,10 +136,11 @@ impl ContainerRuntime {
         // The shim opened its write ends when the process started.
         let readers = fifos.open_readers()?;
         drop(keepers);
-        let out = tokio::spawn(read_capped(readers.stdout).in_current_span());
+        let (out_buf, err_buf) = (Shared::default(), Shared::default());
+        let out = tokio::spawn(read_capped(readers.stdout, Arc::clone(&out_buf)).in_current_span());
         let err = readers
             .stderr
-            .map(|r| tokio::spawn(read_capped(r).in_current_span()));
+            .map(|r| tokio::spawn(read_capped(r, Arc::clone(&err_buf)).in_current_span()));
         let waited = match timeout.filter(|t| !t.is_zero()) {
             Some(t) => match tokio::time::timeout(t, self.wait(id, exec_id)).await {
                 Ok(r) => r,
@@ -159,11 +161,12 @@ impl ContainerRuntime {
             None => self.wait(id, exec_id).await,
         };
         let (code, _) = waited?;
-        let stdout = collect(out).await;
-        let stderr = match err {
-            Some(e) => collect(e).await,
-            None => Captured::default(),
-        };
+        // Output ends when the shim closes the FIFOs after the process
+        // exits; a background child still holding them must not hang the
+        // call, nor cost it what was already read.
+        let deadline = tokio::time::Instant::now() + DRAIN;
+        let stdout = collect(Some(out), &out_buf, deadline).await;
+        let stderr = collect(err, &err_buf, deadline).await;
         let (stdout, stderr) = join_output(stdout, stderr);
         Ok(ExecOutput {
             stdout,
@@ -181,20 +184,29 @@ struct Captured {
     total: u64,
 }
 
-async fn read_capped<R: tokio::io::AsyncRead + Unpin>(mut r: R) -> Captured {
-    let mut out = Captured::default();
+/// What a stream's reader has captured so far, shared with the caller so
+/// a reader given up on still hands over what it read.
+type Shared = Arc<std::sync::Mutex<Captured>>;
+
+/// How long the output may take to end once the process has exited (both
+/// streams together).
+const DRAIN: Duration = Duration::from_secs(5);
+
+async fn read_capped<R: tokio::io::AsyncRead + Unpin>(mut r: R, out: Shared) {
     let mut buf = vec![0u8; 32 * 1024];
     loop {
         match r.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                let mut out = out
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let room = MAX_EXEC_OUTPUT.saturating_sub(out.kept.len());
                 out.kept.extend_from_slice(&buf[..n.min(room)]);
                 out.total = out.total.saturating_add(n as u64);
             }
         }
     }
-    out
 }
 
 /// stdout and stderr as returned: stderr ends with a marker line for each
@@ -215,22 +227,58 @@ fn join_output(stdout: Captured, stderr: Captured) -> (Vec<u8>, Vec<u8>) {
     (stdout.kept, err)
 }
 
-async fn collect(mut h: JoinHandle<Captured>) -> Captured {
-    // Output ends when the shim closes the FIFOs after the process exits; a
-    // background child still holding them must not hang the call.
-    match tokio::time::timeout(Duration::from_secs(5), &mut h).await {
-        Ok(Ok(v)) => v,
-        Ok(Err(_)) => Captured::default(),
-        Err(_) => {
+/// Waits for a stream's reader until `deadline`, then gives up on it;
+/// what it read is kept either way.
+async fn collect(
+    h: Option<JoinHandle<()>>,
+    out: &Shared,
+    deadline: tokio::time::Instant,
+) -> Captured {
+    if let Some(mut h) = h {
+        if tokio::time::timeout_at(deadline, &mut h).await.is_err() {
             h.abort();
-            Captured::default()
+            tracing::debug!("exec output still open after the process exited: kept what was read");
         }
     }
+    std::mem::take(
+        &mut *out
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    async fn captured<R: tokio::io::AsyncRead + Unpin>(r: R) -> Captured {
+        let out = Shared::default();
+        read_capped(r, Arc::clone(&out)).await;
+        let c = std::mem::take(&mut *out.lock().unwrap());
+        c
+    }
+
+    /// A background child holding the output open: the call gives up on
+    /// the stream at the deadline and keeps what was already read (it
+    /// returned nothing before, after 5 s per stream).
+    #[tokio::test]
+    async fn output_still_open_at_the_deadline_keeps_what_was_read() {
+        use tokio::io::AsyncWriteExt as _;
+        let (mut w, r) = tokio::io::duplex(64);
+        let out = Shared::default();
+        let h = tokio::spawn(read_capped(r, Arc::clone(&out)));
+        w.write_all(b"hi\n").await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(300);
+        let got = collect(Some(h), &out, deadline).await;
+        assert_eq!(got.kept, b"hi\n");
+        assert_eq!(got.total, 3);
+        // The other stream, past the shared deadline, is taken as it is.
+        let (_w2, r2) = tokio::io::duplex(64);
+        let err = Shared::default();
+        let h2 = tokio::spawn(read_capped(r2, Arc::clone(&err)));
+        assert!(collect(Some(h2), &err, deadline).await.kept.is_empty());
+        drop(w);
+    }
 
     /// 20 MiB on each stream (the old code kept 16 MiB of each: 32 MiB, past
     /// the 16 MiB gRPC limit, so the answer was never delivered): both are
@@ -239,8 +287,8 @@ mod tests {
     #[tokio::test]
     async fn output_is_capped_below_the_grpc_limit_and_the_cut_is_visible() {
         let big = 20 * 1024 * 1024;
-        let out = read_capped(tokio::io::repeat(b'o').take(big)).await;
-        let err = read_capped(tokio::io::repeat(b'e').take(big)).await;
+        let out = captured(tokio::io::repeat(b'o').take(big)).await;
+        let err = captured(tokio::io::repeat(b'e').take(big)).await;
         assert_eq!((out.total, err.total), (big, big));
         let (stdout, stderr) = join_output(out, err);
         assert_eq!(stdout.len(), MAX_EXEC_OUTPUT);
@@ -254,8 +302,8 @@ mod tests {
 
     #[tokio::test]
     async fn output_under_the_cap_is_kept_whole_without_a_marker() {
-        let out = read_capped(&b"hello"[..]).await;
-        let err = read_capped(&b"oops"[..]).await;
+        let out = captured(&b"hello"[..]).await;
+        let err = captured(&b"oops"[..]).await;
         assert_eq!(join_output(out, err), (b"hello".to_vec(), b"oops".to_vec()));
     }
 }
