@@ -777,6 +777,8 @@ fn read_user_files_blocking(
         .filter(|o| !matches!(*o, "rw" | "ro" | "bind" | "rbind"))
         .collect();
     let data = data.join(",");
+    // Held until the mount is made: the short names of long lowerdirs.
+    let (data, _layer_fds) = shorten_lowerdirs(&data)?;
     let res = if bind {
         mount(
             Some(m.source.as_str()),
@@ -804,6 +806,59 @@ fn read_user_files_blocking(
     Ok(out)
 }
 
+/// Longest mount(2) data the kernel takes whole: it copies one page, so a
+/// longer string is cut and names a directory that does not exist.
+const MOUNT_DATA_MAX: usize = 4095;
+
+/// `data` (overlay mount options) as mount(2) takes it: when longer than a
+/// page (about 44 layers under containerd's usual root), each `lowerdir`
+/// is named by an `O_PATH` descriptor of this process (`/proc/self/fd/N`,
+/// about 19 bytes a layer), as containerd shortens them by a working
+/// directory; the descriptors are returned to be held until the mount is
+/// made. Still too long (over about 200 layers) is FailedPrecondition.
+fn shorten_lowerdirs(data: &str) -> Result<(String, Vec<rustix::fd::OwnedFd>), RuntimeError> {
+    use rustix::fd::AsRawFd as _;
+    use rustix::fs::{openat, Mode, OFlags, CWD};
+    if data.len() <= MOUNT_DATA_MAX {
+        return Ok((data.to_owned(), Vec::new()));
+    }
+    let mut fds = Vec::new();
+    let mut options = Vec::new();
+    for o in data.split(',') {
+        let Some(dirs) = o.strip_prefix("lowerdir=") else {
+            options.push(o.to_owned());
+            continue;
+        };
+        let mut short = Vec::new();
+        for dir in dirs.split(':') {
+            let fd = openat(
+                CWD,
+                dir,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| RuntimeError::Io {
+                op: "open layer",
+                path: dir.to_owned(),
+                source: e.into(),
+            })?;
+            short.push(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+            fds.push(fd);
+        }
+        options.push(format!("lowerdir={}", short.join(":")));
+    }
+    let out = options.join(",");
+    if out.len() > MOUNT_DATA_MAX {
+        return Err(RuntimeError::FailedPrecondition(format!(
+            "the image's {} layers make overlay mount options of {} bytes even shortened, \
+             past the kernel's {MOUNT_DATA_MAX}",
+            fds.len(),
+            out.len()
+        )));
+    }
+    Ok((out, fds))
+}
+
 /// The `/etc/passwd` and `/etc/group` of the rootfs at `root`, each resolved
 /// inside it, a regular file of at most [`USER_FILE_CAP`] bytes; a missing
 /// one reads as empty. Anything else is the image's fault: InvalidArgument.
@@ -823,6 +878,59 @@ fn read_user_files_in(root: &Path) -> Result<(String, String), RuntimeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// 60 layers under a long root: their lowerdir option is past a page,
+    /// which mount(2) cuts (the mount fails); shortened, the overlay
+    /// mounts and shows the top layer's file over the bottom's.
+    #[test]
+    fn lowerdirs_past_a_page_are_shortened_and_mount() {
+        if !cubelet_testkit::is_root("lowerdirs_past_a_page_are_shortened_and_mount") {
+            return;
+        }
+        cubelet_testkit::on_private_thread(cubelet_testkit::Namespaces::Mount, || {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path().join("x".repeat(60));
+            let layers: Vec<PathBuf> = (0..60)
+                .map(|i| root.join(format!("snapshots/{i}/fs")))
+                .collect();
+            for (i, l) in layers.iter().enumerate() {
+                std::fs::create_dir_all(l.join("etc")).unwrap();
+                std::fs::write(l.join("etc/passwd"), format!("layer {i}\n")).unwrap();
+            }
+            std::fs::write(layers[0].join("bottom"), "b").unwrap();
+            let top_first: Vec<String> = layers
+                .iter()
+                .rev()
+                .map(|l| l.display().to_string())
+                .collect();
+            let data = format!("lowerdir={}", top_first.join(":"));
+            assert!(data.len() > MOUNT_DATA_MAX, "{} bytes", data.len());
+            let target = dir.path().join("mnt");
+            std::fs::create_dir(&target).unwrap();
+            let mount = |data: &str| {
+                nix::mount::mount(
+                    Some("overlay"),
+                    &target,
+                    Some("overlay"),
+                    nix::mount::MsFlags::MS_RDONLY,
+                    Some(data),
+                )
+            };
+            assert!(mount(&data).is_err(), "the kernel took the whole string");
+            let (short, fds) = shorten_lowerdirs(&data).unwrap();
+            assert_eq!(fds.len(), 60);
+            assert!(short.len() <= MOUNT_DATA_MAX, "{} bytes", short.len());
+            mount(&short).unwrap();
+            drop(fds);
+            let passwd = std::fs::read_to_string(target.join("etc/passwd")).unwrap();
+            assert_eq!(passwd, "layer 59\n");
+            assert_eq!(std::fs::read_to_string(target.join("bottom")).unwrap(), "b");
+            nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH).unwrap();
+            // Short enough already: unchanged.
+            let (same, none) = shorten_lowerdirs("lowerdir=/a:/b").unwrap();
+            assert_eq!((same.as_str(), none.len()), ("lowerdir=/a:/b", 0));
+        });
+    }
 
     #[test]
     fn a_recorded_exit_reads_back() {
