@@ -663,22 +663,14 @@ mod tests {
         stop.cancel();
     }
 
-    /// The data a departed client sent sits in the socket before its FIN,
-    /// and a session blocked on a process that reads nothing cannot see
-    /// past it: the idle timeout ends it, with the process stuck in a
-    /// stdin write (before the bounds it hung until the process exited).
-    #[tokio::test]
-    async fn a_flooded_exec_whose_process_reads_nothing_ends_once_idle() {
-        let (server, backend, stop) = served_with(Limits {
-            max_queued_bytes: 64 * 1024,
-            stream_idle_timeout: Duration::from_secs(1),
-            ..Limits::default()
-        })
-        .await;
-        let url = server.exec(exec(&["sink"], true)).unwrap();
+    /// Execs `cmd` with stdin under `limits`, floods its stdin with more
+    /// than the queue, the pipe and the socket buffers hold (the sends stop
+    /// once the server stops reading, or after half a second), leaves, and
+    /// asserts the session's process is cleaned up within [`PATIENCE`].
+    async fn flood_leave_and_expect_cleanup(cmd: &str, limits: Limits) {
+        let (server, backend, stop) = served_with(limits).await;
+        let url = server.exec(exec(&[cmd], true)).unwrap();
         let mut ws = connect(&url, channel::V5).await.unwrap();
-        // More than the queue, the pipe and the socket buffers hold: the
-        // sends stop once the server stops reading.
         let chunk = channel::frame(channel::STDIN, &vec![b'x'; 32 * 1024]);
         let flood = async {
             loop {
@@ -687,7 +679,6 @@ mod tests {
                 }
             }
         };
-        // Flood until the server stops reading (or for half a second).
         let _ = tokio::time::timeout(Duration::from_millis(500), flood).await;
         drop(ws);
         let cleaned = async {
@@ -702,37 +693,29 @@ mod tests {
         stop.cancel();
     }
 
+    /// The data a departed client sent sits in the socket before its FIN,
+    /// and a session blocked on a process that reads nothing cannot see
+    /// past it: the idle timeout ends it, with the process stuck in a
+    /// stdin write (before the bounds it hung until the process exited).
+    #[tokio::test]
+    async fn a_flooded_exec_whose_process_reads_nothing_ends_once_idle() {
+        let limits = Limits {
+            max_queued_bytes: 64 * 1024,
+            stream_idle_timeout: Duration::from_secs(1),
+            ..Limits::default()
+        };
+        flood_leave_and_expect_cleanup("sink", limits).await;
+    }
+
     /// As above, but the process keeps printing, so the session never goes
     /// idle: the writer's failed send to the departed client ends it (it
     /// lived until the container stopped, holding its pipes and buffers).
     #[tokio::test]
     async fn a_flooded_exec_that_keeps_printing_ends_when_its_client_leaves() {
-        let (server, backend, stop) = served_with(Limits {
+        let limits = Limits {
             max_queued_bytes: 64 * 1024,
             ..Limits::default()
-        })
-        .await;
-        let url = server.exec(exec(&["tick"], true)).unwrap();
-        let mut ws = connect(&url, channel::V5).await.unwrap();
-        let chunk = channel::frame(channel::STDIN, &vec![b'x'; 32 * 1024]);
-        let flood = async {
-            loop {
-                if ws.send(Message::Binary(chunk.clone())).await.is_err() {
-                    break;
-                }
-            }
         };
-        let _ = tokio::time::timeout(Duration::from_millis(500), flood).await;
-        drop(ws);
-        let cleaned = async {
-            while backend.cleaned_up.load(Ordering::SeqCst) == 0 {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        };
-        assert!(
-            tokio::time::timeout(PATIENCE, cleaned).await.is_ok(),
-            "the session outlived its client"
-        );
-        stop.cancel();
+        flood_leave_and_expect_cleanup("tick", limits).await;
     }
 }
