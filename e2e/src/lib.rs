@@ -1404,6 +1404,29 @@ async fn leaks_with_shells(d: &Daemon) -> anyhow::Result<Vec<String>> {
     Ok(out)
 }
 
+/// The resident set of process `pid` (`VmRSS` of `/proc/<pid>/status`), KiB.
+pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("no VmRSS in /proc/<pid>/status")
+}
+
+/// User plus system CPU seconds process `pid` has used (`utime` and
+/// `stime` of `/proc/<pid>/stat`, in USER_HZ, which is 100 on Linux).
+pub fn cpu_secs(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The fields after the command's closing parenthesis; utime and stime
+    // are the 12th and 13th of them (14th and 15th of the line).
+    let rest = stat.rsplit_once(')').context("/proc/<pid>/stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks =
+        f.get(11).context("utime")?.parse::<u64>()? + f.get(12).context("stime")?.parse::<u64>()?;
+    Ok(ticks as f64 / 100.0)
+}
+
 /// `(pid, -id)` of the containerd shims running for `namespace`, found by
 /// their command line in `/proc`.
 pub fn shims(namespace: &str) -> Vec<(u32, String)> {

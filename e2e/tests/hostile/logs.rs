@@ -27,20 +27,7 @@ const LOG_BURST: u64 = LOG_RATE + (256 << 10);
 /// (VmRSS KiB, user + system CPU seconds) of the daemon.
 fn usage(d: &Daemon) -> anyhow::Result<(u64, f64)> {
     let pid = d.pid().context("daemon pid")?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("VmRSS in /proc/<pid>/status")?;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command's closing parenthesis; utime and stime are
-    // the 12th and 13th of them (14th and 15th of the line).
-    let rest = stat.rsplit_once(')').context("/proc/<pid>/stat")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 =
-        f.get(11).context("utime")?.parse::<u64>()? + f.get(12).context("stime")?.parse::<u64>()?;
-    Ok((rss, ticks as f64 / 100.0))
+    Ok((cubelet_e2e::rss_kib(pid)?, cubelet_e2e::cpu_secs(pid)?))
 }
 
 /// Entries in `text` (whole lines only), checked to be `want` lines on stdout.

@@ -18,16 +18,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use cubelet_e2e::cri::Mount;
-use cubelet_e2e::{container_config, with_daemon, workspace_root, Daemon, DaemonOpts, REGISTRY};
-
-fn rss_kib(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .context("no VmRSS")
-}
+use cubelet_e2e::{
+    container_config, rss_kib, with_daemon, workspace_root, Daemon, DaemonOpts, REGISTRY,
+};
 
 fn fakes(d: &Daemon) -> Vec<(u32, String)> {
     cubelet_e2e::shims(&d.namespace)

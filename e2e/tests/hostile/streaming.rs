@@ -32,15 +32,9 @@ fn opts(index: u8) -> DaemonOpts {
     }
 }
 
-/// The daemon's resident set (VmRSS of /proc/<pid>/status), KiB.
+/// The daemon's resident set, KiB.
 fn rss_kib(d: &Daemon) -> anyhow::Result<u64> {
-    let pid = d.pid().context("daemon pid")?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("VmRSS in /proc/<pid>/status")
+    cubelet_e2e::rss_kib(d.pid().context("daemon pid")?)
 }
 
 async fn exec_url(d: &Daemon, cid: &str, cmd: &[&str], stdin: bool) -> anyhow::Result<String> {

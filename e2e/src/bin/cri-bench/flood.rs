@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use cubelet_e2e::cpu_secs;
 use cubelet_e2e::cri::{CreateContainerRequest, StartContainerRequest};
 
 use crate::lifecycle::{container_config, pod_config, pod_name, remove_pod, run_pod, Workload};
@@ -60,17 +61,6 @@ fn serving_pid(socket: &Path) -> anyhow::Result<u32> {
         }
     }
     bail!("no process holds the socket {want}")
-}
-
-/// User plus system CPU seconds of `pid`.
-fn cpu_secs(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let rest = stat.rsplit_once(')').context("/proc/<pid>/stat")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks =
-        f.get(11).context("utime")?.parse::<u64>()? + f.get(12).context("stime")?.parse::<u64>()?;
-    // USER_HZ is 100 on Linux.
-    Ok(ticks as f64 / 100.0)
 }
 
 /// Bytes of `path` (0 before it exists).
