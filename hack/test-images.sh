@@ -5,6 +5,8 @@
 #
 #   ${REGISTRY_ADDR}/busybox:test        Docker schema2 manifest, 2 layers
 #   ${REGISTRY_ADDR}/busybox-oci:test    OCI manifest (user "tester"), same layers
+#   ${REGISTRY_ADDR}/busybox-usergroup:test
+#                                        OCI manifest (user "tester:cubelet-extra"), same layers
 #   ${REGISTRY_ADDR}/busybox-multi:test  manifest list: linux/amd64 + a bogus linux/arm64
 #   ${REGISTRY_ADDR}/pause:test          cubelet-pause (sandbox image of containerd's CRI)
 #   ${REGISTRY_ADDR}/hostile-user-{zero,fifo,hostetc}:test
@@ -148,6 +150,8 @@ def manifest(mt, cfg, lays):
 out = {}
 out["busybox"] = manifest(DOCKER, config("amd64", "", ["sh"], "CUBELET_TEST=busybox"), layers)
 out["busybox-oci"] = manifest(OCI, config("amd64", "tester", ["sleep", "3600"], "CUBELET_TEST=busybox-oci"), layers)
+# `USER tester:cubelet-extra`: a group named, resolved from the image's /etc/group.
+out["busybox-usergroup"] = manifest(OCI, config("amd64", "tester:cubelet-extra", ["sleep", "3600"], "CUBELET_TEST=busybox-usergroup"), layers)
 arm = manifest(DOCKER, config("arm64", "", ["bogus"], "CUBELET_TEST=bogus-arm64"), layers)
 amd = out["busybox"]
 lst = {"schemaVersion": 2, "mediaType": DOCKER["list"], "manifests": [
@@ -248,4 +252,4 @@ while read -r kind repo a b c; do
         manifest) push_manifest "$repo" "$a" "$b" "$c" ;;
     esac
 done <"$WORK/plan.txt"
-log "test images pushed to ${REGISTRY_ADDR}: busybox:test busybox-oci:test busybox-multi:test pause:test hostile-user-{zero,fifo,hostetc}:test$([[ "${BENCH_IMAGES:-0}" == 1 ]] && echo ' bench-layers:test')"
+log "test images pushed to ${REGISTRY_ADDR}: busybox:test busybox-oci:test busybox-usergroup:test busybox-multi:test pause:test hostile-user-{zero,fifo,hostetc}:test$([[ "${BENCH_IMAGES:-0}" == 1 ]] && echo ' bench-layers:test')"

@@ -467,6 +467,27 @@ async fn supplemental_groups_policy(d: &Daemon) -> anyhow::Result<()> {
     )
     .await?;
     check_eq!(strict, ("1000 1234".to_owned(), vec![1000, 1234]));
+
+    // An image whose `User` names its group (`tester:cubelet-extra`), as
+    // Docker and containerd read it: the gid from the image's /etc/group.
+    let usergroup = format!("{REGISTRY}/busybox-usergroup:test");
+    d.pull(&usergroup).await?;
+    let cid = d
+        .start_in(
+            &pod,
+            &pod_cfg,
+            container_config("usergroup", &usergroup, &["sleep", "3600"]),
+        )
+        .await?;
+    let (_, ids, _) = exec(d, &cid, &["sh", "-c", "id -u; id -g; id -G"]).await?;
+    check_eq!(ids, "1000\n50000\n50000\n");
+    let user = d
+        .container_status(&cid)
+        .await?
+        .user
+        .and_then(|u| u.linux)
+        .context("no user in the status")?;
+    check_eq!((user.uid, user.gid), (1000, 50000));
     remove_pod(d, &pod).await?;
     Ok(())
 }

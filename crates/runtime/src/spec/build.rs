@@ -51,10 +51,10 @@ pub fn build_oci_spec(
             additional_gids: Vec::new(),
         },
         (None, UserRequest::Image) => ResolvedUser::default(),
-        (None, UserRequest::Name { name, .. }) => {
+        (None, UserRequest::Name { name: user, .. } | UserRequest::NamedGroup { user, .. }) => {
             return Err(RuntimeError::InvalidArgument {
                 field: "user".to_owned(),
-                reason: format!("user {name:?} was not resolved against the image"),
+                reason: format!("user {user:?} was not resolved against the image"),
             })
         }
     };

@@ -25,6 +25,15 @@ pub enum UserRequest {
         /// Group id override.
         gid: Option<u32>,
     },
+    /// An image `User` whose group is a name (`name:group` or `uid:group`):
+    /// the group is resolved from the image's `/etc/group`, the user as
+    /// [`UserRequest::Name`] or [`UserRequest::Id`] would be.
+    NamedGroup {
+        /// User name or numeric uid, as the image wrote it.
+        user: String,
+        /// Group name.
+        group: String,
+    },
 }
 
 /// A resolved user.
@@ -38,25 +47,36 @@ pub struct ResolvedUser {
     pub additional_gids: Vec<u32>,
 }
 
-/// Parses an image `User` string: `""`, `uid`, `name`, `uid:gid`, `name:gid`.
-/// Group names are not supported (an error names them).
+/// Parses an image `User` string: `""`, `uid`, `name`, `uid:gid`,
+/// `name:gid`, `uid:group` or `name:group`, as Docker and containerd read it.
 pub fn parse_user(user: &str) -> Result<UserRequest, RuntimeError> {
     if user.is_empty() {
         return Ok(UserRequest::Image);
     }
+    let invalid = |reason: String| RuntimeError::InvalidArgument {
+        field: "image user".to_owned(),
+        reason,
+    };
     let (u, g) = match user.split_once(':') {
         Some((u, g)) => (u, Some(g)),
         None => (user, None),
     };
+    if u.is_empty() || g.is_some_and(|g| g.is_empty() || g.contains(':')) {
+        return Err(invalid(format!(
+            "{user:?} is not user, user:group, uid or uid:gid"
+        )));
+    }
     let gid = match g {
         None => None,
-        Some(g) => Some(
-            g.parse::<u32>()
-                .map_err(|_| RuntimeError::InvalidArgument {
-                    field: "user".to_owned(),
-                    reason: format!("group {g:?} in {user:?} is not numeric"),
-                })?,
-        ),
+        Some(g) => match g.parse::<u32>() {
+            Ok(gid) => Some(gid),
+            Err(_) => {
+                return Ok(UserRequest::NamedGroup {
+                    user: u.to_owned(),
+                    group: g.to_owned(),
+                })
+            }
+        },
     };
     Ok(match u.parse::<u32>() {
         Ok(uid) => UserRequest::Id { uid, gid },
@@ -71,8 +91,23 @@ pub fn parse_user(user: &str) -> Result<UserRequest, RuntimeError> {
 pub fn user_needs_lookup(user: &UserRequest) -> bool {
     matches!(
         user,
-        UserRequest::Name { .. } | UserRequest::Id { gid: None, .. }
+        UserRequest::Name { .. }
+            | UserRequest::Id { gid: None, .. }
+            | UserRequest::NamedGroup { .. }
     )
+}
+
+/// The `(name, gid, members)` entries of an `/etc/group`, malformed lines
+/// skipped.
+fn group_entries(group: &str) -> impl Iterator<Item = (&str, u32, &str)> {
+    // name:x:gid:member,member
+    group.lines().filter_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        if f.len() < 4 || l.starts_with('#') {
+            return None;
+        }
+        Some((f[0], f[2].parse().ok()?, f[3]))
+    })
 }
 
 /// Resolves a user against the contents of `/etc/passwd` and `/etc/group`
@@ -93,6 +128,15 @@ pub fn resolve_user(
             Some((f[0], f[2].parse().ok()?, f[3].parse().ok()?))
         })
         .collect();
+    let by_name = |name: &str| {
+        entries
+            .iter()
+            .find(|e| e.0 == name)
+            .ok_or_else(|| RuntimeError::InvalidArgument {
+                field: "user".to_owned(),
+                reason: format!("no user {name:?} in the image's /etc/passwd"),
+            })
+    };
     let (name, uid, gid) = match user {
         UserRequest::Image => (Some("root"), 0, Some(0)),
         UserRequest::Id { uid, gid } => {
@@ -100,26 +144,35 @@ pub fn resolve_user(
             (e.map(|e| e.0), *uid, gid.or(e.map(|e| e.2)).or(Some(0)))
         }
         UserRequest::Name { name, gid } => {
-            let e = entries.iter().find(|e| e.0 == name).ok_or_else(|| {
-                RuntimeError::InvalidArgument {
-                    field: "user".to_owned(),
-                    reason: format!("no user {name:?} in the image's /etc/passwd"),
-                }
-            })?;
+            let e = by_name(name)?;
             (Some(e.0), e.1, gid.or(Some(e.2)))
+        }
+        UserRequest::NamedGroup { user, group: g } => {
+            let gid = group_entries(group)
+                .find(|e| e.0 == g)
+                .map(|e| e.1)
+                .ok_or_else(|| RuntimeError::InvalidArgument {
+                    field: "user".to_owned(),
+                    reason: format!("no group {g:?} in the image's /etc/group"),
+                })?;
+            match user.parse::<u32>() {
+                Ok(uid) => (
+                    entries.iter().find(|e| e.1 == uid).map(|e| e.0),
+                    uid,
+                    Some(gid),
+                ),
+                Err(_) => {
+                    let e = by_name(user)?;
+                    (Some(e.0), e.1, Some(gid))
+                }
+            }
         }
     };
     let gid = gid.unwrap_or(0);
     let mut additional = Vec::new();
     if let Some(name) = name {
-        // name:x:gid:member,member
-        for l in group.lines() {
-            let f: Vec<&str> = l.split(':').collect();
-            if f.len() < 4 {
-                continue;
-            }
-            let Ok(g) = f[2].parse::<u32>() else { continue };
-            if f[3].split(',').any(|m| m == name) && g != gid && !additional.contains(&g) {
+        for (_, g, members) in group_entries(group) {
+            if members.split(',').any(|m| m == name) && g != gid && !additional.contains(&g) {
                 additional.push(g);
             }
         }
@@ -165,8 +218,44 @@ mod tests {
             }
         );
         assert!(resolve_user(&parse_user("nobody").unwrap(), PASSWD, GROUP).is_err());
-        assert!(parse_user("www:staff").is_err());
         assert!(user_needs_lookup(&parse_user("www").unwrap()));
         assert!(!user_needs_lookup(&parse_user("1:2").unwrap()));
+    }
+
+    #[test]
+    fn a_group_name_in_the_image_user_comes_from_its_etc_group() {
+        // `USER www:staff`, `USER 1234:audio`: the group from /etc/group, the
+        // user's other groups as for any named user.
+        let u = resolve_user(&parse_user("www:staff").unwrap(), PASSWD, GROUP).unwrap();
+        assert_eq!(
+            u,
+            ResolvedUser {
+                uid: 33,
+                gid: 50,
+                additional_gids: vec![29]
+            }
+        );
+        let u = resolve_user(&parse_user("1234:audio").unwrap(), PASSWD, GROUP).unwrap();
+        assert_eq!(
+            u,
+            ResolvedUser {
+                uid: 1234,
+                gid: 29,
+                additional_gids: vec![]
+            }
+        );
+        assert!(user_needs_lookup(&parse_user("1234:audio").unwrap()));
+        // A group or user the image does not have is refused, named.
+        for (user, missing) in [("www:nogroup", "nogroup"), ("nobody:staff", "nobody")] {
+            let err = resolve_user(&parse_user(user).unwrap(), PASSWD, GROUP).unwrap_err();
+            assert!(
+                matches!(&err, RuntimeError::InvalidArgument { reason, .. } if reason.contains(missing)),
+                "{user}: {err}"
+            );
+        }
+        // Malformed: an empty part, or a third.
+        for user in [":staff", "www:", "www:staff:x"] {
+            assert!(parse_user(user).is_err(), "{user}");
+        }
     }
 }
