@@ -62,6 +62,7 @@ pub(crate) async fn serve(
                 }
             },
         };
+        keep_alive(&stream, peer);
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
             // One non-blocking write and the socket is closed: a refused
             // client costs no task and no buffer.
@@ -91,6 +92,26 @@ pub(crate) async fn serve(
             }
             .instrument(tracing::debug_span!("streaming_connection", %peer)),
         );
+    }
+}
+
+/// TCP keep-alive of every accepted connection: probes after 15 s of
+/// silence, every 15 s, 4 unanswered probes and the connection is reset.
+/// A client whose host died or whose link was cut (no FIN, no RST ever
+/// comes) then ends its silent session in about 75 s, where it would
+/// otherwise hold its exec process, its session slot and its connection slot
+/// until `stream_idle_timeout` (4 h). (Data sent and never acknowledged is
+/// the kernel's retransmission limit's to end.)
+/// containerd's streaming server (Go's `net/http`) probes on the same 15 s.
+const KEEPALIVE: socket2::TcpKeepalive = socket2::TcpKeepalive::new()
+    .with_time(std::time::Duration::from_secs(15))
+    .with_interval(std::time::Duration::from_secs(15))
+    .with_retries(4);
+
+/// Turns TCP keep-alive on for `stream` (see [`KEEPALIVE`]).
+fn keep_alive(stream: &tokio::net::TcpStream, peer: std::net::SocketAddr) {
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&KEEPALIVE) {
+        tracing::debug!(%peer, error = %e, "streaming connection: no TCP keep-alive");
     }
 }
 

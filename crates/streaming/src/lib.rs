@@ -536,6 +536,44 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn accepted_connections_probe_a_silent_peer() {
+        // The kernel's view of the server's end of a connection: a client
+        // that vanishes without a FIN is found by keep-alive probes.
+        let Ok(ss) = std::process::Command::new("ss").arg("-V").output() else {
+            println!("SKIP: no ss (iproute2) to read the socket's timers");
+            return;
+        };
+        assert!(ss.status.success());
+        let (server, _backend, stop) = served().await;
+        let port = server.local_addr().port();
+        let _client = tokio::net::TcpStream::connect(server.local_addr())
+            .await
+            .unwrap();
+        let mut timers = String::new();
+        for _ in 0..50 {
+            let out = std::process::Command::new("ss")
+                .args(["-tnoH", "state", "established"])
+                .arg(format!("( sport = :{port} )"))
+                .output()
+                .unwrap();
+            timers = String::from_utf8_lossy(&out.stdout).into_owned();
+            if timers.contains("keepalive") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // `timer:(keepalive,14sec,0)`: the first probe within 15 s.
+        let secs: u64 = timers
+            .split("timer:(keepalive,")
+            .nth(1)
+            .and_then(|t| t.split("sec").next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("no keep-alive timer on the server's end: {timers:?}"));
+        assert!(secs <= 15, "{timers}");
+        stop.cancel();
+    }
+
+    #[tokio::test]
     async fn sessions_over_the_per_container_cap_are_answered_429() {
         let (server, _backend, stop) = served_with(Limits {
             max_sessions_per_container: 1,
