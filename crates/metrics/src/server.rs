@@ -32,6 +32,21 @@ const TEXT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
 /// a silent connection can hold up a graceful shutdown.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Most connections served at once. Prometheus, probes and an operator's
+/// curl need a handful; a flood (the address may be the node's, reachable
+/// from every pod, when it is scraped from off the node) is refused rather
+/// than let grow the agent's descriptors and memory.
+pub const MAX_CONNECTIONS: usize = 128;
+
+/// What a connection over [`MAX_CONNECTIONS`] is told before it is closed.
+const TOO_MANY_CONNECTIONS: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+Content-Type: text/plain; charset=utf-8\r\n\
+Retry-After: 1\r\n\
+Connection: close\r\n\
+Content-Length: 45\r\n\
+\r\n\
+too many admin connections: try again later\r\n";
+
 /// Pause after a failed `accept` (e.g. out of file descriptors) so the loop
 /// does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -123,6 +138,12 @@ impl AdminServer {
                     accepted = listener.accept() => accepted,
                 };
                 match accepted {
+                    Ok((stream, peer)) if connections.len() >= MAX_CONNECTIONS => {
+                        // One non-blocking write and the socket is closed:
+                        // a refused client costs no task and no buffer.
+                        let _ = stream.try_write(TOO_MANY_CONNECTIONS);
+                        debug!(%peer, max = MAX_CONNECTIONS, "admin connection refused: too many");
+                    }
                     Ok((stream, peer)) => {
                         let span = info_span!("admin_connection", peer = %peer);
                         connections.spawn(

@@ -604,6 +604,60 @@ async fn bind_error_names_the_address() {
 }
 
 #[tokio::test]
+async fn connections_over_the_cap_are_answered_503_and_others_served_after() {
+    let server = Running::start(Registry::new(), Readiness::new());
+    // Silent connections (a flood that never sends a request) fill the cap.
+    let mut held = Vec::new();
+    for _ in 0..cubelet_metrics::MAX_CONNECTIONS {
+        held.push(TcpStream::connect(server.addr).await.unwrap());
+    }
+    // The server counts a connection once it has accepted it: wait until
+    // the next one is refused.
+    let refused = tokio::time::timeout(HANG_GUARD, async {
+        loop {
+            let mut c = TcpStream::connect(server.addr).await.unwrap();
+            let mut answer = Vec::new();
+            match tokio::time::timeout(Duration::from_millis(500), c.read_to_end(&mut answer)).await
+            {
+                Ok(_) => break String::from_utf8_lossy(&answer).into_owned(),
+                Err(_) => held.push(c),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(refused.starts_with("HTTP/1.1 503 "), "{refused}");
+    let (head, body) = refused.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.contains(&format!("Content-Length: {}", body.len())),
+        "{refused}"
+    );
+    assert!(body.contains("too many admin connections"), "{refused}");
+    // Slots free as the flood's connections close.
+    held.clear();
+    tokio::time::timeout(HANG_GUARD, async {
+        loop {
+            // Raw: a refused connection may be reset under the request.
+            let mut c = TcpStream::connect(server.addr).await.unwrap();
+            let mut answer = Vec::new();
+            let sent = c
+                .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await;
+            if sent.is_ok() && c.read_to_end(&mut answer).await.is_ok() {
+                let answer = String::from_utf8_lossy(&answer);
+                if answer.starts_with("HTTP/1.1 200 ") && answer.ends_with("ok") {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn shutdown_finishes_request_in_flight_then_refuses_connections() {
     // An address of its own in 127/8: the other tests of this binary bind
     // 127.0.0.1, so none of them can answer the final connect.
