@@ -114,6 +114,7 @@ fn step_code(kind: StepErrorKind) -> Code {
         StepErrorKind::FailedPrecondition => Code::FailedPrecondition,
         StepErrorKind::Cancelled => Code::Cancelled,
         StepErrorKind::DeadlineExceeded => Code::DeadlineExceeded,
+        StepErrorKind::Unavailable => Code::Unavailable,
         StepErrorKind::Internal => Code::Internal,
     }
 }
@@ -169,6 +170,11 @@ mod tests {
             rollback: None,
         });
         assert_eq!(failed.code(), Code::ResourceExhausted);
+        let down = CriError::from(RuntimeError::containerd(
+            "tasks.create",
+            tonic::Status::unavailable("transport is closing"),
+        ));
+        assert_eq!(down.code(), Code::Unavailable);
         let status = Status::from(failed);
         assert!(
             status.message().contains("network: no free address"),

@@ -141,7 +141,7 @@ impl Cri {
         match result {
             Ok(v) => Ok(Response::new(v)),
             Err(e) => {
-                if code == tonic::Code::Internal {
+                if matches!(code, tonic::Code::Internal | tonic::Code::Unavailable) {
                     tracing::warn!(method, error = %cubelet_engine::chain(&e), "request failed");
                 } else {
                     tracing::debug!(method, error = %e, "request refused");

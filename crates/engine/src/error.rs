@@ -27,6 +27,9 @@ pub enum StepErrorKind {
     Cancelled,
     /// The step ran past its deadline.
     DeadlineExceeded,
+    /// A service the step depends on (containerd, an image registry) could
+    /// not be reached or failed; trying again later may succeed.
+    Unavailable,
     /// Anything else.
     Internal,
 }

@@ -239,11 +239,14 @@ impl RuntimeError {
             RuntimeError::InvalidArgument { .. } => StepErrorKind::InvalidArgument,
             RuntimeError::FailedPrecondition(_) => StepErrorKind::FailedPrecondition,
             RuntimeError::Timeout { .. } => StepErrorKind::DeadlineExceeded,
-            RuntimeError::ImageFormat { .. } => StepErrorKind::FailedPrecondition,
-            RuntimeError::Registry(RegistryError::TlsSetup(_)) => StepErrorKind::FailedPrecondition,
-            RuntimeError::Registry(RegistryError::Stalled { .. }) => {
-                StepErrorKind::DeadlineExceeded
+            // An image whose documents or blobs are not what they claim
+            // is unusable as it stands: the image's fault, not Cubelet's
+            // (a tenant's crafted image must not read as an agent bug).
+            RuntimeError::ImageFormat { .. } | RuntimeError::DigestMismatch { .. } => {
+                StepErrorKind::FailedPrecondition
             }
+            RuntimeError::Registry(e) => registry_kind(e),
+            RuntimeError::Connect { .. } => StepErrorKind::Unavailable,
             RuntimeError::Containerd { status: source, .. } => match source.code() {
                 tonic::Code::NotFound => StepErrorKind::NotFound,
                 tonic::Code::AlreadyExists => StepErrorKind::AlreadyExists,
@@ -251,11 +254,43 @@ impl RuntimeError {
                 tonic::Code::FailedPrecondition => StepErrorKind::FailedPrecondition,
                 tonic::Code::DeadlineExceeded => StepErrorKind::DeadlineExceeded,
                 tonic::Code::ResourceExhausted => StepErrorKind::ResourceExhausted,
+                tonic::Code::Unavailable => StepErrorKind::Unavailable,
                 _ => StepErrorKind::Internal,
             },
             RuntimeError::Shared(e) => e.kind(),
             _ => StepErrorKind::Internal,
         }
+    }
+}
+
+/// The kind of a registry failure: the registry down or failing is
+/// `Unavailable` (a retry may succeed); content that is not what its
+/// descriptor says, a refusal, or the node's registry configuration is
+/// `FailedPrecondition`; only a local I/O failure is `Internal`.
+fn registry_kind(e: &RegistryError) -> StepErrorKind {
+    match e {
+        RegistryError::InvalidArgument { .. } => StepErrorKind::InvalidArgument,
+        RegistryError::NotFound { .. } => StepErrorKind::NotFound,
+        RegistryError::Stalled { .. } => StepErrorKind::DeadlineExceeded,
+        RegistryError::Http { .. } | RegistryError::Unreachable { .. } => {
+            StepErrorKind::Unavailable
+        }
+        RegistryError::Status { status, .. } if *status == 429 || *status >= 500 => {
+            StepErrorKind::Unavailable
+        }
+        RegistryError::Status { .. }
+        | RegistryError::Unauthorized { .. }
+        | RegistryError::DigestMismatch { .. }
+        | RegistryError::TooLarge { .. }
+        | RegistryError::TooSmall { .. }
+        | RegistryError::InvalidDigest { .. }
+        | RegistryError::Json { .. }
+        | RegistryError::ImageFormat { .. }
+        | RegistryError::HostsConfig { .. }
+        | RegistryError::TlsFile { .. }
+        | RegistryError::TlsSetup(_)
+        | RegistryError::Certificate { .. } => StepErrorKind::FailedPrecondition,
+        RegistryError::Io { .. } => StepErrorKind::Internal,
     }
 }
 
@@ -324,6 +359,9 @@ mod tests {
                 ..
             }
         ));
+        // containerd down or restarting: a retry may succeed.
+        assert_eq!(e.kind(), StepErrorKind::Unavailable);
+        let e = RuntimeError::about_container("tasks.exec", "c1", tonic::Status::unknown("x"));
         assert_eq!(e.kind(), StepErrorKind::Internal);
     }
 
@@ -353,6 +391,15 @@ mod tests {
             actual: "b".to_owned(),
         });
         assert!(matches!(e, RuntimeError::DigestMismatch { .. }));
+        // A crafted image is the image's fault, never Internal.
+        assert_eq!(e.kind(), StepErrorKind::FailedPrecondition);
+        let e = RuntimeError::from(RegistryError::TooSmall {
+            digest: "a".to_owned(),
+            url: "u".to_owned(),
+            declared: 2,
+            received: 1,
+        });
+        assert_eq!(e.kind(), StepErrorKind::FailedPrecondition);
         let e = RuntimeError::from(RegistryError::TlsSetup(rustls::Error::General("x".into())));
         assert_eq!(e.kind(), StepErrorKind::FailedPrecondition);
         assert_eq!(
@@ -364,7 +411,15 @@ mod tests {
             status: 500,
             body: "oops".to_owned(),
         });
-        assert_eq!(e.kind(), StepErrorKind::Internal);
+        assert_eq!(e.kind(), StepErrorKind::Unavailable);
         assert_eq!(e.to_string(), "registry http://r/v2/ answered 500: oops");
+        let e = RuntimeError::from(RegistryError::Status {
+            url: "http://r/v2/".to_owned(),
+            status: 403,
+            body: "no".to_owned(),
+        });
+        assert_eq!(e.kind(), StepErrorKind::FailedPrecondition);
+        let shared = RuntimeError::Shared(std::sync::Arc::new(e));
+        assert_eq!(shared.kind(), StepErrorKind::FailedPrecondition);
     }
 }

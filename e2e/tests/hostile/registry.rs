@@ -367,12 +367,24 @@ async fn bad_registry_scenario(d: &Daemon) -> anyhow::Result<()> {
         msg.contains("declared 4096") && !msg.contains("stalled"),
         "{image}: not refused for its size: {msg}"
     );
+    // The image's fault, not the agent's: never Internal.
+    ensure!(msg.starts_with("FailedPrecondition"), "{image}: {msg}");
     // Other bytes than its digest names: refused, and nothing kept.
     let image = format!("{host}/tampered/app:v1");
     let (msg, _) = refused(d, &image).await?;
     ensure!(
         msg.contains("does not match its digest") && msg.contains(&tampered_digest),
         "{image}: not refused for its digest: {msg}"
+    );
+    ensure!(msg.starts_with("FailedPrecondition"), "{image}: {msg}");
+    // A registry nobody answers for is unavailable (a retry may succeed),
+    // not an agent bug either.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let image = format!("{closed}/nobody/app:v1");
+    let (msg, _) = refused(d, &image).await?;
+    ensure!(
+        msg.starts_with("Unavailable") && msg.contains("unreachable"),
+        "{image}: {msg}"
     );
     let content = d.ctr(&["content", "ls", "-q"]).await?;
     for digest in [&big_digest, &stall_digest, &tampered_digest] {
