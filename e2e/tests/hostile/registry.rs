@@ -284,9 +284,15 @@ async fn bad_registry_scenario(d: &Daemon) -> anyhow::Result<()> {
     let tampered_digest = sha256(dir.path(), &honest).await?;
     let tampered = fake_image(dir.path(), &tampered_digest, honest.len() as u64).await?;
 
-    let docs = Arc::new([stalled, big, tampered]);
+    // The junk layer: served honestly (its digest and size match), but its
+    // bytes are no tar: containerd cannot apply it.
+    let junk = vec![0x46u8; 4096];
+    let junk_digest = sha256(dir.path(), &junk).await?;
+    let junk_image = fake_image(dir.path(), &junk_digest, junk.len() as u64).await?;
+
+    let docs = Arc::new([stalled, big, tampered, junk_image]);
     let (stall_digest2, big_digest2) = (stall_digest.clone(), big_digest.clone());
-    let tampered_digest2 = tampered_digest.clone();
+    let (tampered_digest2, junk_digest2) = (tampered_digest.clone(), junk_digest.clone());
     let handler: Handler = Arc::new(move |path: &str| {
         let manifest = |i: usize| {
             reply(
@@ -307,8 +313,14 @@ async fn bad_registry_scenario(d: &Daemon) -> anyhow::Result<()> {
         if path.starts_with("/v2/tampered/app/manifests/") {
             return manifest(2);
         }
+        if path.starts_with("/v2/junk-layer/app/manifests/") {
+            return manifest(3);
+        }
         if path.ends_with(&tampered_digest2) {
             return reply("200 OK", &[], &[0x45u8; 4096]);
+        }
+        if path.ends_with(&junk_digest2) {
+            return reply("200 OK", &[], &[0x46u8; 4096]);
         }
         for doc in docs.iter() {
             if path.ends_with(&doc.config_digest) {
@@ -377,6 +389,21 @@ async fn bad_registry_scenario(d: &Daemon) -> anyhow::Result<()> {
         "{image}: not refused for its digest: {msg}"
     );
     ensure!(msg.starts_with("FailedPrecondition"), "{image}: {msg}");
+    // A layer that is no tar: the image's fault, named with its layer, and
+    // no snapshot of it is left.
+    let image = format!("{host}/junk-layer/app:v1");
+    let (msg, _) = refused(d, &image).await?;
+    ensure!(
+        msg.starts_with("FailedPrecondition")
+            && msg.contains(&junk_digest)
+            && msg.contains("could not be unpacked"),
+        "{image}: {msg}"
+    );
+    let snapshots = d.ctr(&["snapshots", "ls"]).await?;
+    ensure!(
+        !snapshots.contains("extract-"),
+        "a failed extraction's snapshot was left:\n{snapshots}"
+    );
     // A registry nobody answers for is unavailable (a retry may succeed),
     // not an agent bug either.
     let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;

@@ -94,8 +94,17 @@ pub(crate) async fn unpack(
             .map_err(|s| RuntimeError::containerd("snapshots.prepare", s))?
             .into_inner()
             .mounts;
-        let result =
-            apply_and_commit(store, snapshotter, &key, chain_id, layer, diff_id, mounts).await;
+        let result = apply_and_commit(
+            store,
+            snapshotter,
+            reference,
+            &key,
+            chain_id,
+            layer,
+            diff_id,
+            mounts,
+        )
+        .await;
         if result.is_err() {
             let rm = RemoveSnapshotRequest {
                 snapshotter: snapshotter.to_owned(),
@@ -111,9 +120,11 @@ pub(crate) async fn unpack(
     Ok(parent)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn apply_and_commit(
     store: &Store,
     snapshotter: &str,
+    reference: &str,
     key: &str,
     chain_id: &str,
     layer: &Descriptor,
@@ -136,7 +147,7 @@ async fn apply_and_commit(
             sync_fs: false,
         }))
         .await
-        .map_err(|s| RuntimeError::containerd("diff.apply", s))?
+        .map_err(|s| apply_error(reference, layer, s))?
         .into_inner()
         .applied
         .map(|d| d.digest)
@@ -170,6 +181,27 @@ async fn apply_and_commit(
     }
 }
 
+/// What a failed `diff.apply` of `layer` is: containerd down, a deadline or
+/// a cancel as for any containerd call; anything else is the layer's content
+/// (not a tar, a broken compression, an entry containerd refuses) or the
+/// node's disk, so the image cannot be used as it stands, which is not a
+/// failure of the agent.
+fn apply_error(reference: &str, layer: &Descriptor, s: tonic::Status) -> RuntimeError {
+    match s.code() {
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+            RuntimeError::containerd("diff.apply", s)
+        }
+        _ => RuntimeError::ImageFormat {
+            reference: reference.to_owned(),
+            reason: format!(
+                "layer {} could not be unpacked: {}",
+                layer.digest(),
+                s.message()
+            ),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,5 +214,32 @@ mod tests {
         assert_eq!(chain[0], a);
         assert_eq!(chain[1], sha256_digest(format!("{a} {b}").as_bytes()));
         assert!(chain_ids(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_layer_containerd_cannot_apply_is_the_images_fault_unless_containerd_is_down() {
+        let layer: Descriptor = serde_json::from_str(&format!(
+            r#"{{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"{}","size":4}}"#,
+            sha256_digest(b"junk")
+        ))
+        .unwrap();
+        let bad = apply_error(
+            "r/app:v1",
+            &layer,
+            tonic::Status::unknown("archive/tar: invalid tar header"),
+        );
+        assert_eq!(
+            bad.kind(),
+            cubelet_engine::StepErrorKind::FailedPrecondition
+        );
+        let text = bad.to_string();
+        assert!(
+            text.contains("r/app:v1")
+                && text.contains(&layer.digest().to_string())
+                && text.contains("invalid tar header"),
+            "{text}"
+        );
+        let down = apply_error("r/app:v1", &layer, tonic::Status::unavailable("closing"));
+        assert_eq!(down.kind(), cubelet_engine::StepErrorKind::Unavailable);
     }
 }
