@@ -914,6 +914,31 @@ async fn exec_sync(d: &Daemon) -> anyhow::Result<()> {
     );
     let r = exec(d, &cid, &["/etc"], 10).await?;
     ensure!(r.exit_code == 126, "a directory as the command: {r:?}");
+    // A container whose command the image lacks: the workload's fault
+    // (FailedPrecondition naming it), never Internal, at create or start.
+    let mut rt = d.runtime.clone();
+    let failed = match rt
+        .create_container(CreateContainerRequest {
+            pod_sandbox_id: pod.clone(),
+            config: Some(container_config("typo", BUSYBOX, &["no-such-command"])),
+            sandbox_config: Some(cfg.clone()),
+        })
+        .await
+    {
+        Err(e) => e,
+        Ok(r) => rt
+            .start_container(StartContainerRequest {
+                container_id: r.into_inner().container_id,
+            })
+            .await
+            .err()
+            .context("a container without its command started")?,
+    };
+    ensure!(
+        failed.code() == Code::FailedPrecondition
+            && failed.message().contains("executable file not found"),
+        "missing command: {failed:?}"
+    );
     expect_code(
         exec(d, &cid, &["sleep", "30"], 1).await,
         Code::DeadlineExceeded,

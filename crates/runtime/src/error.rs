@@ -247,6 +247,9 @@ impl RuntimeError {
             }
             RuntimeError::Registry(e) => registry_kind(e),
             RuntimeError::Connect { .. } => StepErrorKind::Unavailable,
+            RuntimeError::Containerd { op, status } if user_process_failed(op, status) => {
+                StepErrorKind::FailedPrecondition
+            }
             RuntimeError::Containerd { status: source, .. } => match source.code() {
                 tonic::Code::NotFound => StepErrorKind::NotFound,
                 tonic::Code::AlreadyExists => StepErrorKind::AlreadyExists,
@@ -261,6 +264,21 @@ impl RuntimeError {
             _ => StepErrorKind::Internal,
         }
     }
+}
+
+/// True when runc could not start the container's own process for a reason
+/// the pod's spec or image gives (its command is not there or not
+/// executable, its working directory cannot be entered): the workload's
+/// fault, reported by containerd as `Unknown`.
+fn user_process_failed(op: &str, status: &tonic::Status) -> bool {
+    matches!(op, "tasks.create" | "tasks.start")
+        && status.code() == tonic::Code::Unknown
+        && [
+            "unable to start container process: exec: ",
+            "unable to start container process: chdir to cwd",
+        ]
+        .iter()
+        .any(|m| status.message().contains(m))
 }
 
 /// The kind of a registry failure: the registry down or failing is
@@ -334,9 +352,21 @@ mod tests {
         let s = cubelet_engine::chain(&e);
         assert_eq!(s, format!("containerd tasks.create failed: {msg}"));
         assert_eq!(s.matches("runc create failed").count(), 1, "{s}");
+        // A command the image lacks is the workload's fault, not the agent's.
+        assert_eq!(e.kind(), StepErrorKind::FailedPrecondition);
         let step = StepError::from(e);
         let s = cubelet_engine::chain(&step);
         assert_eq!(s.matches("runc create failed").count(), 1, "{s}");
+        let cwd = "failed to create shim task: OCI runtime create failed: runc create failed: \
+                   unable to start container process: chdir to cwd (\"/nope\") set in config.json \
+                   failed: no such file or directory: unknown";
+        let e = RuntimeError::containerd("tasks.create", tonic::Status::unknown(cwd));
+        assert_eq!(e.kind(), StepErrorKind::FailedPrecondition);
+        // Other runc failures stay the agent's to explain.
+        let other = "failed to create shim task: OCI runtime create failed: runc create failed: \
+                     unable to apply cgroup configuration: unknown";
+        let e = RuntimeError::containerd("tasks.create", tonic::Status::unknown(other));
+        assert_eq!(e.kind(), StepErrorKind::Internal);
     }
 
     #[test]
