@@ -20,11 +20,38 @@ use tracing::Instrument;
 /// pipe and is reaped as any other.
 pub const MAX_EXEC_OUTPUT: usize = 8 * 1024 * 1024 - 4096;
 
-/// The line appended to stderr when a stream was cut at
-/// [`MAX_EXEC_OUTPUT`]: `[cubelet: exec stdout truncated: kept 8384512 of
-/// 20971520 bytes]`.
-pub fn truncation_marker(stream: &str, total: u64) -> String {
-    format!("\n[cubelet: exec {stream} truncated: kept {MAX_EXEC_OUTPUT} of {total} bytes]\n")
+/// Output all `exec_sync` calls of the agent may hold at once beyond each
+/// stream's first [`EXEC_OUTPUT_FREE`] bytes. Exec probes run on the
+/// tenant's command, and kubelet runs up to three per container at a time:
+/// without a shared bound, a few hundred probes printing 16 MiB each would
+/// hold gigabytes of the agent's memory. A stream that finds the budget
+/// spent keeps what it has and the rest is read and dropped, said by its
+/// [`truncation_marker`].
+pub const EXEC_OUTPUT_BUDGET: usize = 128 * 1024 * 1024;
+
+/// What every stream of every `exec_sync` keeps without drawing on
+/// [`EXEC_OUTPUT_BUDGET`]: a probe's or a command's usual output never
+/// depends on what other calls hold.
+pub const EXEC_OUTPUT_FREE: usize = 64 * 1024;
+
+/// The budget's unit, in bytes (a permit of [`EXEC_BUDGET`]).
+const BUDGET_UNIT: usize = 1024;
+
+/// [`EXEC_OUTPUT_BUDGET`], in [`BUDGET_UNIT`]s: taken without waiting, and
+/// given back when a call's output is returned or dropped.
+static EXEC_BUDGET: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(EXEC_OUTPUT_BUDGET / BUDGET_UNIT);
+
+/// The line appended to stderr when a stream was cut (at
+/// [`MAX_EXEC_OUTPUT`], or earlier when [`EXEC_OUTPUT_BUDGET`] was spent):
+/// `[cubelet: exec stdout truncated: kept 8384512 of 20971520 bytes]`.
+pub fn truncation_marker(stream: &str, kept: usize, total: u64) -> String {
+    let why = if kept < MAX_EXEC_OUTPUT {
+        " (the agent's exec output budget was in use)"
+    } else {
+        ""
+    };
+    format!("\n[cubelet: exec {stream} truncated: kept {kept} of {total} bytes{why}]\n")
 }
 
 /// Output of [`ContainerRuntime::exec_sync`].
@@ -176,12 +203,83 @@ impl ContainerRuntime {
     }
 }
 
-/// One stream's output: its first [`MAX_EXEC_OUTPUT`] bytes and how many
-/// it wrote in all.
-#[derive(Debug, Default)]
+/// One stream's output: its first [`MAX_EXEC_OUTPUT`] bytes (fewer when
+/// [`EXEC_OUTPUT_BUDGET`] was spent) and how many it wrote in all.
+#[derive(Debug)]
 struct Captured {
     kept: Vec<u8>,
     total: u64,
+    /// Where the budget is drawn from: [`EXEC_BUDGET`] but in tests.
+    pool: &'static tokio::sync::Semaphore,
+    /// The share of `pool` that `kept`'s capacity holds past
+    /// [`EXEC_OUTPUT_FREE`]; given back on drop.
+    budget: Option<tokio::sync::SemaphorePermit<'static>>,
+    /// The budget was spent: nothing more is kept.
+    starved: bool,
+}
+
+impl Default for Captured {
+    fn default() -> Self {
+        Self {
+            kept: Vec::new(),
+            total: 0,
+            pool: &EXEC_BUDGET,
+            budget: None,
+            starved: false,
+        }
+    }
+}
+
+impl Captured {
+    /// Keeps `bytes` as far as [`MAX_EXEC_OUTPUT`] and the budget allow,
+    /// counting them all.
+    fn push(&mut self, bytes: &[u8]) {
+        self.total = self.total.saturating_add(bytes.len() as u64);
+        let room = MAX_EXEC_OUTPUT.saturating_sub(self.kept.len());
+        let take = bytes.len().min(room);
+        if take == 0 || self.starved {
+            return;
+        }
+        let len = self.kept.len() + take;
+        if len > self.kept.capacity() {
+            // Doubling as a Vec would, within the cap (`len` is in it).
+            let cap = self
+                .kept
+                .capacity()
+                .saturating_mul(2)
+                .clamp(4096, MAX_EXEC_OUTPUT)
+                .max(len);
+            if !self.reserve_budget(cap) {
+                self.starved = true;
+                return;
+            }
+            self.kept.reserve_exact(cap - self.kept.len());
+        }
+        self.kept.extend_from_slice(&bytes[..take]);
+    }
+
+    /// Takes what a capacity of `cap` bytes needs of [`EXEC_BUDGET`] beyond
+    /// what is held; false when the budget cannot give it.
+    fn reserve_budget(&mut self, cap: usize) -> bool {
+        let units = cap.saturating_sub(EXEC_OUTPUT_FREE).div_ceil(BUDGET_UNIT);
+        let held = self.budget.as_ref().map_or(0, |p| p.num_permits());
+        if units <= held {
+            return true;
+        }
+        let Ok(more) = u32::try_from(units - held) else {
+            return false;
+        };
+        match self.pool.try_acquire_many(more) {
+            Ok(p) => {
+                match &mut self.budget {
+                    Some(held) => held.merge(p),
+                    None => self.budget = Some(p),
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
 }
 
 /// What a stream's reader has captured so far, shared with the caller so
@@ -197,14 +295,10 @@ async fn read_capped<R: tokio::io::AsyncRead + Unpin>(mut r: R, out: Shared) {
     loop {
         match r.read(&mut buf).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let mut out = out
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let room = MAX_EXEC_OUTPUT.saturating_sub(out.kept.len());
-                out.kept.extend_from_slice(&buf[..n.min(room)]);
-                out.total = out.total.saturating_add(n as u64);
-            }
+            Ok(n) => out
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(&buf[..n]),
         }
     }
 }
@@ -212,16 +306,15 @@ async fn read_capped<R: tokio::io::AsyncRead + Unpin>(mut r: R, out: Shared) {
 /// stdout and stderr as returned: stderr ends with a marker line for each
 /// stream that was cut.
 fn join_output(stdout: Captured, stderr: Captured) -> (Vec<u8>, Vec<u8>) {
+    let cuts = [
+        ("stdout", stdout.kept.len(), stdout.total),
+        ("stderr", stderr.kept.len(), stderr.total),
+    ];
     let mut err = stderr.kept;
-    for (name, c) in [("stdout", stdout.total), ("stderr", stderr.total)] {
-        if c > MAX_EXEC_OUTPUT as u64 {
-            tracing::info!(
-                stream = name,
-                total = c,
-                kept = MAX_EXEC_OUTPUT,
-                "exec output truncated"
-            );
-            err.extend_from_slice(truncation_marker(name, c).as_bytes());
+    for (name, kept, total) in cuts {
+        if total > kept as u64 {
+            tracing::info!(stream = name, total, kept, "exec output truncated");
+            err.extend_from_slice(truncation_marker(name, kept, total).as_bytes());
         }
     }
     (stdout.kept, err)
@@ -250,6 +343,57 @@ async fn collect(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stream captured with a budget of `units` of its own.
+    fn with_pool(units: usize) -> Captured {
+        Captured {
+            pool: Box::leak(Box::new(tokio::sync::Semaphore::new(units))),
+            ..Captured::default()
+        }
+    }
+
+    /// A hostile probe printing as much as it can while the budget is held
+    /// by others: it keeps its free share and the cut says why; a small
+    /// output never needs the budget; what is held is given back.
+    #[test]
+    fn output_past_the_free_share_draws_on_the_shared_budget() {
+        // 1 MiB of budget: the first stream gets its 64 KiB free share plus
+        // about 1 MiB, then is cut.
+        let mut big = with_pool(1024);
+        let chunk = vec![b'x'; 32 * 1024];
+        for _ in 0..64 {
+            big.push(&chunk);
+        }
+        assert_eq!(big.total, 2 * 1024 * 1024);
+        assert!(big.starved);
+        assert!(big.kept.len() >= EXEC_OUTPUT_FREE, "{}", big.kept.len());
+        assert!(
+            big.kept.len() <= EXEC_OUTPUT_FREE + 1024 * 1024,
+            "{}",
+            big.kept.len()
+        );
+        // Capacity is what is paid for.
+        let paid = big.budget.as_ref().map_or(0, |p| p.num_permits()) * BUDGET_UNIT;
+        assert!(big.kept.capacity() <= EXEC_OUTPUT_FREE + paid);
+        let pool = big.pool;
+        // Another stream on the spent budget still keeps a probe's output.
+        let mut small = Captured {
+            pool,
+            ..Captured::default()
+        };
+        small.push(b"ok\n");
+        assert_eq!(
+            (small.kept.as_slice(), small.starved),
+            (&b"ok\n"[..], false)
+        );
+        let (_, stderr) = join_output(big, Captured::default());
+        let text = String::from_utf8_lossy(&stderr).into_owned();
+        assert!(text.contains("exec stdout truncated"), "{text}");
+        assert!(text.contains("of 2097152 bytes"), "{text}");
+        assert!(text.contains("exec output budget"), "{text}");
+        // Dropped with the output: the whole budget is free again.
+        assert_eq!(pool.available_permits(), 1024);
+    }
 
     async fn captured<R: tokio::io::AsyncRead + Unpin>(r: R) -> Captured {
         let out = Shared::default();

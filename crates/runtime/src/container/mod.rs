@@ -26,7 +26,9 @@ mod exec;
 mod record;
 mod task;
 
-pub use exec::{truncation_marker, ExecOutput, MAX_EXEC_OUTPUT};
+pub use exec::{
+    truncation_marker, ExecOutput, EXEC_OUTPUT_BUDGET, EXEC_OUTPUT_FREE, MAX_EXEC_OUTPUT,
+};
 pub use record::{USER_FILE_CAP, USER_LOOKUP_DIR, USER_LOOKUP_TIMEOUT};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
