@@ -21,4 +21,4 @@ mod server;
 pub use error::MetricsError;
 pub use metrics::{Metrics, DURATION_BUCKETS, GC_FAILURE_KINDS, GC_RECLAIMED_KINDS};
 pub use readiness::Readiness;
-pub use server::{AdminServer, MAX_CONNECTIONS, METRICS_CONTENT_TYPE};
+pub use server::{AdminServer, MAX_CONNECTIONS, MAX_RENDERS_PER_SECOND, METRICS_CONTENT_TYPE};

@@ -658,6 +658,43 @@ async fn connections_over_the_cap_are_answered_503_and_others_served_after() {
 }
 
 #[tokio::test]
+async fn metrics_renders_past_the_rate_are_answered_429_and_health_is_not() {
+    let server = Running::start(Registry::new(), Readiness::new());
+    let mut codes = Vec::new();
+    let started = std::time::Instant::now();
+    for _ in 0..40 {
+        let r = get(server.addr, "/metrics").await;
+        if r.status == StatusCode::TOO_MANY_REQUESTS {
+            assert_eq!(r.headers["retry-after"], "1");
+            assert!(r.body.contains("at most 10 a second"), "{}", r.body);
+        }
+        codes.push(r.status);
+    }
+    let ok = codes.iter().filter(|c| **c == StatusCode::OK).count();
+    let refused = codes
+        .iter()
+        .filter(|c| **c == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!(ok + refused, codes.len(), "{codes:?}");
+    // The burst, and no more than the rate has accrued meanwhile.
+    let rate = cubelet_metrics::MAX_RENDERS_PER_SECOND;
+    let allowed = rate + (started.elapsed().as_secs_f64() * rate).ceil();
+    assert!(ok >= rate as usize, "{codes:?}");
+    assert!(
+        ok as f64 <= allowed,
+        "{ok} served, {allowed} allowed: {codes:?}"
+    );
+    // Health is never rate-limited.
+    for _ in 0..20 {
+        assert_eq!(get(server.addr, "/healthz").await.status, StatusCode::OK);
+    }
+    // A scrape after a pause is served.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(get(server.addr, "/metrics").await.status, StatusCode::OK);
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn shutdown_finishes_request_in_flight_then_refuses_connections() {
     // An address of its own in 127/8: the other tests of this binary bind
     // 127.0.0.1, so none of them can answer the final connect.
