@@ -20,8 +20,10 @@ pub struct ImageInfo {
     pub target_digest: String,
     /// Chain id of the top layer: the parent snapshot for a container rootfs.
     pub chain_id: String,
-    /// Parsed image config.
-    pub config: ImageConfig,
+    /// Parsed image config, shared: an image's config may be as large as
+    /// its author wants (up to the 16 MiB blob cap), and every listing,
+    /// status and removal copies the [`ImageInfo`] of every image.
+    pub config: std::sync::Arc<ImageConfig>,
     /// Whether the image is pinned (the pause image is).
     pub pinned: bool,
 }

@@ -328,11 +328,17 @@ async fn image_documents_are_read_once_per_record() {
         }))
         .await
         .unwrap();
-    assert_eq!(
-        env.images.status(&reference).await.unwrap().as_ref(),
-        Some(&info),
-        "read again"
-    );
+    let again = env.images.status(&reference).await.unwrap();
+    assert_eq!(again.as_ref(), Some(&info), "read again");
+    // Every status, listing and removal copies each image's info: the
+    // config (as large as an image's author wants) is shared, not copied,
+    // and the tag's and the digest's records share one.
+    let by_digest = env.images.status(&info.repo_digests[0]).await.unwrap();
+    let (again, by_digest) = (again.unwrap(), by_digest.unwrap());
+    assert!(std::sync::Arc::ptr_eq(&again.config, &by_digest.config));
+    let listed = env.images.list().await.unwrap();
+    let listed = listed.iter().find(|i| i.id == info.id).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&again.config, &listed.config));
     let fresh = ImageService::new(env.cd.clone(), "/nonexistent/cubelet-test-certs.d");
     assert_eq!(fresh.status(&reference).await.unwrap(), None);
     env.images.remove(&reference).await.unwrap();

@@ -605,8 +605,14 @@ impl ImageService {
             let resolved = match cached {
                 Some(info) => info,
                 None => match self.resolve_record(&store, &image).await {
-                    Ok(r) => {
-                        lock(&self.documents).insert(key.clone(), r.clone());
+                    Ok(mut r) => {
+                        let mut documents = lock(&self.documents);
+                        // One parsed config per image, however many
+                        // records (tag, digest) name it.
+                        if let Some(same) = documents.values().find(|d| d.id == r.id) {
+                            r.config = Arc::clone(&same.config);
+                        }
+                        documents.insert(key.clone(), r.clone());
                         r
                     }
                     Err(e) => {
@@ -675,11 +681,13 @@ impl ImageService {
             size: manifest.layers().iter().map(|l| l.size()).sum(),
             target_digest: target.digest.clone(),
             chain_id: chain.last().cloned().unwrap_or_default(),
-            config: config
-                .config()
-                .as_ref()
-                .map(ImageConfig::from)
-                .unwrap_or_default(),
+            config: std::sync::Arc::new(
+                config
+                    .config()
+                    .as_ref()
+                    .map(ImageConfig::from)
+                    .unwrap_or_default(),
+            ),
             pinned: is_pinned(image),
         })
     }

@@ -46,12 +46,12 @@ mod test_support {
 
     pub(super) fn image(entrypoint: &[&str], cmd: &[&str], env: &[&str]) -> ImageInfo {
         ImageInfo {
-            config: ImageConfig {
+            config: std::sync::Arc::new(ImageConfig {
                 entrypoint: entrypoint.iter().map(|s| s.to_string()).collect(),
                 cmd: cmd.iter().map(|s| s.to_string()).collect(),
                 env: env.iter().map(|s| s.to_string()).collect(),
                 ..Default::default()
-            },
+            }),
             ..Default::default()
         }
     }

@@ -540,7 +540,7 @@ mod tests {
     fn requested_stop_signal_wins_over_the_image_s() {
         let mut s = ContainerSpec::default();
         assert_eq!(s.effective_stop_signal(), None);
-        s.image.config.stop_signal = "SIGQUIT".into();
+        std::sync::Arc::make_mut(&mut s.image.config).stop_signal = "SIGQUIT".into();
         assert_eq!(s.effective_stop_signal(), Some("SIGQUIT"));
         s.stop_signal = Some("SIGUSR1".into());
         assert_eq!(s.effective_stop_signal(), Some("SIGUSR1"));
@@ -573,7 +573,9 @@ mod tests {
             s.process_env(),
             strs(&[DEFAULT_PATH_ENV, "A=1", "B=3", "C=4"])
         );
-        s.image.config.env.push("PATH=/bin".into());
+        std::sync::Arc::make_mut(&mut s.image.config)
+            .env
+            .push("PATH=/bin".into());
         assert_eq!(s.process_env(), strs(&["A=1", "B=3", "PATH=/bin", "C=4"]));
     }
 

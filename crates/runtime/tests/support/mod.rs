@@ -133,11 +133,11 @@ async fn import_busybox(client: &Containerd, ns: &str) -> ImageInfo {
         id: "sha256:test".into(),
         repo_tags: vec!["cubelet-test/busybox:test".into()],
         chain_id: busybox_key(ns),
-        config: ImageConfig {
+        config: std::sync::Arc::new(ImageConfig {
             env: vec!["PATH=/bin".into(), "FROM_IMAGE=1".into()],
             cmd: vec!["sh".into()],
             ..Default::default()
-        },
+        }),
         ..Default::default()
     }
 }
