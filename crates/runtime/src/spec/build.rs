@@ -30,6 +30,48 @@ fn namespace(typ: LinuxNamespaceType, join: &NamespaceJoin) -> Option<LinuxNames
     b.build().ok()
 }
 
+/// Largest uid or gid the kernel and runc take (`int32`).
+const MAX_ID: u32 = i32::MAX as u32;
+
+/// Refuses, naming the field, what runc would refuse at start as an
+/// `Internal`-looking failure: values an image (or a request) gives that no
+/// process can run with.
+fn check_process(user: &ResolvedUser, spec: &ContainerSpec) -> Result<(), RuntimeError> {
+    let invalid = |field: &str, reason: String| {
+        Err(RuntimeError::InvalidArgument {
+            field: field.to_owned(),
+            reason,
+        })
+    };
+    if let Some(id) = [user.uid, user.gid]
+        .iter()
+        .chain(&user.additional_gids)
+        .find(|id| **id > MAX_ID)
+    {
+        return invalid("user", format!("id {id} is past {MAX_ID}"));
+    }
+    let cwd = spec.process_cwd();
+    if !cwd.starts_with('/') || cwd.contains('\0') {
+        return invalid(
+            "working_dir",
+            format!("{cwd:?} (the request's, else the image's WorkingDir) is not an absolute path"),
+        );
+    }
+    for kv in spec.process_env() {
+        let key = kv.split_once('=').map_or(kv.as_str(), |(k, _)| k);
+        if key.is_empty() || kv.contains('\0') {
+            let shown: String = kv.chars().take(64).collect();
+            return invalid(
+                "envs",
+                format!(
+                    "{shown:?} (from the request or the image's Env) has an empty name or a NUL"
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Builds the OCI runtime spec for container `id`.
 pub fn build_oci_spec(
     id: &str,
@@ -58,6 +100,7 @@ pub fn build_oci_spec(
             })
         }
     };
+    check_process(&user, spec)?;
     let gids = process_groups(&user, spec);
     let caps = effective_capabilities(spec)?;
     let capabilities = LinuxCapabilitiesBuilder::default()
@@ -215,6 +258,50 @@ fn id_mapping(m: &cubelet_engine::spec::IdMapping) -> Result<LinuxIdMapping, Run
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What runc would refuse at start (found with crafted images) is
+    /// refused at create, naming the field.
+    #[test]
+    fn an_image_config_no_process_can_run_with_is_refused_naming_the_field() {
+        let refused = |s: &ContainerSpec, opts: &SpecOptions| match build_oci_spec("c", s, opts) {
+            Err(RuntimeError::InvalidArgument { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        let base = ContainerSpec {
+            image: image(&[], &["x"], &[]),
+            ..Default::default()
+        };
+        let mut s = base.clone();
+        std::sync::Arc::make_mut(&mut s.image.config).working_dir = "../../../etc".into();
+        assert_eq!(refused(&s, &SpecOptions::default()), "working_dir");
+        for env in ["=novalue", "A=b\0c"] {
+            let s = ContainerSpec {
+                image: image(&[], &["x"], &[env]),
+                ..base.clone()
+            };
+            assert_eq!(refused(&s, &SpecOptions::default()), "envs", "{env:?}");
+        }
+        let s = ContainerSpec {
+            user: crate::spec::UserRequest::Id {
+                uid: 4_294_967_295,
+                gid: Some(0),
+            },
+            ..base.clone()
+        };
+        assert_eq!(refused(&s, &SpecOptions::default()), "user");
+        // The largest id runc takes, an absolute WorkingDir and a plain
+        // Env are fine.
+        let mut s = ContainerSpec {
+            image: image(&[], &["x"], &["A=", "B=c=d"]),
+            user: crate::spec::UserRequest::Id {
+                uid: 2_147_483_647,
+                gid: Some(2_147_483_647),
+            },
+            ..base
+        };
+        std::sync::Arc::make_mut(&mut s.image.config).working_dir = "/srv".into();
+        assert!(build_oci_spec("c", &s, &SpecOptions::default()).is_ok());
+    }
     use crate::spec::test_support::image;
     use crate::spec::{ContainerNamespaces, PodNamespacePaths};
     use cubelet_engine::spec::SandboxProcess;
