@@ -90,6 +90,10 @@ pub struct LogSink {
     tap: crate::io::exec_stream::OutputTap,
     /// The most log bytes a second both copiers may write, if limited.
     limit: Option<Throttle>,
+    /// The last write failed (a full disk, typically): it may have left
+    /// part of an entry, so the next write starts on a new line, and the
+    /// failures of the spell are logged once.
+    failing: std::sync::atomic::AtomicBool,
 }
 
 /// A log's rate limit: a token bucket holding [`Throttle::BURST`] worth of
@@ -183,6 +187,7 @@ impl LogSink {
             file: Mutex::new(file),
             tap: Default::default(),
             limit: None,
+            failing: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -220,6 +225,8 @@ impl LogSink {
             let _ = old.flush().await;
         }
         *guard = Some(open_log(path).await?);
+        self.failing
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -229,13 +236,35 @@ impl LogSink {
         {
             let mut guard = self.file.lock().await;
             if let Some(f) = guard.as_mut() {
+                use std::sync::atomic::Ordering::Relaxed;
+                let failing = self.failing.load(Relaxed);
                 let res = async {
+                    if failing {
+                        // End whatever part of an entry the failed write left.
+                        f.write_all(b"\n").await?;
+                    }
                     f.write_all(entries).await?;
                     f.flush().await
                 }
                 .await;
-                if let Err(e) = res {
-                    tracing::warn!(path = ?self.path, error = %e, "writing container log failed");
+                match res {
+                    Ok(()) if failing => {
+                        self.failing.store(false, Relaxed);
+                        tracing::info!(path = ?self.path, "writing container log works again");
+                    }
+                    Ok(()) => {}
+                    // Once per spell: a container printing into a full disk
+                    // must not flood the agent's own log.
+                    Err(e) if !failing => {
+                        self.failing.store(true, Relaxed);
+                        tracing::warn!(
+                            path = ?self.path,
+                            error = %e,
+                            "writing container log failed; its output is dropped, \
+                             and said again only once a write has succeeded"
+                        );
+                    }
+                    Err(_) => {}
                 }
             }
         }
@@ -390,6 +419,38 @@ mod tests {
 
     /// Logs were 0644 (any local user read every container's output);
     /// now 0640 as containerd's, and an older 0644 one is tightened.
+    /// A full disk (found by a pod printing into a small log filesystem):
+    /// each failed write logged a warning, 150 a second, and the part of an
+    /// entry a failed write left was glued to the next entry.
+    #[tokio::test]
+    async fn a_failing_log_is_said_once_and_recovers_on_a_new_line() {
+        let full = tokio::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .await
+            .unwrap();
+        let sink = LogSink {
+            path: None,
+            file: Mutex::new(Some(full)),
+            tap: Default::default(),
+            limit: None,
+            failing: std::sync::atomic::AtomicBool::new(false),
+        };
+        sink.write(b"2026-12-07T20:29:17Z stdout F y\n").await;
+        assert!(sink.failing.load(std::sync::atomic::Ordering::Relaxed));
+        // Space comes back (here: another file under the same sink).
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.log");
+        std::fs::write(&path, b"2026-12-07T20:29").unwrap(); // a torn entry
+        *sink.file.lock().await = Some(open_log(&path).await.unwrap());
+        sink.write(b"2026-12-07T20:29:18Z stdout F y\n").await;
+        assert!(!sink.failing.load(std::sync::atomic::Ordering::Relaxed));
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "2026-12-07T20:29\n2026-12-07T20:29:18Z stdout F y\n"
+        );
+    }
+
     #[tokio::test]
     async fn log_files_are_0640() {
         let dir = tempfile::tempdir().unwrap();
@@ -468,6 +529,7 @@ mod tests {
         assert_eq!(t.charge(4096, now), Duration::from_secs_f64(5.0 / 1024.0));
         // No limit unless one is given.
         let unlimited = LogSink {
+            failing: std::sync::atomic::AtomicBool::new(false),
             path: None,
             file: Mutex::new(None),
             tap: Default::default(),
