@@ -36,7 +36,7 @@ const MAX_ID: u32 = i32::MAX as u32;
 /// Refuses, naming the field, what runc would refuse at start as an
 /// `Internal`-looking failure: values an image (or a request) gives that no
 /// process can run with.
-fn check_process(user: &ResolvedUser, spec: &ContainerSpec) -> Result<(), RuntimeError> {
+fn check_process(user: &ResolvedUser, cwd: &str, env: &[String]) -> Result<(), RuntimeError> {
     let invalid = |field: &str, reason: String| {
         Err(RuntimeError::InvalidArgument {
             field: field.to_owned(),
@@ -50,14 +50,13 @@ fn check_process(user: &ResolvedUser, spec: &ContainerSpec) -> Result<(), Runtim
     {
         return invalid("user", format!("id {id} is past {MAX_ID}"));
     }
-    let cwd = spec.process_cwd();
     if !cwd.starts_with('/') || cwd.contains('\0') {
         return invalid(
             "working_dir",
             format!("{cwd:?} (the request's, else the image's WorkingDir) is not an absolute path"),
         );
     }
-    for kv in spec.process_env() {
+    for kv in env {
         let key = kv.split_once('=').map_or(kv.as_str(), |(k, _)| k);
         if key.is_empty() || kv.contains('\0') {
             let shown: String = kv.chars().take(64).collect();
@@ -100,7 +99,8 @@ pub fn build_oci_spec(
             })
         }
     };
-    check_process(&user, spec)?;
+    let (cwd, env) = (spec.process_cwd(), spec.process_env());
+    check_process(&user, &cwd, &env)?;
     let gids = process_groups(&user, spec);
     let caps = effective_capabilities(spec)?;
     let capabilities = LinuxCapabilitiesBuilder::default()
@@ -122,8 +122,8 @@ pub fn build_oci_spec(
                 .map_err(oci_err("user"))?,
         )
         .args(args)
-        .env(spec.process_env())
-        .cwd(spec.process_cwd())
+        .env(env)
+        .cwd(cwd)
         .capabilities(capabilities)
         .no_new_privileges(spec.no_new_privs && !spec.privileged)
         .oom_score_adj(clamp_oom_score_adj(
