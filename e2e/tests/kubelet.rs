@@ -872,6 +872,12 @@ fn find_cgroup(root: &Path, id: &str, depth: usize) -> Option<PathBuf> {
     None
 }
 
+/// Whether `e` is the runtime's `NotFound`.
+fn is_not_found(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<tonic::Status>()
+        .is_some_and(|s| s.code() == tonic::Code::NotFound)
+}
+
 fn read_trim(p: &Path) -> anyhow::Result<String> {
     Ok(std::fs::read_to_string(p)
         .with_context(|| format!("read {}", p.display()))?
@@ -1197,28 +1203,51 @@ async fn scenario(t: &Target, k: &Kubelet) -> anyhow::Result<()> {
         Ok(status_of(&crash, "crash")?["restartCount"].as_u64() >= Some(2))
     })
     .await?;
-    let crash = k.pod("crash").await?;
-    let c = status_of(&crash, "crash")?;
-    ensure!(
-        c["lastState"]["terminated"]["exitCode"] == 3,
-        "last state: {}",
-        c["lastState"]
-    );
     // `kubectl logs --previous`: kubelet reads the log path of the
-    // container its last state names.
-    let previous_id = c["lastState"]["terminated"]["containerID"]
-        .as_str()
-        .and_then(|c| c.strip_prefix(t.id_scheme))
-        .context("last state has no container id")?;
-    let previous = t.container_log_path(previous_id).await?;
-    let crash_uid = crash["metadata"]["uid"].as_str().context("crash uid")?;
-    let dir = format!("/var/log/pods/{ns}_crash-{NODE}_{crash_uid}/crash/");
-    ensure!(
-        previous.starts_with(&dir) && previous.extension().is_some_and(|e| e == "log"),
-        "previous log at {}",
-        previous.display()
-    );
-    let log = read_trim(&previous)?;
+    // container its last state names. The container crashes again at once,
+    // and kubelet's GC keeps one dead attempt per container: the attempt a
+    // status read names can be removed, log and all, before the test reads
+    // it (as `kubectl logs --previous` would then fail on any runtime). Read
+    // the status again then.
+    let since = Instant::now();
+    let log = loop {
+        let crash = k.pod("crash").await?;
+        let c = status_of(&crash, "crash")?;
+        ensure!(
+            c["lastState"]["terminated"]["exitCode"] == 3,
+            "last state: {}",
+            c["lastState"]
+        );
+        let previous_id = c["lastState"]["terminated"]["containerID"]
+            .as_str()
+            .and_then(|c| c.strip_prefix(t.id_scheme))
+            .context("last state has no container id")?;
+        let gone = match t.container_log_path(previous_id).await {
+            Ok(previous) => {
+                let crash_uid = crash["metadata"]["uid"].as_str().context("crash uid")?;
+                let dir = format!("/var/log/pods/{ns}_crash-{NODE}_{crash_uid}/crash/");
+                ensure!(
+                    previous.starts_with(&dir) && previous.extension().is_some_and(|e| e == "log"),
+                    "previous log at {}",
+                    previous.display()
+                );
+                match std::fs::read_to_string(&previous) {
+                    Ok(log) => break log.trim().to_owned(),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        format!("log {}", previous.display())
+                    }
+                    Err(e) => return Err(anyhow::anyhow!("{}: {e}", previous.display())),
+                }
+            }
+            Err(e) if is_not_found(&e) => format!("container {previous_id}"),
+            Err(e) => return Err(e),
+        };
+        ensure!(
+            since.elapsed() < cubelet_e2e::scaled(Duration::from_secs(60)),
+            "the previous attempt kept vanishing ({gone} removed since the status read)"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let line = log.lines().next().context("empty previous log")?;
     let mut parts = line.splitn(4, ' ');
     let (ts, stream, tag, text) = (
