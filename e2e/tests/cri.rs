@@ -971,6 +971,26 @@ async fn exec_sync(d: &Daemon) -> anyhow::Result<()> {
         status == Code::DeadlineExceeded as i32,
         "ExecSync past the client's deadline: grpc-status {status}: {message}"
     );
+    // Many calls at once on one pod: at most 16 run in its
+    // shim at a time (more deadlocked containerd 1.6's), the rest wait
+    // their turn and all succeed. Each counts the calls running as it
+    // starts.
+    let count =
+        "mkdir -p /tmp/g && touch /tmp/g/$$ && ls /tmp/g | wc -l && sleep 1 && rm /tmp/g/$$";
+    let cmd = ["sh", "-c", count];
+    let calls = (0..40).map(|_| exec(d, &cid, &cmd, 60));
+    let mut most = 0;
+    for r in futures::future::join_all(calls).await {
+        let r = r.map_err(|s| anyhow::anyhow!("a concurrent ExecSync failed: {s:?}"))?;
+        ensure!(r.exit_code == 0, "concurrent ExecSync: {r:?}");
+        let seen: usize = String::from_utf8_lossy(&r.stdout).trim().parse()?;
+        most = most.max(seen);
+    }
+    ensure!(
+        // cubelet_pod::MAX_EXECS_PER_POD
+        (2..=16).contains(&most),
+        "{most} ExecSync processes ran at once in one pod"
+    );
     Ok(())
 }
 

@@ -90,6 +90,7 @@ impl CriError {
                 PodError::AlreadyExists { .. } => Code::AlreadyExists,
                 PodError::FailedPrecondition(_) => Code::FailedPrecondition,
                 PodError::DeadlineExceeded(_) => Code::DeadlineExceeded,
+                PodError::ResourceExhausted(_) => Code::ResourceExhausted,
                 PodError::Engine(e) => match e {
                     EngineError::Rejected { .. } => Code::ResourceExhausted,
                     EngineError::Cancelled { .. } => Code::Cancelled,

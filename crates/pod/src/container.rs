@@ -599,6 +599,9 @@ impl PodService {
     /// ExecSync: runs `cmd` in a running container. A command that cannot
     /// be started ends as a shell's would (127 not found, 126 not
     /// executable), so a probe fails with the reason instead of the call.
+    /// At most [`crate::MAX_EXECS_PER_POD`] run at once in a pod (they
+    /// share its shim); the others wait within `timeout` (see
+    /// [`crate::exec_gate`]).
     pub async fn exec_sync(
         &self,
         id: &str,
@@ -606,7 +609,14 @@ impl PodService {
         timeout: Option<Duration>,
     ) -> PodResult<ExecResult> {
         let rec = self.running(id)?;
-        match self.runtime().exec_sync(&rec.id, cmd, timeout).await {
+        let waited = std::time::Instant::now();
+        let _slot = self.inner.execs.acquire(&rec.sandbox_id, timeout).await?;
+        // The command's own time is what the wait left of the timeout.
+        let left = timeout.map(|t| {
+            t.saturating_sub(waited.elapsed())
+                .max(Duration::from_millis(1))
+        });
+        match self.runtime().exec_sync(&rec.id, cmd, left).await {
             Ok(out) => Ok(out),
             Err(e) if matches!(e.kind(), cubelet_engine::StepErrorKind::DeadlineExceeded) => {
                 Err(PodError::DeadlineExceeded(format!(

@@ -40,6 +40,9 @@ pub enum PodError {
     /// The call ran past its deadline.
     #[error("{0}")]
     DeadlineExceeded(String),
+    /// A per-pod bound is reached; a later call may succeed.
+    #[error("{0}")]
+    ResourceExhausted(String),
     /// A flow failed, was rejected or cancelled.
     #[error(transparent)]
     Engine(#[from] EngineError),

@@ -95,6 +95,8 @@ pub(crate) struct Inner {
     pub(crate) anchors: crate::anchor::AnchorGate,
     /// Graceful stops in flight, which a later, shorter stop hastens.
     pub(crate) stops: crate::stops::Stops,
+    /// `ExecSync` processes running per pod sandbox, capped.
+    pub(crate) execs: crate::exec_gate::ExecGate,
 }
 
 /// When a client last saw each sandbox, in memory: after a restart every
@@ -208,6 +210,7 @@ impl PodService {
                 sightings: Sightings::default(),
                 anchors: crate::anchor::AnchorGate::default(),
                 stops: crate::stops::Stops::default(),
+                execs: crate::exec_gate::ExecGate::default(),
             }),
         }
     }
