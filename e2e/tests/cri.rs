@@ -43,6 +43,9 @@ fn scenarios() -> Vec<Scenario> {
         }),
         ("cri_1_36_fields", 60, |d| Box::pin(cri_1_36_fields(d))),
         ("exec_sync", 60, |d| Box::pin(exec_sync(d))),
+        ("stop_pod_sandbox_past_a_wedged_shim", 150, |d| {
+            Box::pin(wedged_shim(d))
+        }),
         ("runtime_handlers", 60, |d| Box::pin(handlers(d))),
         ("idempotent_retries", 60, |d| Box::pin(idempotent(d))),
         ("already_exists", 60, |d| Box::pin(already_exists(d))),
@@ -991,6 +994,81 @@ async fn exec_sync(d: &Daemon) -> anyhow::Result<()> {
         (2..=16).contains(&most),
         "{most} ExecSync processes ran at once in one pod"
     );
+    Ok(())
+}
+
+/// The pids of the processes whose command line is a runc shim's for task
+/// `id` in containerd namespace `namespace`.
+fn shim_pids(namespace: &str, id: &str) -> Vec<i32> {
+    let want = format!("-namespace\0{namespace}\0-id\0{id}\0");
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                c.starts_with(b"/usr/bin/containerd-shim-runc-v2\0")
+                    && c.windows(want.len()).any(|w| w == want.as_bytes())
+            })
+        })
+        .collect()
+}
+
+/// A pod whose shim answers nothing (stopped with SIGSTOP, as containerd
+/// 1.6's deadlocks) is still stopped and removed: past
+/// SHIM_ANSWER_TIMEOUT (30 s) the agent checks the shim, kills it, and
+/// containerd cleans up after it. Without that the stop never returned.
+async fn wedged_shim(d: &Daemon) -> anyhow::Result<()> {
+    d.pull(BUSYBOX).await?;
+    let (pod, cfg) = run_pod(d, "wedged").await?;
+    let cid = d
+        .start_in(
+            &pod,
+            &cfg,
+            container_config("sleeper", BUSYBOX, &["sleep", "3600"]),
+        )
+        .await?;
+    let shims = shim_pids(&d.namespace, &pod);
+    let [shim] = shims[..] else {
+        bail!("pod {pod}: shims {shims:?}");
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(shim),
+        nix::sys::signal::Signal::SIGSTOP,
+    )?;
+    let started = std::time::Instant::now();
+    let mut rt = d.runtime.clone();
+    let mut stop = tonic::Request::new(StopPodSandboxRequest {
+        pod_sandbox_id: pod.clone(),
+    });
+    stop.set_timeout(Duration::from_secs(120));
+    let stopped = rt.stop_pod_sandbox(stop).await;
+    // Never leave a stopped shim behind, whatever happened.
+    if std::path::Path::new(&format!("/proc/{shim}")).exists() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(shim),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    stopped.map_err(|s| anyhow::anyhow!("StopPodSandbox past a wedged shim: {s:?}"))?;
+    println!(
+        "StopPodSandbox past a wedged shim: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let c = container_status(d, &cid).await?;
+    ensure!(
+        c.state == ContainerState::ContainerExited as i32,
+        "container after the stop: {c:?}"
+    );
+    ensure!(
+        shim_pids(&d.namespace, &pod).is_empty(),
+        "the wedged shim is still there"
+    );
+    rt.remove_pod_sandbox(RemovePodSandboxRequest {
+        pod_sandbox_id: pod,
+    })
+    .await?;
     Ok(())
 }
 

@@ -16,6 +16,7 @@ use tracing::{info, info_span, warn, Instrument};
 
 use crate::error::{PodError, PodResult};
 use crate::service::{blocking, new_id, pod_key, PodEventKind, PodService};
+use crate::SHIM_ANSWER_TIMEOUT;
 
 /// A container as the client asked for it. The service completes it with
 /// what the pod and the image decide.
@@ -351,9 +352,13 @@ impl PodService {
         self.detached(
             "StopContainer",
             async move {
-                this.stop_container_in_pod(&rec.id, timeout).await?;
-                this.runtime().settle(&rec.id).await;
-                Ok(())
+                let after = timeout.saturating_add(SHIM_ANSWER_TIMEOUT);
+                this.watching_shim(&rec.sandbox_id, after, || async {
+                    this.stop_container_in_pod(&rec.id, timeout).await?;
+                    this.runtime().settle(&rec.id).await;
+                    Ok(())
+                })
+                .await
             }
             .instrument(span),
         )

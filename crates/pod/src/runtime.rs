@@ -71,6 +71,13 @@ pub trait Runtime: Send + Sync + 'static {
     /// Stops shims whose task the runtime does not know; returns how many.
     async fn reap_orphan_shims(&self) -> Result<usize, RuntimeError>;
 
+    /// Kills the shim of task group `group` (a pod's sandbox id) when it
+    /// answers nothing about any of `tasks` (the pod's), so that what
+    /// waits on it returns; whether it killed one. The default: never.
+    async fn unwedge_shim(&self, _group: &str, _tasks: &[String]) -> Result<bool, RuntimeError> {
+        Ok(false)
+    }
+
     /// Whether the pinned namespaces of a sandbox without an infra process
     /// are still there (its pin directory, every pin mounted).
     fn pins_alive(&self, process: &SandboxProcess) -> bool;
@@ -305,6 +312,10 @@ impl Runtime for Containerd {
 
     async fn reap_orphan_shims(&self) -> Result<usize, RuntimeError> {
         self.containers.reap_orphan_shims().await
+    }
+
+    async fn unwedge_shim(&self, group: &str, tasks: &[String]) -> Result<bool, RuntimeError> {
+        self.containers.unwedge_shim(group, tasks).await
     }
 
     fn pins_alive(&self, process: &SandboxProcess) -> bool {

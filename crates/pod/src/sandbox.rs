@@ -11,6 +11,7 @@ use tracing::{info, info_span, warn, Instrument};
 
 use crate::error::{PodError, PodResult};
 use crate::service::{blocking, new_id, pod_key, PodEventKind, PodService};
+use crate::SHIM_ANSWER_TIMEOUT;
 
 impl PodService {
     /// RunPodSandbox: returns the id of the pod's ready sandbox, building it
@@ -177,7 +178,14 @@ impl PodService {
         let span = info_span!("stop_pod_sandbox", sandbox_id = %rec.id);
         self.detached(
             "StopPodSandbox",
-            async move { this.stop_sandbox_locked(rec).await }.instrument(span),
+            async move {
+                let sandbox = rec.id.clone();
+                this.watching_shim(&sandbox, SHIM_ANSWER_TIMEOUT, || {
+                    this.stop_sandbox_locked(rec.clone())
+                })
+                .await
+            }
+            .instrument(span),
         )
         .await
     }

@@ -260,6 +260,59 @@ impl PodService {
             })?
     }
 
+    /// Runs `work()`, a stop in pod `sandbox`; if it has not ended after
+    /// `after`, asks the runtime to kill the pod's shim should it answer
+    /// nothing (containerd 1.6's deadlocks for good, and then no stop of
+    /// the pod would ever return), and goes on waiting for it: the dead
+    /// shim's cleanup lets it end. If it then fails (the calls that waited
+    /// on the shim fail as it dies), it runs once more, as a retry would.
+    pub(crate) async fn watching_shim<T, F, Fut>(
+        &self,
+        sandbox: &SandboxId,
+        after: std::time::Duration,
+        work: F,
+    ) -> PodResult<T>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = PodResult<T>>,
+    {
+        let mut first = std::pin::pin!(work());
+        tokio::select! {
+            r = &mut first => return r,
+            () = tokio::time::sleep(after) => {}
+        }
+        let mut tasks = vec![sandbox.as_str().to_owned()];
+        match self.store().list_containers_of(sandbox) {
+            Ok(cs) => tasks.extend(cs.into_iter().map(|c| c.id)),
+            Err(e) => warn!(error = %e, "listing the pod's containers for its shim check"),
+        }
+        let killed = match self.runtime().unwedge_shim(sandbox.as_str(), &tasks).await {
+            Ok(true) => {
+                warn!(
+                    sandbox_id = %sandbox,
+                    waited = ?after,
+                    "the pod's shim answered nothing to a stop: killed it"
+                );
+                true
+            }
+            Ok(false) => {
+                debug!(sandbox_id = %sandbox, "a slow stop; the pod's shim answers");
+                false
+            }
+            Err(e) => {
+                warn!(sandbox_id = %sandbox, error = %e, "checking the pod's shim failed");
+                false
+            }
+        };
+        match first.await {
+            Err(e) if killed => {
+                debug!(error = %e, "the stop failed as the shim died; stopping again");
+                work().await
+            }
+            r => r,
+        }
+    }
+
     pub(crate) async fn lock_pod(&self, key: &str) -> KeyedGuard<'_, String> {
         self.inner.pod_locks.lock(&key.to_owned()).await
     }

@@ -38,12 +38,18 @@
 //! A shim exists for a moment before containerd records its task, so only
 //! shims older than [`ORPHAN_MIN_AGE`] are candidates, and the shims are
 //! listed before the tasks.
+//!
+//! **Wedged shims.** A shim of the agent's own that containerd still lists
+//! but that answers nothing (containerd 1.6's deadlocks) is killed the same
+//! way on request of a stop that ran too long
+//! ([`ContainerRuntime::unwedge_shim`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use containerd_client::services::v1::ListTasksRequest;
+use containerd_client::services::v1::{GetRequest, ListTasksRequest};
+use containerd_client::types::v1::Status as TaskStatus;
 
 use crate::container::ContainerRuntime;
 use crate::error::RuntimeError;
@@ -53,6 +59,14 @@ use crate::safe_read::read_no_follow;
 /// A shim younger than this may be one whose task containerd is still
 /// creating (that takes milliseconds); it is never reaped.
 pub const ORPHAN_MIN_AGE: Duration = Duration::from_secs(10);
+
+/// How long containerd has to tell a task's status when the agent checks
+/// whether its shim still answers ([`ContainerRuntime::unwedge_shim`]).
+pub const SHIM_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long containerd has to delete the tasks of a shim the agent killed
+/// ([`ContainerRuntime::unwedge_shim`]); it takes about a second.
+pub const DEAD_SHIM_CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a shim gets to exit after `SIGTERM` before `SIGKILL`.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -611,6 +625,149 @@ impl ContainerRuntime {
             }
         }
         Ok(reaped)
+    }
+}
+
+impl ContainerRuntime {
+    /// Kills the shim of task group `group` (a pod's sandbox id) if it
+    /// answers nothing: twice, [`SHIM_PROBE_TIMEOUT`] apart, no task of
+    /// `tasks` (the pod's) has a known status from containerd within
+    /// [`SHIM_PROBE_TIMEOUT`] (containerd 1.6 itself
+    /// answers `Get` with the status `Unknown` when the shim does not
+    /// answer `State` in 2 s), at least one exists, and containerd itself
+    /// answers `Version` (a hung containerd is no shim's fault). Only a shim this
+    /// agent started (its ledger says so) is killed. containerd then cleans
+    /// up after the dead shim: it deletes the shim's tasks (runc kills what
+    /// is left of their processes, unmounts their rootfs) and publishes
+    /// their exits, and the calls that waited on the shim return; this
+    /// waits for that cleanup. Whether a shim was killed.
+    pub async fn unwedge_shim(&self, group: &str, tasks: &[String]) -> Result<bool, RuntimeError> {
+        // Twice, [`SHIM_PROBE_TIMEOUT`] apart: a shim only slow to answer
+        // (a loaded or emulated machine) answers one of them.
+        for round in 0..2 {
+            if round > 0 {
+                tokio::time::sleep(SHIM_PROBE_TIMEOUT).await;
+            }
+            if !self.no_task_state(tasks).await? {
+                return Ok(false);
+            }
+        }
+        // containerd itself must answer: a hung containerd is not the
+        // shim's fault, and its shims are left alone.
+        let client = self.client();
+        let mut version_client = client.version();
+        let version = version_client.version(client.request(()));
+        match tokio::time::timeout(SHIM_PROBE_TIMEOUT, version).await {
+            Ok(Ok(_)) => {
+                let Some(bundles) = self.kill_wedged_shim(group).await? else {
+                    return Ok(false);
+                };
+                self.dead_shim_cleaned_up(tasks, bundles.as_deref()).await;
+                Ok(true)
+            }
+            Ok(Err(s)) => Err(RuntimeError::containerd("version", s)),
+            Err(_) => Err(RuntimeError::Timeout {
+                op: "version",
+                id: "containerd".to_owned(),
+                timeout: SHIM_PROBE_TIMEOUT,
+            }),
+        }
+    }
+
+    /// Waits, for at most [`DEAD_SHIM_CLEANUP_TIMEOUT`], until containerd
+    /// has cleaned up `tasks` after their shim died: each is gone from its
+    /// task list and its bundle from `bundles` (containerd removes a bundle
+    /// once the shim's `delete` has unmounted its rootfs), so that what
+    /// runs next finds nothing of them.
+    async fn dead_shim_cleaned_up(&self, tasks: &[String], bundles: Option<&Path>) {
+        let deadline = tokio::time::Instant::now() + DEAD_SHIM_CLEANUP_TIMEOUT;
+        for id in tasks {
+            loop {
+                let client = self.client();
+                let mut tasks_client = client.tasks();
+                let get = tasks_client.get(client.request(GetRequest {
+                    container_id: id.clone(),
+                    exec_id: String::new(),
+                }));
+                let listed = match tokio::time::timeout_at(deadline, get).await {
+                    Ok(Err(s)) => s.code() != tonic::Code::NotFound,
+                    Ok(Ok(_)) | Err(_) => true,
+                };
+                let bundle = bundles.is_some_and(|b| b.join(id).exists());
+                if !listed && !bundle {
+                    break;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::warn!(task = %id, listed, bundle, "containerd has not cleaned up after a killed shim");
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+
+    /// Whether containerd knows the status of none of `tasks` within
+    /// [`SHIM_PROBE_TIMEOUT`] each, and at least one exists.
+    async fn no_task_state(&self, tasks: &[String]) -> Result<bool, RuntimeError> {
+        let mut unanswered = 0;
+        for id in tasks {
+            let client = self.client();
+            let mut tasks_client = client.tasks();
+            let get = tasks_client.get(client.request(GetRequest {
+                container_id: id.clone(),
+                exec_id: String::new(),
+            }));
+            match tokio::time::timeout(SHIM_PROBE_TIMEOUT, get).await {
+                Err(_) => unanswered += 1,
+                Ok(Ok(r)) => match r.into_inner().process {
+                    Some(p) if p.status == TaskStatus::Unknown as i32 => unanswered += 1,
+                    Some(_) => return Ok(false),
+                    None => {}
+                },
+                Ok(Err(s)) if s.code() == tonic::Code::NotFound => {}
+                Ok(Err(s)) => return Err(RuntimeError::containerd("tasks.get", s)),
+            }
+        }
+        Ok(unanswered > 0)
+    }
+
+    /// Kills the shim of task group `group` when this agent started it (see
+    /// [`ContainerRuntime::unwedge_shim`]). `None` when none was killed,
+    /// else the directory of its tasks' bundles (the parent of the shim's
+    /// working directory, its group's bundle), if it could be read.
+    async fn kill_wedged_shim(&self, group: &str) -> Result<Option<Option<PathBuf>>, RuntimeError> {
+        let namespace = self.client().namespace().to_owned();
+        let ledger = self.shim_ledger();
+        let ns = namespace.clone();
+        let scanned = tokio::time::timeout(
+            SCAN_TIMEOUT,
+            tokio::task::spawn_blocking(move || scan(&ns, &ledger)),
+        )
+        .await
+        .map_err(|_| RuntimeError::Timeout {
+            op: "shim scan",
+            id: namespace.clone(),
+            timeout: SCAN_TIMEOUT,
+        })?
+        .map_err(|e| RuntimeError::FailedPrecondition(format!("shim scan task failed: {e}")))?;
+        let Some((shim, _)) = scanned
+            .into_iter()
+            .find(|(s, owned)| *owned && s.id == group)
+        else {
+            return Ok(None);
+        };
+        // Only the link's text, of a shim whose identity was just checked
+        // (and again after): nothing is read through it.
+        let bundles = std::fs::read_link(format!("/proc/{}/cwd", shim.pid()))
+            .ok()
+            .filter(|_| alive(shim.identity))
+            .and_then(|cwd| cwd.parent().map(Path::to_path_buf));
+        tracing::warn!(pid = shim.pid(), id = %shim.id, "killing a shim that answers nothing");
+        if !stop(shim.identity).await {
+            return Ok(None);
+        }
+        self.shim_ledger().forget(&shim.id);
+        Ok(Some(bundles))
     }
 }
 
