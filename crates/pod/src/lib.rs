@@ -37,12 +37,6 @@ pub use anchor::ANCHOR_TIMEOUT;
 pub use container::{ContainerRequest, ExecResult};
 pub use error::{PodError, PodResult};
 pub use exec_gate::{MAX_EXECS_PER_POD, MAX_EXEC_WAITERS_PER_POD};
-
-/// How long a StopPodSandbox (a StopContainer: past its own timeout) may
-/// run before the pod's shim is checked for a deadlock and killed if it
-/// answers nothing ([`Runtime::unwedge_shim`]). A working shim kills and
-/// reaps in milliseconds.
-pub const SHIM_ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 pub use pool::{NoopPoolObserver, PoolConfig, PoolObserver};
 pub use reconcile::ReconcileReport;
 pub use runtime::{AnchorObserver, Containerd, NetnsCounters, Runtime, DEFAULT_ANCHOR_DELAY};
@@ -54,3 +48,9 @@ pub use stats::{
 
 /// The records the service keeps, as callers read them.
 pub use cubelet_store::{ContainerRecord, ContainerState, SandboxRecord, SandboxState, StoreError};
+
+/// How long a StopPodSandbox (a StopContainer: past its own timeout) may
+/// run before the pod's shim is checked for a deadlock and killed if it
+/// answers nothing ([`Runtime::unwedge_shim`]). A working shim kills and
+/// reaps in milliseconds.
+pub const SHIM_ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);

@@ -555,26 +555,34 @@ impl ContainerRuntime {
         ShimLedger::new(self.config().state_dir.join(LEDGER_DIR))
     }
 
-    /// Stops the shims of the agent's namespace older than
-    /// [`ORPHAN_MIN_AGE`] that the agent started (its ledger says so) and
-    /// whose task containerd does not know; returns how many it stopped.
-    /// Processes that only look like shims are left alone.
-    pub async fn reap_orphan_shims(&self) -> Result<usize, RuntimeError> {
+    /// The shims of the agent's namespace older than [`ORPHAN_MIN_AGE`],
+    /// each with whether the agent started it; read on a blocking thread
+    /// within [`SCAN_TIMEOUT`].
+    async fn scan_shims(&self) -> Result<Vec<(Shim, bool)>, RuntimeError> {
         let namespace = self.client().namespace().to_owned();
         let ledger = self.shim_ledger();
-        // Shims first, tasks after: a task created in between is listed.
         let ns = namespace.clone();
-        let scanned = tokio::time::timeout(
+        tokio::time::timeout(
             SCAN_TIMEOUT,
             tokio::task::spawn_blocking(move || scan(&ns, &ledger)),
         )
         .await
         .map_err(|_| RuntimeError::Timeout {
             op: "shim scan",
-            id: namespace.clone(),
+            id: namespace,
             timeout: SCAN_TIMEOUT,
         })?
-        .map_err(|e| RuntimeError::FailedPrecondition(format!("shim scan task failed: {e}")))?;
+        .map_err(|e| RuntimeError::FailedPrecondition(format!("shim scan task failed: {e}")))
+    }
+
+    /// Stops the shims of the agent's namespace older than
+    /// [`ORPHAN_MIN_AGE`] that the agent started (its ledger says so) and
+    /// whose task containerd does not know; returns how many it stopped.
+    /// Processes that only look like shims are left alone.
+    pub async fn reap_orphan_shims(&self) -> Result<usize, RuntimeError> {
+        let namespace = self.client().namespace().to_owned();
+        // Shims first, tasks after: a task created in between is listed.
+        let scanned = self.scan_shims().await?;
         if scanned.is_empty() {
             return Ok(0);
         }
@@ -736,20 +744,7 @@ impl ContainerRuntime {
     /// else the directory of its tasks' bundles (the parent of the shim's
     /// working directory, its group's bundle), if it could be read.
     async fn kill_wedged_shim(&self, group: &str) -> Result<Option<Option<PathBuf>>, RuntimeError> {
-        let namespace = self.client().namespace().to_owned();
-        let ledger = self.shim_ledger();
-        let ns = namespace.clone();
-        let scanned = tokio::time::timeout(
-            SCAN_TIMEOUT,
-            tokio::task::spawn_blocking(move || scan(&ns, &ledger)),
-        )
-        .await
-        .map_err(|_| RuntimeError::Timeout {
-            op: "shim scan",
-            id: namespace.clone(),
-            timeout: SCAN_TIMEOUT,
-        })?
-        .map_err(|e| RuntimeError::FailedPrecondition(format!("shim scan task failed: {e}")))?;
+        let scanned = self.scan_shims().await?;
         let Some((shim, _)) = scanned
             .into_iter()
             .find(|(s, owned)| *owned && s.id == group)
