@@ -443,7 +443,9 @@ impl ContainerRuntime {
             })
     }
 
-    async fn get_task(
+    /// The task of container `id` as containerd has it; `None` when there
+    /// is none (or this process retired it).
+    pub(crate) async fn get_task(
         &self,
         id: &str,
     ) -> Result<Option<containerd_client::types::v1::Process>, RuntimeError> {

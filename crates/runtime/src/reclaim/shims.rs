@@ -48,7 +48,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use containerd_client::services::v1::{GetRequest, ListTasksRequest};
+use containerd_client::services::v1::ListTasksRequest;
 use containerd_client::types::v1::Status as TaskStatus;
 
 use crate::container::ContainerRuntime;
@@ -691,16 +691,10 @@ impl ContainerRuntime {
         let deadline = tokio::time::Instant::now() + DEAD_SHIM_CLEANUP_TIMEOUT;
         for id in tasks {
             loop {
-                let client = self.client();
-                let mut tasks_client = client.tasks();
-                let get = tasks_client.get(client.request(GetRequest {
-                    container_id: id.clone(),
-                    exec_id: String::new(),
-                }));
-                let listed = match tokio::time::timeout_at(deadline, get).await {
-                    Ok(Err(s)) => s.code() != tonic::Code::NotFound,
-                    Ok(Ok(_)) | Err(_) => true,
-                };
+                let listed = !matches!(
+                    tokio::time::timeout_at(deadline, self.get_task(id)).await,
+                    Ok(Ok(None))
+                );
                 let bundle = bundles.is_some_and(|b| b.join(id).exists());
                 if !listed && !bundle {
                     break;
@@ -719,21 +713,12 @@ impl ContainerRuntime {
     async fn no_task_state(&self, tasks: &[String]) -> Result<bool, RuntimeError> {
         let mut unanswered = 0;
         for id in tasks {
-            let client = self.client();
-            let mut tasks_client = client.tasks();
-            let get = tasks_client.get(client.request(GetRequest {
-                container_id: id.clone(),
-                exec_id: String::new(),
-            }));
-            match tokio::time::timeout(SHIM_PROBE_TIMEOUT, get).await {
+            match tokio::time::timeout(SHIM_PROBE_TIMEOUT, self.get_task(id)).await {
                 Err(_) => unanswered += 1,
-                Ok(Ok(r)) => match r.into_inner().process {
-                    Some(p) if p.status == TaskStatus::Unknown as i32 => unanswered += 1,
-                    Some(_) => return Ok(false),
-                    None => {}
-                },
-                Ok(Err(s)) if s.code() == tonic::Code::NotFound => {}
-                Ok(Err(s)) => return Err(RuntimeError::containerd("tasks.get", s)),
+                Ok(Ok(Some(p))) if p.status == TaskStatus::Unknown as i32 => unanswered += 1,
+                Ok(Ok(Some(_))) => return Ok(false),
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => return Err(e),
             }
         }
         Ok(unanswered > 0)
